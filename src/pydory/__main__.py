@@ -1,0 +1,3 @@
+from pydory.cli import main
+
+raise SystemExit(main())
