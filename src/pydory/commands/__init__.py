@@ -4,4 +4,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from pydory.commands import config as config_command
+from pydory.commands import send, serve
+
 COMMAND_MODULES: list[ModuleType] = []
+COMMAND_MODULES.append(serve)
+COMMAND_MODULES.append(send)
+COMMAND_MODULES.append(config_command)

@@ -1,0 +1,142 @@
+"""`pydory config check PATH`: validate a config file and show the effective settings.
+
+Exit status 0 and the settings (every section, named configs resolved, per-topic
+overrides) on stdout; or exit status 1 and every error on stderr, in Dory's format
+``Error in config file: (line L, column C) /element/path: reason``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pydory.config import Config, load_config
+from pydory.errors import ConfigError, ConfigErrors
+
+# What None means, per field name, in the plain-text listing.
+_NONE_MEANS = {
+    "time_ms": "disable",
+    "messages": "disable",
+    "bytes": "disable",
+    "max_count": "unlimited",
+    "max_msg_prefix_size": "unlimited",
+    "mode": "unspecified",
+    "file_mode": "unspecified",
+    "level": "default",
+}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `pydory config` and its `check` subcommand."""
+    parser = subparsers.add_parser(
+        "config",
+        help="check a config file",
+        description="Work with pydory's (Dory's) XML config file.",
+    )
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+    commands = parser.add_subparsers(title="subcommands", metavar="SUBCOMMAND")
+    check = commands.add_parser(
+        "check",
+        help="validate a config file and print the effective settings",
+        description="Validate PATH. Print the effective settings and exit 0, "
+        "or print every error to stderr and exit 1.",
+    )
+    check.add_argument("path", metavar="PATH", help="the XML config file")
+    check.add_argument("--json", action="store_true", help="print the settings as JSON")
+    check.set_defaults(handler=run_check)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Handler of `pydory config check`."""
+    try:
+        config = load_config(args.path)
+    except ConfigError as exc:
+        errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+        print(exc, file=sys.stderr)
+        count = f"{len(errors)} error{'s' if len(errors) != 1 else ''}"
+        print(f"pydory config check: {args.path} is invalid ({count})", file=sys.stderr)
+        if args.json:
+            print(
+                json.dumps({"valid": False, "errors": [_error_dict(e) for e in errors]}, indent=2)
+            )
+        return 1
+    if args.json:
+        print(json.dumps({"valid": True, "config": config_as_dict(config)}, indent=2))
+    else:
+        print(f"# {args.path}: valid. Effective settings (defaults filled in):")
+        print(render_plain(config))
+    return 0
+
+
+def _error_dict(error: ConfigError) -> dict[str, Any]:
+    return {"reason": error.reason, "path": error.path, "line": error.line, "column": error.column}
+
+
+def config_as_dict(config: Config) -> dict[str, Any]:
+    """The settings as JSON-ready data: sections as objects, modes as octal strings."""
+    result: dict[str, Any] = _to_data(config)
+    result["bootstrap_servers"] = config.bootstrap_servers
+    return result
+
+
+def _to_data(value: Any, field_name: str = "") -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: _to_data(getattr(value, field.name), field.name)
+            for field in dataclasses.fields(value)
+        }
+    if isinstance(value, Mapping):
+        return {str(key): _to_data(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_to_data(item) for item in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if field_name.endswith("mode") and isinstance(value, int):
+        return f"0{value:03o}"
+    return value
+
+
+def render_plain(config: Config) -> str:
+    """The settings as ``field = value`` lines, one ``[section]`` block per section."""
+    blocks = []
+    for section, content in config_as_dict(config).items():
+        lines: list[str] = []
+        if isinstance(content, dict):
+            lines.append(f"[{section}]")
+            _flatten(content, "", lines)
+        else:
+            _flatten(content, section, lines)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _flatten(value: Any, key: str, lines: list[str]) -> None:
+    if isinstance(value, dict):
+        if not value:
+            lines.append(f"{key} = (none)" if key else "(none)")
+        for name, item in value.items():
+            _flatten(item, f"{key}.{name}" if key else str(name), lines)
+    elif isinstance(value, list):
+        lines.append(f"{key} = {', '.join(_plain_item(item) for item in value)}")
+    else:
+        field_name = key.rsplit(".", 1)[-1]
+        shown = _NONE_MEANS.get(field_name, "off") if value is None else value
+        if isinstance(shown, bool):
+            shown = str(shown).lower()
+        lines.append(f"{key} = {shown}")
+
+
+def _plain_item(item: Any) -> str:
+    if isinstance(item, dict):
+        return ":".join(str(part) for part in item.values())
+    return str(item)

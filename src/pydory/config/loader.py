@@ -1,0 +1,1006 @@
+"""Dory's XML config file -> a validated, immutable ``Config``.
+
+The whole file is checked in one pass: every problem found is collected (element path,
+line, column, reason) and raised together as ConfigErrors, so a user fixes them all at
+once. Problems that stop the reading itself (unreadable file, XML that is not
+well-formed, unsafe XML, a wrong root element) raise a single ConfigError at once.
+Nothing is guessed: a value is either valid or an error, and an omitted optional
+element takes Dory's documented default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType
+from typing import TypeVar
+
+from pydory.config.model import (
+    DEFAULT_SOCKET_MODE,
+    NO_BATCHING,
+    UNLIMITED_RATE,
+    BatchingAction,
+    BatchingConfig,
+    BatchingThresholds,
+    Broker,
+    CompressionCodec,
+    CompressionConfig,
+    CompressionType,
+    Config,
+    DiscardLoggingConfig,
+    HttpInterfaceConfig,
+    InputConfig,
+    InputSourcesConfig,
+    KafkaConfig,
+    LoggingConfig,
+    LogLevel,
+    MsgDebugConfig,
+    MsgDeliveryConfig,
+    RateLimit,
+    RateLimitingConfig,
+    TcpInput,
+    TopicBatching,
+    UnixSocketInput,
+)
+from pydory.config.values import (
+    COUNT_SUFFIXES,
+    MAX_UNSIGNED,
+    NO_SUFFIX,
+    SIZE_SUFFIXES,
+    describe_unsigned,
+    parse_bool,
+    parse_mode,
+    parse_signed,
+    parse_unsigned,
+)
+from pydory.config.xmltree import Element, parse_xml
+from pydory.errors import ConfigError, ConfigErrors
+
+T = TypeVar("T")
+
+ROOT_ELEMENTS = ("doryConfig", "bruceConfig")  # Dory still accepts its predecessor's name
+INT32_MAX = 2**31 - 1  # Kafka's protocol fields (sizes, timeouts) are signed 32-bit
+PORT_MAX = 65535
+TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}", re.ASCII)
+LIBRDKAFKA_PROPERTY_NAME = re.compile(r"[a-z0-9._]+", re.ASCII)
+
+# Codec levels librdkafka accepts (compression.level is -1..12; -1 = codec default).
+COMPRESSION_LEVELS: Mapping[CompressionType, tuple[int, int]] = MappingProxyType(
+    {
+        CompressionType.GZIP: (-1, 9),
+        CompressionType.LZ4: (-1, 12),
+        CompressionType.ZSTD: (-1, 12),
+    }
+)
+
+OWNED_LIBRDKAFKA_PROPERTIES: Mapping[str, str] = MappingProxyType(
+    {
+        "bootstrap.servers": "it is set from <initialBrokers>",
+        "metadata.broker.list": "it is set from <initialBrokers>",
+        "enable.idempotence": "pydory sets it to guarantee ordered, unduplicated delivery",
+        "acks": "pydory sets it to guarantee delivery",
+        "request.required.acks": "pydory sets it to guarantee delivery",
+        "client.id": "it is set from <kafkaConfig><clientId>",
+        "compression.codec": "it is set from <compression>",
+        "compression.type": "it is set from <compression>",
+        "compression.level": "it is set from <compression>",
+        "message.max.bytes": "it is derived from <batching>",
+        "linger.ms": "it is set from <batching>",
+        "queue.buffering.max.ms": "it is set from <batching>",
+        "batch.num.messages": "it is set from <batching>",
+        "batch.size": "it is set from <batching>",
+        "request.timeout.ms": "it is set from <kafkaConfig><replicationTimeout>",
+        "socket.timeout.ms": "it is set from <msgDelivery><kafkaSocketTimeout>",
+        "retries": "it is set from <msgDelivery><maxFailedDeliveryAttempts>",
+        "message.send.max.retries": "it is set from <msgDelivery><maxFailedDeliveryAttempts>",
+        "queue.buffering.max.messages": "<inputConfig><maxBuffer> limits buffering",
+        "queue.buffering.max.kbytes": "<inputConfig><maxBuffer> limits buffering",
+    }
+)
+"""librdkafka properties a user may not set in <librdkafka>, and why."""
+
+_CALLBACK_PROPERTIES = frozenset({"on_delivery", "logger", "opaque"})
+
+
+# --- public API -------------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate the config file at ``path``.
+
+    Raises ConfigError (or ConfigErrors, listing every problem) if the file cannot be
+    read or is invalid in any way; the daemon must not start then.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot read config file [{os.fsdecode(path)}]: {exc.strerror}"
+        ) from None
+    return parse_config(data, source=os.fsdecode(path))
+
+
+def parse_config(text: bytes | str, source: str = "<string>") -> Config:
+    """Validate a config document given as bytes (encoding per its XML declaration) or str.
+
+    ``source`` names the document in errors about the document as a whole.
+    Raises ConfigError / ConfigErrors like ``load_config``.
+    """
+    if not text.strip():
+        raise ConfigError(f"Config file [{source}] is empty: expected a <doryConfig> document")
+    root = parse_xml(text)
+    if root.tag not in ROOT_ELEMENTS:
+        raise root.error(f"Unknown root element [{root.tag}]: expected [doryConfig]")
+    reader = _Reader()
+    config = _read_config(reader, root)
+    if reader.errors:
+        raise ConfigErrors(sorted(reader.errors, key=lambda e: (e.line or 0, e.column or 0)))
+    return config
+
+
+# --- the reader: structural checks and value conversion, collecting errors --------------------
+
+
+class _Reader:
+    """Checks elements and converts values, recording every problem in ``errors``.
+
+    Each method returns a usable fallback after recording a problem, so that reading
+    goes on and finds the next one; the result is thrown away if any were recorded.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def report(self, element: Element, reason: str) -> None:
+        self.errors.append(element.error(reason))
+
+    def attributes(
+        self, element: Element, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    ) -> dict[str, str]:
+        """The element's attributes, after checking none is unknown or missing."""
+        allowed = (*required, *optional)
+        for name in element.attributes:
+            if name not in allowed:
+                self.report(element, f"Unknown attribute [{name}]: {_expected(allowed)}")
+        for name in required:
+            if name not in element.attributes:
+                self.report(element, f"Missing required attribute [{name}]")
+        return element.attributes
+
+    def children(
+        self, element: Element, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    ) -> dict[str, Element]:
+        """The element's children by tag; each may appear once."""
+        allowed = (*required, *optional)
+        found: dict[str, Element] = {}
+        for child in element.children:
+            if child.tag not in allowed:
+                self.report(child, f"Unknown element [{child.tag}]: {_expected(allowed)}")
+            elif child.tag in found:
+                self.report(child, f"Duplicate element [{child.tag}]")
+            else:
+                found[child.tag] = child
+        for tag in required:
+            if tag not in found:
+                self.report(element, f"Missing required element [{tag}]")
+        return found
+
+    def items(self, container: Element, tag: str) -> list[Element]:
+        """The children of a list element such as <namedConfigs>, all named ``tag``."""
+        self.attributes(container)
+        items = []
+        for child in container.children:
+            if child.tag == tag:
+                items.append(child)
+            else:
+                self.report(child, f"Unknown element [{child.tag}]: expected [{tag}]")
+        return items
+
+    def leaf(self, element: Element) -> None:
+        for child in element.children:
+            self.report(child, f"Unknown element [{child.tag}]: [{element.tag}] has no children")
+
+    def value(self, element: Element) -> str:
+        """The ``value`` attribute of a leaf such as <port value="9090" />."""
+        self.leaf(element)
+        return self.attributes(element, required=("value",)).get("value", "")
+
+    def name(self, element: Element, attribute: str = "name") -> str:
+        """A required, non-empty name attribute (surrounding whitespace ignored)."""
+        if attribute not in element.attributes:
+            return ""  # reported by attributes()
+        name = element.attributes[attribute].strip()
+        if not name:
+            self.report(element, f"Attribute [{attribute}] must not be empty")
+        return name
+
+    def convert(
+        self, element: Element, attribute: str, text: str, parse: Callable[[str], T]
+    ) -> T | None:
+        """``parse(text)``, or None after reporting why it failed."""
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            self.report(element, f"Bad value for attribute [{attribute}]: {exc.reason}")
+            return None
+
+    def unsigned(
+        self,
+        element: Element | None,
+        default: int,
+        *,
+        suffixes: str = NO_SUFFIX,
+        minimum: int = 0,
+        maximum: int = MAX_UNSIGNED,
+    ) -> int:
+        """The number in <x value="..."/>, or ``default`` if the element is omitted."""
+        if element is None:
+            return default
+        text = self.value(element)
+        if text.strip().lower() in ("disable", "unlimited", "unspecified"):
+            self.report(
+                element,
+                f"Bad value for attribute [value]: [{text.strip()}] is not allowed for "
+                f"[{element.tag}]: expected {describe_unsigned(suffixes)}",
+            )
+            return default
+        parse = partial(parse_unsigned, suffixes=suffixes, minimum=minimum, maximum=maximum)
+        result = self.convert(element, "value", text, parse)
+        return default if result is None else result
+
+    def unsigned_or(
+        self,
+        element: Element,
+        attribute: str,
+        keyword: str,
+        *,
+        suffixes: str = NO_SUFFIX,
+        minimum: int = 0,
+        maximum: int = MAX_UNSIGNED,
+    ) -> int | None:
+        """A number, or None for ``keyword`` ("disable", "unlimited")."""
+        text = element.attributes.get(attribute)
+        if text is None or text.strip().lower() == keyword:
+            return None  # a missing attribute is reported by attributes()
+
+        def parse(text: str) -> int:
+            try:
+                return parse_unsigned(text, suffixes=suffixes, minimum=minimum, maximum=maximum)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc.reason}, or {keyword}") from None
+
+        return self.convert(element, attribute, text, parse)
+
+    def boolean(self, element: Element | None, default: bool, attribute: str = "value") -> bool:
+        """A true/false attribute of a leaf, or ``default`` if the element is omitted."""
+        if element is None:
+            return default
+        self.leaf(element)
+        self.attributes(element, required=(attribute,))
+        return self.flag(element, attribute, default)
+
+    def flag(self, element: Element, attribute: str, default: bool = False) -> bool:
+        """A true/false attribute (its presence is checked by attributes())."""
+        text = element.attributes.get(attribute)
+        result = None if text is None else self.convert(element, attribute, text, parse_bool)
+        return default if result is None else result
+
+    def mode(self, element: Element | None, default: int | None) -> int | None:
+        if element is None:
+            return default
+        return self.convert(element, "value", self.value(element), parse_mode)
+
+    def absolute_path(self, element: Element | None, enabled: bool, what: str) -> str | None:
+        """A <path value="..."/>: None when disabled or empty, else an absolute path."""
+        if element is None:
+            return None
+        path = self.value(element).strip()
+        if not enabled or not path:
+            return None
+        if not path.startswith("/"):
+            self.report(element, f"{what} path must be absolute: [{path}]")
+            return None
+        return path
+
+    def reference(self, element: Element, named: Mapping[str, T], section: str) -> T | None:
+        """The named config that the element's ``config`` attribute names."""
+        name = self.name(element, "config")
+        if name and name not in named:
+            defined = ", ".join(named) or "none"
+            self.report(
+                element, f"{section} config [{name}] is not defined (defined configs: {defined})"
+            )
+        return named.get(name)
+
+    def no_text(self, element: Element) -> None:
+        """Values belong in attributes: text inside any element is a mistake."""
+        if element.text.strip():
+            self.report(
+                element, f"Unexpected text [{element.text.strip()}]: values go in attributes"
+            )
+        for child in element.children:
+            self.no_text(child)
+
+
+def _expected(allowed: tuple[str, ...], what: str = "expected one of") -> str:
+    return f"{what}: {', '.join(allowed)}" if allowed else "none allowed here"
+
+
+def _named_configs(
+    reader: _Reader, container: Element | None, section: str, read_one: Callable[[Element, str], T]
+) -> dict[str, T]:
+    """The <config name="..."> items of a <namedConfigs> element, names unique."""
+    configs: dict[str, T] = {}
+    if container is None:
+        return configs
+    for element in reader.items(container, "config"):
+        name = reader.name(element)
+        value = read_one(element, name)
+        if name in configs:
+            reader.report(element, f"{section} config contains duplicate named config: [{name}]")
+        elif name:
+            configs[name] = value
+    return configs
+
+
+def _topic_overrides(
+    reader: _Reader, container: Element | None, section: str, read_one: Callable[[Element], T]
+) -> Mapping[str, T]:
+    """The <topic name="..."> items of a <topicConfigs> element, topics valid and unique."""
+    overrides: dict[str, T] = {}
+    if container is None:
+        return MappingProxyType(overrides)
+    for element in reader.items(container, "topic"):
+        topic = reader.name(element)
+        value = read_one(element)
+        if not topic:
+            continue
+        if not TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+            reader.report(
+                element,
+                f"Invalid topic name [{topic}]: expected 1 to 249 of a-z A-Z 0-9 . _ - "
+                "(and not . or ..)",
+            )
+        elif topic in overrides:
+            reader.report(
+                element, f"{section} config contains duplicate specification for topic [{topic}]"
+            )
+        else:
+            overrides[topic] = value
+    return MappingProxyType(overrides)
+
+
+# --- the document -----------------------------------------------------------------------------
+
+
+def _read_config(reader: _Reader, root: Element) -> Config:
+    """The whole Config; it holds placeholders only where an error was recorded."""
+    reader.attributes(root)
+    reader.no_text(root)
+    sections = reader.children(
+        root,
+        required=("batching", "compression", "initialBrokers"),
+        optional=(
+            "topicRateLimiting",
+            "inputSources",
+            "inputConfig",
+            "msgDelivery",
+            "httpInterface",
+            "discardLogging",
+            "kafkaConfig",
+            "msgDebug",
+            "logging",
+            "librdkafka",
+        ),
+    )
+    batching = sections.get("batching")
+    compression = sections.get("compression")
+    return Config(
+        batching=_PLACEHOLDER_BATCHING if batching is None else _read_batching(reader, batching),
+        compression=(
+            _PLACEHOLDER_COMPRESSION
+            if compression is None
+            else _read_compression(reader, compression)
+        ),
+        initial_brokers=_read_initial_brokers(reader, sections.get("initialBrokers")),
+        rate_limiting=_read_rate_limiting(reader, sections.get("topicRateLimiting")),
+        inputs=_read_input_sources(reader, sections.get("inputSources")),
+        input_config=_read_input_config(reader, sections.get("inputConfig")),
+        delivery=_read_msg_delivery(reader, sections.get("msgDelivery")),
+        http=_read_http_interface(reader, sections.get("httpInterface")),
+        discard_logging=_read_discard_logging(reader, sections.get("discardLogging")),
+        kafka=_read_kafka_config(reader, sections.get("kafkaConfig")),
+        msg_debug=_read_msg_debug(reader, sections.get("msgDebug")),
+        logging=_read_logging(reader, sections.get("logging")),
+        librdkafka=_read_librdkafka(reader, sections.get("librdkafka")),
+    )
+
+
+# Stand-ins while reading a file that lacks a required section (it is an error anyway).
+_PLACEHOLDER_BATCHING = BatchingConfig(0, 1, False, None, None, NO_BATCHING)
+_PLACEHOLDER_COMPRESSION = CompressionConfig(CompressionCodec("", CompressionType.NONE))
+
+
+# --- batching ---------------------------------------------------------------------------------
+
+
+def _read_batching(reader: _Reader, element: Element) -> BatchingConfig:
+    reader.attributes(element)
+    parts = reader.children(
+        element,
+        required=("produceRequestDataLimit", "messageMaxBytes", "combinedTopics", "defaultTopic"),
+        optional=("namedConfigs", "topicConfigs"),
+    )
+    named = _named_configs(
+        reader, parts.get("namedConfigs"), "Batching", partial(_read_thresholds, reader)
+    )
+    combined_name, combined = _read_combined_topics(reader, parts.get("combinedTopics"), named)
+    combined_batching = (
+        NO_BATCHING
+        if combined is None
+        else TopicBatching(BatchingAction.COMBINED, combined, combined_name)
+    )
+    read_topic = partial(_read_topic_batching, reader, named, combined_batching)
+    default_element = parts.get("defaultTopic")
+    return BatchingConfig(
+        produce_request_data_limit=reader.unsigned(
+            parts.get("produceRequestDataLimit"), 0, suffixes=SIZE_SUFFIXES, maximum=INT32_MAX
+        ),
+        message_max_bytes=reader.unsigned(
+            parts.get("messageMaxBytes"), 1, suffixes=SIZE_SUFFIXES, minimum=1, maximum=INT32_MAX
+        ),
+        combined_topics_enabled=combined is not None,
+        combined_topics_config=combined_name,
+        combined_topics=combined,
+        default_topic=NO_BATCHING if default_element is None else read_topic(default_element),
+        named_configs=MappingProxyType(named),
+        topic_configs=_topic_overrides(
+            reader,
+            parts.get("topicConfigs"),
+            "Batching",
+            partial(read_topic, extra_attributes=("name",)),
+        ),
+    )
+
+
+def _read_thresholds(reader: _Reader, element: Element, name: str) -> BatchingThresholds:
+    reader.attributes(element, required=("name",))
+    limits = reader.children(element, required=("time", "messages", "bytes"))
+
+    def limit(tag: str, suffixes: str) -> int | None:
+        if tag not in limits:
+            return None
+        limit_element = limits[tag]
+        reader.leaf(limit_element)
+        reader.attributes(limit_element, required=("value",))
+        return reader.unsigned_or(limit_element, "value", "disable", suffixes=suffixes)
+
+    thresholds = BatchingThresholds(
+        time_ms=limit("time", NO_SUFFIX),
+        messages=limit("messages", COUNT_SUFFIXES),
+        bytes=limit("bytes", SIZE_SUFFIXES),
+    )
+    all_disabled = all(
+        tag in limits and limits[tag].attributes.get("value", "").strip().lower() == "disable"
+        for tag in ("time", "messages", "bytes")
+    )
+    if all_disabled:
+        reader.report(
+            element,
+            f"Named batching config [{name}] must specify at least one of "
+            "{time, messages, bytes}",
+        )
+    return thresholds
+
+
+def _read_combined_topics(
+    reader: _Reader, element: Element | None, named: Mapping[str, BatchingThresholds]
+) -> tuple[str | None, BatchingThresholds | None]:
+    """(config name, thresholds) of combined-topics batching; (None, None) when disabled."""
+    if element is None:
+        return None, None
+    reader.leaf(element)
+    reader.attributes(element, required=("enable",), optional=("config",))
+    enabled = reader.flag(element, "enable")
+    configured = element.attributes.get("config", "").strip()
+    if not enabled and not configured:
+        return None, None
+    if enabled and "config" not in element.attributes:
+        reader.report(element, "Missing required attribute [config] (combinedTopics is enabled)")
+        return None, None
+    # A named config given while disabled must still exist: a typo is an error either way.
+    thresholds = reader.reference(element, named, "Batching")
+    return (configured, thresholds) if enabled else (None, None)
+
+
+def _read_topic_batching(
+    reader: _Reader,
+    named: Mapping[str, BatchingThresholds],
+    combined: TopicBatching,
+    element: Element,
+    extra_attributes: tuple[str, ...] = (),
+) -> TopicBatching:
+    """A <defaultTopic> or <topic>: action perTopic | combinedTopics | disable."""
+    reader.leaf(element)
+    reader.attributes(element, required=(*extra_attributes, "action"), optional=("config",))
+    action_text = element.attributes.get("action", "").strip()
+    config_name = element.attributes.get("config", "").strip()
+    try:
+        action = BatchingAction(action_text)
+    except ValueError:
+        if "action" in element.attributes:
+            reader.report(
+                element,
+                f"Bad value for attribute [action]: [{action_text}]: "
+                "expected perTopic, combinedTopics or disable",
+            )
+        return NO_BATCHING
+    if action is BatchingAction.PER_TOPIC:
+        if not config_name:
+            reader.report(element, "Attribute [config] must name a batching config (perTopic)")
+            return NO_BATCHING
+        thresholds = reader.reference(element, named, "Batching")
+        return TopicBatching(action, thresholds, config_name)
+    if action is BatchingAction.COMBINED:
+        if config_name:
+            reader.report(
+                element,
+                f"Attribute [config] must be missing or empty when action is combinedTopics "
+                f"(got [{config_name}]): combined batching uses <combinedTopics>",
+            )
+        # With combined batching disabled, such topics are not batched at all.
+        return combined
+    return NO_BATCHING  # disable: "config" is optional and ignored, as in Dory
+
+
+# --- compression ------------------------------------------------------------------------------
+
+
+def _read_compression(reader: _Reader, element: Element) -> CompressionConfig:
+    reader.attributes(element)
+    parts = reader.children(
+        element,
+        required=("defaultTopic",),
+        optional=("namedConfigs", "sizeThresholdPercent", "topicConfigs"),
+    )
+    named = _named_configs(
+        reader, parts.get("namedConfigs"), "Compression", partial(_read_codec, reader)
+    )
+
+    def read_topic(topic_element: Element, extra: tuple[str, ...] = ()) -> CompressionCodec:
+        reader.leaf(topic_element)
+        reader.attributes(topic_element, required=(*extra, "config"))
+        codec = reader.reference(topic_element, named, "Compression")
+        return codec or _PLACEHOLDER_COMPRESSION.default_topic
+
+    default_element = parts.get("defaultTopic")
+    return CompressionConfig(
+        default_topic=(
+            _PLACEHOLDER_COMPRESSION.default_topic
+            if default_element is None
+            else read_topic(default_element)
+        ),
+        size_threshold_percent=reader.unsigned(parts.get("sizeThresholdPercent"), 100, maximum=100),
+        named_configs=MappingProxyType(named),
+        topic_configs=_topic_overrides(
+            reader,
+            parts.get("topicConfigs"),
+            "Compression",
+            partial(read_topic, extra=("name",)),
+        ),
+    )
+
+
+def _read_codec(reader: _Reader, element: Element, name: str) -> CompressionCodec:
+    reader.leaf(element)
+    attributes = reader.attributes(
+        element, required=("name", "type"), optional=("minSize", "level")
+    )
+    type_text = attributes.get("type", "").strip()
+    try:
+        codec_type = CompressionType(type_text.lower())
+    except ValueError:
+        if "type" in attributes:
+            reader.report(
+                element,
+                f"Bad value for attribute [type]: invalid compression type [{type_text}]: "
+                f"{_expected(tuple(CompressionType))}",
+            )
+        return CompressionCodec(name, CompressionType.NONE)
+    if codec_type is CompressionType.NONE:
+        # Dory: "minSize is ignored (and optional) if type is none".
+        min_size = 0
+    elif "minSize" not in attributes:
+        reader.report(element, f"Missing required attribute [minSize] (type {codec_type})")
+        min_size = 0
+    else:
+        parse = partial(parse_unsigned, suffixes=SIZE_SUFFIXES)
+        min_size = reader.convert(element, "minSize", attributes["minSize"], parse) or 0
+    return CompressionCodec(name, codec_type, min_size, _read_level(reader, element, codec_type))
+
+
+def _read_level(reader: _Reader, element: Element, codec_type: CompressionType) -> int | None:
+    """The codec level; None (the codec's default) when omitted or -1."""
+    text = element.attributes.get("level")
+    if text is None:
+        return None
+    if codec_type not in COMPRESSION_LEVELS:
+        reader.report(
+            element, f"Attribute [level] is not supported for compression type {codec_type}"
+        )
+        return None
+    low, high = COMPRESSION_LEVELS[codec_type]
+    level = reader.convert(element, "level", text, partial(parse_signed, minimum=low, maximum=high))
+    return None if level == -1 else level
+
+
+# --- topic rate limiting ----------------------------------------------------------------------
+
+
+def _read_rate_limiting(reader: _Reader, element: Element | None) -> RateLimitingConfig:
+    if element is None:
+        return RateLimitingConfig()  # Dory: no <topicRateLimiting>, no limit on any topic
+    reader.attributes(element)
+    parts = reader.children(
+        element, required=("namedConfigs", "defaultTopic"), optional=("topicConfigs",)
+    )
+    named = _named_configs(
+        reader, parts.get("namedConfigs"), "Topic rate limiting", partial(_read_rate_limit, reader)
+    )
+
+    def read_topic(topic_element: Element, extra: tuple[str, ...] = ()) -> RateLimit:
+        reader.leaf(topic_element)
+        reader.attributes(topic_element, required=(*extra, "config"))
+        return reader.reference(topic_element, named, "Topic rate limiting") or UNLIMITED_RATE
+
+    default_element = parts.get("defaultTopic")
+    return RateLimitingConfig(
+        default_topic=UNLIMITED_RATE if default_element is None else read_topic(default_element),
+        named_configs=MappingProxyType(named),
+        topic_configs=_topic_overrides(
+            reader,
+            parts.get("topicConfigs"),
+            "Topic rate limiting",
+            partial(read_topic, extra=("name",)),
+        ),
+    )
+
+
+def _read_rate_limit(reader: _Reader, element: Element, name: str) -> RateLimit:
+    reader.leaf(element)
+    attributes = reader.attributes(element, required=("name", "maxCount"), optional=("interval",))
+    max_count = reader.unsigned_or(element, "maxCount", "unlimited", suffixes=COUNT_SUFFIXES)
+    unlimited = attributes.get("maxCount", "").strip().lower() == "unlimited"
+    interval_text = attributes.get("interval")
+    if interval_text is None:
+        if not unlimited and "maxCount" in attributes:
+            reader.report(element, "Missing required attribute [interval] (maxCount is bounded)")
+        return RateLimit(name, 1, max_count)
+    parse = partial(parse_unsigned, minimum=1, maximum=INT32_MAX)
+    interval = reader.convert(element, "interval", interval_text, parse)
+    return RateLimit(name, interval or 1, max_count)
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def _read_input_sources(reader: _Reader, element: Element | None) -> InputSourcesConfig:
+    if element is None:
+        return InputSourcesConfig()
+    reader.attributes(element)
+    parts = reader.children(element, optional=("unixDatagram", "unixStream", "tcp"))
+    return InputSourcesConfig(
+        unix_datagram=_read_unix_socket(reader, parts.get("unixDatagram"), "UNIX datagram socket"),
+        unix_stream=_read_unix_socket(reader, parts.get("unixStream"), "UNIX stream socket"),
+        tcp=_read_tcp(reader, parts.get("tcp")),
+    )
+
+
+def _read_file_section(
+    reader: _Reader, element: Element, what: str, default_mode: int | None
+) -> tuple[str | None, int | None]:
+    """An element like <unixDatagram enable="..."> with <path> and <mode> children."""
+    reader.attributes(element, required=("enable",))
+    enabled = reader.flag(element, "enable")
+    parts = reader.children(element, required=("path",), optional=("mode",))
+    path = reader.absolute_path(parts.get("path"), enabled, what)
+    return path, reader.mode(parts.get("mode"), default_mode)
+
+
+def _read_unix_socket(reader: _Reader, element: Element | None, what: str) -> UnixSocketInput:
+    if element is None:
+        return UnixSocketInput()
+    path, mode = _read_file_section(reader, element, what, DEFAULT_SOCKET_MODE)
+    return UnixSocketInput(path, mode)
+
+
+def _read_tcp(reader: _Reader, element: Element | None) -> TcpInput:
+    if element is None:
+        return TcpInput()
+    reader.attributes(element, required=("enable",))
+    enabled = reader.flag(element, "enable")
+    port_element = reader.children(element, required=("port",)).get("port")
+    if port_element is None:
+        return TcpInput()
+    text = reader.value(port_element)
+    if not text.strip():
+        return TcpInput()  # an empty port turns TCP input off
+    parse = partial(parse_unsigned, maximum=PORT_MAX)
+    port = reader.convert(port_element, "value", text, parse)
+    return TcpInput(port if enabled else None)
+
+
+def _read_input_config(reader: _Reader, element: Element | None) -> InputConfig:
+    default = InputConfig()
+    if element is None:
+        return default
+    reader.attributes(element)
+    parts = reader.children(
+        element,
+        optional=(
+            "maxBuffer",
+            "maxDatagramMsgSize",
+            "allowLargeUnixDatagrams",
+            "maxStreamMsgSize",
+        ),
+    )
+    size = partial(reader.unsigned, suffixes=SIZE_SUFFIXES, minimum=1)
+    return InputConfig(
+        max_buffer=size(parts.get("maxBuffer"), default.max_buffer),
+        max_datagram_msg_size=size(
+            parts.get("maxDatagramMsgSize"), default.max_datagram_msg_size, maximum=INT32_MAX
+        ),
+        allow_large_unix_datagrams=reader.boolean(
+            parts.get("allowLargeUnixDatagrams"), default.allow_large_unix_datagrams
+        ),
+        max_stream_msg_size=size(
+            parts.get("maxStreamMsgSize"), default.max_stream_msg_size, maximum=INT32_MAX
+        ),
+    )
+
+
+# --- delivery, HTTP, discard log, Kafka, debugging, logging -----------------------------------
+
+
+def _read_msg_delivery(reader: _Reader, element: Element | None) -> MsgDeliveryConfig:
+    default = MsgDeliveryConfig()
+    if element is None:
+        return default
+    reader.attributes(element)
+    parts = reader.children(
+        element,
+        optional=(
+            "topicAutocreate",
+            "maxFailedDeliveryAttempts",
+            "shutdownMaxDelay",
+            "dispatcherRestartMaxDelay",
+            "metadataRefreshInterval",
+            "compareMetadataOnRefresh",
+            "kafkaSocketTimeout",
+            "pauseRateLimitInitial",
+            "pauseRateLimitMaxDouble",
+            "minPauseDelay",
+        ),
+    )
+    millis = partial(reader.unsigned, maximum=INT32_MAX)
+    return MsgDeliveryConfig(
+        topic_autocreate=reader.boolean(
+            parts.get("topicAutocreate"), default.topic_autocreate, attribute="enable"
+        ),
+        max_failed_delivery_attempts=reader.unsigned(
+            parts.get("maxFailedDeliveryAttempts"),
+            default.max_failed_delivery_attempts,
+            maximum=INT32_MAX,
+        ),
+        shutdown_max_delay_ms=millis(parts.get("shutdownMaxDelay"), default.shutdown_max_delay_ms),
+        dispatcher_restart_max_delay_ms=millis(
+            parts.get("dispatcherRestartMaxDelay"), default.dispatcher_restart_max_delay_ms
+        ),
+        metadata_refresh_interval_min=reader.unsigned(
+            parts.get("metadataRefreshInterval"),
+            default.metadata_refresh_interval_min,
+            minimum=1,
+            maximum=INT32_MAX // 60_000,
+        ),
+        compare_metadata_on_refresh=reader.boolean(
+            parts.get("compareMetadataOnRefresh"), default.compare_metadata_on_refresh
+        ),
+        kafka_socket_timeout_s=reader.unsigned(
+            parts.get("kafkaSocketTimeout"),
+            default.kafka_socket_timeout_s,
+            minimum=1,
+            maximum=INT32_MAX // 1000,
+        ),
+        pause_rate_limit_initial_ms=millis(
+            parts.get("pauseRateLimitInitial"), default.pause_rate_limit_initial_ms
+        ),
+        pause_rate_limit_max_double=reader.unsigned(
+            parts.get("pauseRateLimitMaxDouble"), default.pause_rate_limit_max_double, maximum=31
+        ),
+        min_pause_delay_ms=millis(parts.get("minPauseDelay"), default.min_pause_delay_ms),
+    )
+
+
+def _read_http_interface(reader: _Reader, element: Element | None) -> HttpInterfaceConfig:
+    default = HttpInterfaceConfig()
+    if element is None:
+        return default
+    reader.attributes(element)
+    parts = reader.children(
+        element, optional=("port", "loopbackOnly", "discardReportInterval", "badMsgPrefixSize")
+    )
+    return HttpInterfaceConfig(
+        port=reader.unsigned(parts.get("port"), default.port, maximum=PORT_MAX),
+        loopback_only=reader.boolean(parts.get("loopbackOnly"), default.loopback_only),
+        discard_report_interval_s=reader.unsigned(
+            parts.get("discardReportInterval"),
+            default.discard_report_interval_s,
+            minimum=1,
+            maximum=INT32_MAX,
+        ),
+        bad_msg_prefix_size=reader.unsigned(
+            parts.get("badMsgPrefixSize"),
+            default.bad_msg_prefix_size,
+            suffixes=COUNT_SUFFIXES,
+            maximum=INT32_MAX,
+        ),
+    )
+
+
+def _read_discard_logging(reader: _Reader, element: Element | None) -> DiscardLoggingConfig:
+    default = DiscardLoggingConfig()
+    if element is None:
+        return default
+    reader.attributes(element, required=("enable",))
+    enabled = reader.flag(element, "enable")
+    parts = reader.children(
+        element, required=("path",), optional=("maxFileSize", "maxArchiveSize", "maxMsgPrefixSize")
+    )
+    prefix_element = parts.get("maxMsgPrefixSize")
+    prefix_size = default.max_msg_prefix_size
+    if prefix_element is not None:
+        reader.leaf(prefix_element)
+        reader.attributes(prefix_element, required=("value",))
+        prefix_size = reader.unsigned_or(
+            prefix_element, "value", "unlimited", suffixes=COUNT_SUFFIXES
+        )
+    return DiscardLoggingConfig(
+        path=reader.absolute_path(parts.get("path"), enabled, "Discard logging"),
+        max_file_size=reader.unsigned(
+            parts.get("maxFileSize"), default.max_file_size, suffixes=SIZE_SUFFIXES, minimum=1
+        ),
+        max_archive_size=reader.unsigned(
+            parts.get("maxArchiveSize"), default.max_archive_size, suffixes=SIZE_SUFFIXES
+        ),
+        max_msg_prefix_size=prefix_size,
+    )
+
+
+def _read_kafka_config(reader: _Reader, element: Element | None) -> KafkaConfig:
+    default = KafkaConfig()
+    if element is None:
+        return default
+    reader.attributes(element)
+    parts = reader.children(element, optional=("clientId", "replicationTimeout"))
+    client_id_element = parts.get("clientId")
+    return KafkaConfig(
+        client_id=(
+            default.client_id if client_id_element is None else reader.value(client_id_element)
+        ),
+        replication_timeout_ms=reader.unsigned(
+            parts.get("replicationTimeout"),
+            default.replication_timeout_ms,
+            minimum=1,
+            maximum=INT32_MAX,
+        ),
+    )
+
+
+def _read_msg_debug(reader: _Reader, element: Element | None) -> MsgDebugConfig:
+    default = MsgDebugConfig()
+    if element is None:
+        return default
+    reader.attributes(element, required=("enable",))
+    enabled = reader.flag(element, "enable")
+    parts = reader.children(element, required=("path",), optional=("timeLimit", "byteLimit"))
+    return MsgDebugConfig(
+        path=reader.absolute_path(parts.get("path"), enabled, "Message debug"),
+        time_limit_s=reader.unsigned(parts.get("timeLimit"), default.time_limit_s),
+        byte_limit=reader.unsigned(
+            parts.get("byteLimit"), default.byte_limit, suffixes=SIZE_SUFFIXES
+        ),
+    )
+
+
+def _read_logging(reader: _Reader, element: Element | None) -> LoggingConfig:
+    default = LoggingConfig()
+    if element is None:
+        return default
+    reader.attributes(element)
+    parts = reader.children(
+        element, optional=("level", "stdoutStderr", "syslog", "file", "logDiscards")
+    )
+    file_path, file_mode = default.file_path, default.file_mode
+    if "file" in parts:
+        file_path, file_mode = _read_file_section(reader, parts["file"], "Logfile", None)
+    return LoggingConfig(
+        level=_read_log_level(reader, parts.get("level"), default.level),
+        stdout_stderr=reader.boolean(parts.get("stdoutStderr"), default.stdout_stderr, "enable"),
+        syslog=reader.boolean(parts.get("syslog"), default.syslog, "enable"),
+        file_path=file_path,
+        file_mode=file_mode,
+        log_discards=reader.boolean(parts.get("logDiscards"), default.log_discards, "enable"),
+    )
+
+
+def _read_log_level(reader: _Reader, element: Element | None, default: LogLevel) -> LogLevel:
+    if element is None:
+        return default
+    text = reader.value(element).strip()
+    try:
+        return LogLevel(text.upper())
+    except ValueError:
+        reader.report(
+            element,
+            f"Bad value for attribute [value]: invalid log level [{text}]: "
+            f"{_expected(tuple(LogLevel))}",
+        )
+        return default
+
+
+# --- brokers and librdkafka -------------------------------------------------------------------
+
+
+def _read_initial_brokers(reader: _Reader, element: Element | None) -> tuple[Broker, ...]:
+    if element is None:
+        return ()  # reported as a missing required element
+    brokers = []
+    for broker_element in reader.items(element, "broker"):
+        reader.leaf(broker_element)
+        attributes = reader.attributes(broker_element, required=("host",), optional=("port",))
+        host = reader.name(broker_element, "host")
+        port = 9092
+        if "port" in attributes:
+            parse = partial(parse_unsigned, minimum=1, maximum=PORT_MAX)
+            port = reader.convert(broker_element, "port", attributes["port"], parse) or port
+        brokers.append(Broker(host, port))
+    if not brokers:
+        reader.report(element, "Initial brokers missing: give at least one <broker host=...>")
+    return tuple(brokers)
+
+
+def _read_librdkafka(reader: _Reader, element: Element | None) -> Mapping[str, str]:
+    """pydory's extension: extra librdkafka properties for every producer."""
+    properties: dict[str, str] = {}
+    if element is None:
+        return MappingProxyType(properties)
+    for item in reader.items(element, "property"):
+        reader.leaf(item)
+        attributes = reader.attributes(item, required=("name", "value"))
+        name = reader.name(item)
+        if not name or "value" not in attributes:
+            continue
+        problem = _librdkafka_property_problem(name)
+        if problem:
+            reader.report(item, problem)
+        elif name in properties:
+            reader.report(item, f"Duplicate librdkafka property [{name}]")
+        else:
+            properties[name] = attributes["value"]
+    return MappingProxyType(properties)
+
+
+def _librdkafka_property_problem(name: str) -> str | None:
+    """Why ``name`` may not be set in <librdkafka>, or None if it may."""
+    if not LIBRDKAFKA_PROPERTY_NAME.fullmatch(name):
+        return f"Invalid librdkafka property name [{name}]: expected a-z 0-9 . _ only"
+    if name in OWNED_LIBRDKAFKA_PROPERTIES:
+        return (
+            f"librdkafka property [{name}] cannot be set here: {OWNED_LIBRDKAFKA_PROPERTIES[name]}"
+        )
+    if name.endswith("_cb") or name in _CALLBACK_PROPERTIES:
+        return f"librdkafka property [{name}] cannot be set here: pydory installs its own callbacks"
+    return None

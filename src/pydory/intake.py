@@ -1,0 +1,260 @@
+"""Intake: from raw client bytes to an accepted message handed to dispatch.
+
+Every step either passes the message on or discards it with a reason, in this order:
+
+1. decode (pydory.wire)         -> malformed | unsupported_api_key | unsupported_version
+                                   | bad_topic (illegal name)
+2. size against messageMaxBytes -> too_long
+3. memory pool (KIP-72)         -> no_memory
+4. per-topic rate limit         -> rate_limit
+5. topic known to the cluster?  -> bad_topic (unless topicAutocreate: held, then routed)
+6. partition choice and enqueue -> accepted; librdkafka refusing at once is a discard too
+
+From "accepted" on, the message is the daemon's: dispatch reports it delivered or
+discarded, and ``DeliveryLedger`` releases its pool bytes at that moment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydory.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
+from pydory.dispatch import Dispatcher, EnqueueRefused, pool_cost
+from pydory.errors import (
+    BadTopic,
+    ClientProtocolError,
+    MalformedMessage,
+    OversizedFrame,
+    UnsupportedApiKey,
+    UnsupportedApiVersion,
+)
+from pydory.pool import MemoryPool
+from pydory.ratelimit import TopicRateLimiter
+from pydory.router import Router
+from pydory.wire import Message, decode
+
+log = logging.getLogger(__name__)
+
+#: Kafka's per-record overhead in a v2 record batch, and the batch header: a message whose
+#: key + value + this exceeds messageMaxBytes can never be accepted by the broker.
+KAFKA_RECORD_OVERHEAD = 61 + 21
+
+
+@dataclass
+class _PendingTopic:
+    """Messages for a topic being auto-created, waiting for the metadata that shows it."""
+
+    messages: list[tuple[Message, int]] = field(default_factory=list)
+
+
+class DeliveryLedger:
+    """The dispatch Ledger: final outcomes go to the books and free their pool bytes."""
+
+    def __init__(self, books: Books, pool: MemoryPool) -> None:
+        self._books = books
+        self._pool = pool
+
+    def delivered(self, topic: str, cost: int) -> None:
+        self._books.delivered(topic)
+        self._pool.release(cost)
+
+    def discarded(
+        self, reason: DiscardReason, topic: str, timestamp_ms: int, detail: str, cost: int
+    ) -> None:
+        self._books.discarded(reason, topic, timestamp_ms, detail=detail)
+        self._pool.release(cost)
+
+    def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
+        self._books.possible_duplicate(topic, timestamp_ms)
+
+
+class Intake:
+    """Admission and routing for every message the input agents receive."""
+
+    def __init__(
+        self,
+        *,
+        books: Books,
+        pool: MemoryPool,
+        limiter: TopicRateLimiter,
+        router: Router,
+        dispatcher: Dispatcher,
+        message_max_bytes: int,
+        prefix_size: int,
+        on_unknown_topic: Callable[[str], None] = lambda topic: None,
+        autocreate: Callable[[str], None] | None = None,
+    ) -> None:
+        self._books = books
+        self._counters = books.counters
+        self._pool = pool
+        self._limiter = limiter
+        self._router = router
+        self._dispatcher = dispatcher
+        self._max_data = message_max_bytes - KAFKA_RECORD_OVERHEAD
+        self._prefix_size = prefix_size
+        self._on_unknown_topic = on_unknown_topic
+        self._autocreate = autocreate
+        self._pending: dict[str, _PendingTopic] = {}
+
+    # -- from the input agents -------------------------------------------------------------
+
+    def datagram(self, data: bytes) -> None:
+        self._books.received(Transport.UNIX_DGRAM)
+        self._decode_and_admit(data, Transport.UNIX_DGRAM)
+
+    def datagram_too_large(self, size: int, prefix: bytes) -> None:
+        self._books.received(Transport.UNIX_DGRAM)
+        self._counters.inc("datagram_over_max_size")
+        log.debug("datagram of %d bytes exceeds maxDatagramMsgSize", size)
+        self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=prefix)
+
+    def frame(self, data: bytes, transport: Transport) -> None:
+        self._books.received(transport)
+        self._decode_and_admit(data, transport)
+
+    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
+        if isinstance(error, OversizedFrame):
+            self._counters.inc(f"stream_oversized_frame_{transport}")
+            log.error(
+                "%s client announced a %d-byte message, above maxStreamMsgSize: "
+                "closing the connection",
+                transport,
+                error.size,
+            )
+        else:
+            self._counters.inc(f"stream_framing_error_{transport}")
+            log.error("%s client sent an unframeable stream (%s): closing", transport, error)
+        self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=error.prefix)
+
+    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
+        self._books.discarded(
+            DiscardReason.UNCLEAN_DISCONNECT, None, None, prefix=prefix, transport=transport
+        )
+
+    def connection_opened(self, transport: Transport) -> None:
+        self._counters.inc(f"connection_opened_{transport}")
+
+    def connection_closed(self, transport: Transport) -> None:
+        self._counters.inc(f"connection_closed_{transport}")
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _decode_and_admit(self, data: bytes, transport: Transport) -> None:
+        try:
+            message = decode(data, self._prefix_size)
+        except ClientProtocolError as error:
+            self._bad_message(error)
+            return
+        self.admit(message)
+
+    def _bad_message(self, error: ClientProtocolError) -> None:
+        books = self._books
+        if isinstance(error, UnsupportedApiKey):
+            books.discarded(DiscardReason.UNSUPPORTED_API_KEY, None, None, prefix=error.prefix)
+        elif isinstance(error, UnsupportedApiVersion):
+            books.discarded(
+                DiscardReason.UNSUPPORTED_VERSION,
+                None,
+                None,
+                prefix=error.prefix,
+                api_version=error.api_version,
+            )
+        elif isinstance(error, BadTopic):
+            topic = error.topic.decode("ascii", "backslashreplace")
+            books.discarded(DiscardReason.BAD_TOPIC, topic, None, prefix=error.prefix)
+        else:
+            assert isinstance(error, MalformedMessage), error
+            books.discarded(DiscardReason.MALFORMED, None, None, prefix=error.prefix)
+
+    def admit(self, message: Message) -> None:
+        """Steps 2-6 for one decoded message."""
+        topic = message.topic
+        books = self._books
+        if len(message.key) + len(message.value) > self._max_data:
+            books.discarded(
+                DiscardReason.TOO_LONG, topic, message.timestamp_ms, prefix=message.value
+            )
+            return
+        cost = pool_cost(topic, message.key, message.value)
+        if not self._pool.try_allocate(cost):
+            books.discarded(DiscardReason.NO_MEMORY, topic, message.timestamp_ms)
+            return
+        if not self._limiter.admit(topic):
+            self._pool.release(cost)
+            books.discarded(DiscardReason.RATE_LIMIT, topic, message.timestamp_ms)
+            return
+        if not self._router.knows(topic):
+            self._unknown_topic(message, cost)
+            return
+        self._enqueue(message, cost)
+
+    def _enqueue(self, message: Message, cost: int) -> None:
+        topic = message.topic
+        router = self._router
+        partition_key = message.partition_key
+        if partition_key is None:
+            partition = router.any_partition(topic)
+        else:
+            partition = router.partition_key_partition(topic, partition_key)
+        try:
+            self._dispatcher.send(
+                topic,
+                partition,
+                message.value,
+                message.key or None,
+                message.timestamp_ms if message.timestamp_ms > 0 else 0,
+                partition_key,
+            )
+        except EnqueueRefused as refusal:
+            self._pool.release(cost)
+            if refusal.reason in AFTER_ACCEPTANCE:
+                # Admitted, then refused by librdkafka on Kafka's behalf (e.g. a topic it
+                # knows to be unauthorized): the daemon took it, Kafka said no.
+                self._books.accepted(topic)
+            self._books.discarded(
+                refusal.reason,
+                topic,
+                message.timestamp_ms,
+                prefix=message.value,
+                detail=refusal.detail,
+            )
+            return
+        self._books.accepted(topic)
+
+    # -- unknown topics ----------------------------------------------------------------------
+
+    def _unknown_topic(self, message: Message, cost: int) -> None:
+        topic = message.topic
+        if self._autocreate is None:
+            self._pool.release(cost)
+            self._books.discarded(DiscardReason.BAD_TOPIC, topic, message.timestamp_ms)
+            self._on_unknown_topic(topic)
+            return
+        pending = self._pending.get(topic)
+        if pending is None:
+            pending = self._pending[topic] = _PendingTopic()
+            self._autocreate(topic)
+        pending.messages.append((message, cost))
+
+    def topic_creation_settled(self, topic: str) -> None:
+        """Metadata was refreshed after trying to create ``topic``: route what waited for it."""
+        pending = self._pending.pop(topic, None)
+        if pending is None:
+            return
+        for message, cost in pending.messages:
+            if self._router.knows(topic):
+                self._enqueue(message, cost)
+            else:
+                self._pool.release(cost)
+                self._books.discarded(DiscardReason.BAD_TOPIC, topic, message.timestamp_ms)
+
+    @property
+    def pending_topic_messages(self) -> int:
+        return sum(len(p.messages) for p in self._pending.values())
+
+    def settle_pending_topics(self) -> None:
+        """Shutdown: route or discard every message still waiting for topic creation."""
+        for topic in list(self._pending):
+            self.topic_creation_settled(topic)

@@ -1,0 +1,86 @@
+"""Logging as Dory's <logging> section describes it: level, stdout/stderr, syslog, file.
+
+Dory's levels map onto Python's, with NOTICE (between INFO and WARNING) added. SIGUSR1
+reopens the log file (``LogFiles.reopen``), for logrotate.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import sys
+
+from pydory.config.model import LoggingConfig, LogLevel
+
+NOTICE = 25
+logging.addLevelName(NOTICE, "NOTICE")
+
+_LEVELS = {
+    LogLevel.ERR: logging.ERROR,
+    LogLevel.WARNING: logging.WARNING,
+    LogLevel.NOTICE: NOTICE,
+    LogLevel.INFO: logging.INFO,
+    LogLevel.DEBUG: logging.DEBUG,
+}
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING
+
+
+class LogFiles:
+    """The handlers pydory installed, so they can be reopened and removed."""
+
+    def __init__(self) -> None:
+        self.handlers: list[logging.Handler] = []
+        self._file: logging.FileHandler | None = None
+
+    def reopen(self) -> None:
+        """SIGUSR1: close and reopen the log file (it may have been rotated away)."""
+        if self._file is not None:
+            self._file.acquire()
+            try:
+                self._file.close()
+                self._file.stream = self._file._open()
+            finally:
+                self._file.release()
+
+    def remove(self) -> None:
+        root = logging.getLogger()
+        for handler in self.handlers:
+            root.removeHandler(handler)
+            handler.close()
+
+
+def configure_logging(config: LoggingConfig, *, force_stderr: bool = False) -> LogFiles:
+    """Install root handlers per ``config``; ``force_stderr`` adds stdout/stderr output."""
+    installed = LogFiles()
+    formatter = logging.Formatter(_FORMAT)
+    if config.stdout_stderr or force_stderr:
+        out = logging.StreamHandler(sys.stdout)
+        out.addFilter(_BelowWarning())
+        err = logging.StreamHandler(sys.stderr)
+        err.setLevel(logging.WARNING)
+        installed.handlers += [out, err]
+    if config.syslog and os.path.exists("/dev/log"):
+        syslog = logging.handlers.SysLogHandler(address="/dev/log")
+        syslog.setFormatter(logging.Formatter("pydory[%(process)d]: %(levelname)s %(message)s"))
+        installed.handlers.append(syslog)
+    if config.file_path:
+        file_handler = logging.FileHandler(config.file_path)
+        if config.file_mode is not None:
+            os.chmod(config.file_path, config.file_mode)
+        installed.handlers.append(file_handler)
+        installed._file = file_handler
+    root = logging.getLogger()
+    root.setLevel(_LEVELS[config.level])
+    for handler in installed.handlers:
+        if handler.formatter is None:
+            handler.setFormatter(formatter)
+        root.addHandler(handler)
+    if config.syslog and not os.path.exists("/dev/log"):
+        logging.getLogger(__name__).warning("syslog logging is enabled but /dev/log is absent")
+    return installed

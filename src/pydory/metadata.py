@@ -1,0 +1,161 @@
+"""Cluster metadata: fetched through librdkafka, refreshed on a timer and on demand.
+
+librdkafka keeps its own metadata for sending; this copy is the one pydory routes by
+(Dory's partition rules need partition ids and leaders before the message is produced)
+and the one the status interface reports (last updated / last modified).
+
+Fetches run in a worker thread (``list_topics`` blocks); one down broker does not break a
+fetch, because librdkafka asks any broker it can reach. A failed fetch keeps the previous
+snapshot and retries after Dory's pause delay, doubling up to ``pauseRateLimitMaxDouble``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from pydory.router import MetadataSnapshot, Router
+
+log = logging.getLogger(__name__)
+
+#: How long one metadata request may take before it counts as failed.
+FETCH_TIMEOUT_S = 10.0
+#: Dory adds "a bit of randomness" to the refresh interval: +/- this fraction.
+REFRESH_JITTER = 0.1
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MetadataService:
+    """Keeps ``router`` routing by fresh metadata."""
+
+    def __init__(
+        self,
+        properties: dict[str, Any],
+        router: Router,
+        *,
+        refresh_interval_s: float,
+        compare_on_refresh: bool = True,
+        min_pause_delay_s: float = 5.0,
+        pause_initial_s: float = 5.0,
+        pause_max_double: int = 4,
+        on_replaced: Callable[[MetadataSnapshot], None] = lambda snapshot: None,
+    ) -> None:
+        # A producer that never produces: list_topics(topic) on a producer also asks the
+        # broker to auto-create the topic, which is how Dory requests topic creation.
+        self._client = Producer({**properties, "allow.auto.create.topics": True})
+        self._router = router
+        self._interval_s = refresh_interval_s
+        self._compare = compare_on_refresh
+        self._min_pause_s = min_pause_delay_s
+        self._pause_initial_s = pause_initial_s
+        self._pause_max_double = pause_max_double
+        self._on_replaced = on_replaced
+        self._wanted = asyncio.Event()
+        self._last_on_demand = 0.0
+        self.last_updated_ms: int | None = None
+        self.last_modified_ms: int | None = None
+        self.fetch_failures = 0
+
+    async def fetch(self, topic: str | None = None) -> MetadataSnapshot:
+        """One metadata request; raises KafkaException when no broker answers in time."""
+        metadata = await asyncio.to_thread(
+            self._client.list_topics, topic=topic, timeout=FETCH_TIMEOUT_S
+        )
+        return MetadataSnapshot.from_cluster_metadata(metadata)
+
+    async def refresh(self) -> bool:
+        """Fetch and apply; returns whether routing changed. Raises on failure."""
+        snapshot = await self.fetch()
+        self.last_updated_ms = _now_ms()
+        changed = not self._router.snapshot.same_layout(snapshot)
+        if changed or not self._compare:
+            self._router.replace(snapshot)
+            self.last_modified_ms = self.last_updated_ms
+            self._on_replaced(snapshot)
+        if changed:
+            log.info(
+                "metadata changed: %d brokers, %d topics",
+                len(snapshot.brokers),
+                len(snapshot.topics),
+            )
+        return changed
+
+    async def initial(self, stop: asyncio.Event) -> bool:
+        """Fetch until it works (or ``stop`` is set, then return False)."""
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await self.refresh()
+            except KafkaException as exc:
+                self.fetch_failures += 1
+                delay = self._pause_delay(attempt)
+                log.warning("initial metadata fetch failed (%s); retrying in %.1f s", exc, delay)
+                attempt += 1
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                except TimeoutError:
+                    continue
+            else:
+                return True
+        return False
+
+    def request_refresh(self) -> None:
+        """Ask for a refresh soon (unknown topic, delivery trouble, POST /metadata_update)."""
+        self._wanted.set()
+
+    async def create_topic(self, topic: str) -> None:
+        """Dory's autocreate: a single-topic metadata request, then a full refresh."""
+        try:
+            await self.fetch(topic)
+            await asyncio.sleep(0)  # let the broker finish creating before we look again
+            await self.refresh()
+        except KafkaException as exc:
+            log.warning("creating topic %s failed: %s", topic, exc)
+
+    async def run(self) -> None:
+        """Refresh every metadataRefreshInterval (jittered) and whenever asked to."""
+        failures = 0
+        while True:
+            delay = (
+                self._pause_delay(failures - 1)
+                if failures
+                else self._interval_s * random.uniform(1 - REFRESH_JITTER, 1 + REFRESH_JITTER)
+            )
+            try:
+                await asyncio.wait_for(self._wanted.wait(), delay)
+                await self._space_on_demand()
+            except TimeoutError:
+                pass
+            self._wanted.clear()
+            try:
+                await self.refresh()
+            except KafkaException as exc:
+                failures += 1
+                self.fetch_failures += 1
+                log.warning("metadata refresh failed (%s)", exc)
+            else:
+                failures = 0
+
+    async def _space_on_demand(self) -> None:
+        """On-demand refreshes come at most every minPauseDelay."""
+        wait = self._last_on_demand + self._min_pause_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._last_on_demand = time.monotonic()
+
+    def _pause_delay(self, failures: int) -> float:
+        doublings = min(max(failures, 0), self._pause_max_double)
+        jitter = random.uniform(1.0, 1.0 + REFRESH_JITTER)
+        return float(self._pause_initial_s * 2**doublings * jitter)
+
+    def close(self) -> None:
+        self._client.flush(0)

@@ -1,0 +1,142 @@
+"""The KIP-72 memory pool: Dory's ``maxBuffer`` byte budget for messages held in memory.
+
+Every message the daemon holds (from the moment an input agent reads it until Kafka
+acknowledges it or it is discarded) is charged against one byte budget. The pool is
+non-blocking: :meth:`MemoryPool.try_allocate` answers at once, and a refusal means the
+caller discards the message (reason ``no_memory``) or stops reading from that client
+(backpressure), never waits.
+
+Over-allocation (KIP-72, "Implementation Concerns" 2): a request is granted while *any*
+budget remains, even if it is larger than what remains. A strict pool would starve large
+messages under a stream of small ones; the price is that outstanding bytes can exceed the
+budget by less than the largest single message::
+
+    used < budget + largest_size_ever_granted
+
+Sensors (KIP-72 "New Sensors"): :attr:`available` (may be negative), :attr:`used`, and
+:meth:`percent_time_depleted`, the share of time the pool was depleted
+(``available <= 0``), measured since the pool was created. For a sliding window, export
+the cumulative :meth:`depleted_seconds` as a counter and let the monitoring system take
+its rate (Prometheus: ``rate(pydory_pool_depleted_seconds_total[5m])``).
+
+Single-threaded: driven from the daemon's event loop only, so there are no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pydory.errors import PydoryError
+
+__all__ = ["MemoryPool", "PoolReleaseError"]
+
+
+class PoolReleaseError(PydoryError):
+    """More bytes were released than are outstanding.
+
+    This is a bug in the daemon, not in a client: some code path released a message's
+    bytes twice or released bytes it never allocated. The pool's books are now wrong;
+    fix the caller. The pool state is left unchanged.
+    """
+
+
+class MemoryPool:
+    """A non-blocking byte budget that over-allocates rather than starve large messages."""
+
+    def __init__(self, budget_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+        """Create a full pool of ``budget_bytes`` (> 0); ``clock`` returns seconds."""
+        if budget_bytes <= 0:
+            raise ValueError(f"memory pool budget must be positive, got {budget_bytes}")
+        self._budget = budget_bytes
+        self._used = 0
+        self._clock = clock
+        self._created_at = clock()
+        self._depleted_since: float | None = None
+        self._depleted_seconds_closed = 0.0
+        self._granted_count = 0
+        self._refused_count = 0
+
+    @property
+    def budget(self) -> int:
+        """The configured budget in bytes (Dory's ``maxBuffer``)."""
+        return self._budget
+
+    @property
+    def used(self) -> int:
+        """Bytes currently allocated and not yet released."""
+        return self._used
+
+    @property
+    def available(self) -> int:
+        """``budget - used``; negative after an over-allocation."""
+        return self._budget - self._used
+
+    @property
+    def is_depleted(self) -> bool:
+        """True when no further allocation would be granted (``available <= 0``)."""
+        return self.available <= 0
+
+    @property
+    def granted_count(self) -> int:
+        """How many :meth:`try_allocate` calls were granted."""
+        return self._granted_count
+
+    @property
+    def refused_count(self) -> int:
+        """How many :meth:`try_allocate` calls were refused for lack of memory."""
+        return self._refused_count
+
+    def try_allocate(self, size: int) -> bool:
+        """Charge ``size`` bytes if any budget remains; return whether it was granted.
+
+        Never blocks. A grant may push :attr:`available` below zero (over-allocation).
+        Every granted allocation must later be given back with :meth:`release`.
+        """
+        if size <= 0:
+            raise ValueError(f"allocation size must be positive, got {size}")
+        if self.is_depleted:
+            self._refused_count += 1
+            return False
+        self._used += size
+        self._granted_count += 1
+        self._note_depletion_state()
+        return True
+
+    def release(self, size: int) -> None:
+        """Give back ``size`` bytes from an earlier granted allocation."""
+        if size <= 0:
+            raise ValueError(f"release size must be positive, got {size}")
+        if size > self._used:
+            raise PoolReleaseError(
+                f"released {size} bytes but only {self._used} are outstanding "
+                "(a double release or a release without allocation)"
+            )
+        self._used -= size
+        self._note_depletion_state()
+
+    def depleted_seconds(self) -> float:
+        """Total seconds the pool has spent depleted since it was created."""
+        seconds = self._depleted_seconds_closed
+        if self._depleted_since is not None:
+            seconds += self._clock() - self._depleted_since
+        return seconds
+
+    def percent_time_depleted(self) -> float:
+        """Percentage (0-100) of the time since creation that the pool was depleted.
+
+        KIP-72's ``MemoryPoolAvgDepletedPercent``: the share of time requests could not
+        be read for lack of memory. Returns 0.0 before any time has passed.
+        """
+        elapsed = self._clock() - self._created_at
+        if elapsed <= 0:
+            return 0.0
+        return 100.0 * self.depleted_seconds() / elapsed
+
+    def _note_depletion_state(self) -> None:
+        """Open or close a depleted interval when the pool crosses ``available <= 0``."""
+        if self.is_depleted and self._depleted_since is None:
+            self._depleted_since = self._clock()
+        elif not self.is_depleted and self._depleted_since is not None:
+            self._depleted_seconds_closed += self._clock() - self._depleted_since
+            self._depleted_since = None

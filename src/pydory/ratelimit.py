@@ -1,0 +1,112 @@
+"""Dory's per-topic message rate limiting: at most ``max_count`` messages per interval.
+
+The purpose (Dory design, "Rate limiting"): contain a buggy client that floods one topic,
+so that Kafka does not slow down and force discards on every other topic. Messages over
+the limit are discarded with reason ``rate_limit``.
+
+Windows are fixed, per topic, and follow Dory's ``TMsgRateLimiter`` exactly: the first
+message of a topic opens a window ``[start, start + interval)``; the windows then tile
+time from that anchor (``start`` advances by whole intervals), and the count restarts in
+each new window. Within one window the first ``max_count`` messages are admitted and the
+rest refused. ``max_count=None`` means unlimited; ``max_count=0`` refuses everything.
+
+Time is a monotonic clock (``time.monotonic`` by default, injectable), so setting the
+wall clock back can never cause a wrong discard. Times are kept in whole milliseconds
+(the config's unit), rounded to the nearest millisecond.
+
+Memory: one small state record per topic ever seen, created on first use. Topics are
+validated upstream (the wire decoder rejects illegal names, the router unknown topics),
+so the number of records is bounded by the number of real topics.
+
+Single-threaded: driven from the daemon's event loop only, so there are no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["RateLimit", "TopicRateLimiter"]
+
+
+class RateLimit(Protocol):
+    """A topic's rate limit setting (the config module's dataclass fits this)."""
+
+    @property
+    def interval_ms(self) -> int:
+        """Window length in milliseconds (> 0 when ``max_count`` is not None)."""
+        ...
+
+    @property
+    def max_count(self) -> int | None:
+        """Messages admitted per window; None = unlimited, 0 = discard everything."""
+        ...
+
+
+@dataclass
+class _TopicWindow:
+    """The current window of one rate-limited topic."""
+
+    interval_ms: int
+    max_count: int
+    start_ms: int
+    count: int = 0
+
+
+class TopicRateLimiter:
+    """Admits or refuses each message of a topic according to that topic's rate limit."""
+
+    def __init__(
+        self,
+        config_for: Callable[[str], RateLimit],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``config_for(topic)`` gives a topic's limit; ``clock`` returns monotonic seconds.
+
+        ``config_for`` is asked once per topic, on its first message: the configuration
+        does not change while the daemon runs.
+        """
+        self._config_for = config_for
+        self._clock = clock
+        # None marks a topic known to be unlimited, so it costs one dict lookup per message.
+        self._windows: dict[str, _TopicWindow | None] = {}
+
+    def admit(self, topic: str, now: float | None = None) -> bool:
+        """Count one message of ``topic``; True if it is within the limit, False to discard.
+
+        ``now`` (monotonic seconds) defaults to the limiter's clock.
+        """
+        now_ms = round((self._clock() if now is None else now) * 1000)
+        if topic not in self._windows:
+            self._windows[topic] = self._open_first_window(topic, now_ms)
+        window = self._windows[topic]
+        if window is None:
+            return True
+        self._advance(window, now_ms)
+        window.count += 1
+        return window.count <= window.max_count
+
+    def _open_first_window(self, topic: str, now_ms: int) -> _TopicWindow | None:
+        limit = self._config_for(topic)
+        if limit.max_count is None:
+            return None
+        if limit.interval_ms <= 0:
+            raise ValueError(
+                f"rate limit for topic {topic!r} has interval_ms={limit.interval_ms}; "
+                "it must be positive when max_count is set"
+            )
+        return _TopicWindow(limit.interval_ms, limit.max_count, start_ms=now_ms)
+
+    @staticmethod
+    def _advance(window: _TopicWindow, now_ms: int) -> None:
+        """Move to the window containing ``now_ms``, keeping windows on the topic's grid.
+
+        A ``now_ms`` before the window start (impossible with a monotonic clock, possible
+        with a caller's explicit ``now``) stays in the current window.
+        """
+        elapsed = now_ms - window.start_ms
+        if elapsed >= window.interval_ms:
+            window.start_ms += (elapsed // window.interval_ms) * window.interval_ms
+            window.count = 0

@@ -1,0 +1,256 @@
+"""The daemon: one ``Server`` owns every component and the lifecycle.
+
+Start-up: initial metadata (retried until a broker answers), then the input sockets open.
+Running: background tasks (metadata refresh, discard report periods) live in one
+TaskGroup; a task that dies takes the server down loudly instead of leaving it half-alive.
+Shutdown (SIGTERM / SIGINT / ``request_shutdown``): inputs close first (socket files
+removed), then librdkafka gets shutdownMaxDelay to deliver what it holds; whatever is left
+is purged and discarded with reason shutdown_delay, so the books balance at exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydory.accounting import Books, Counters, Transport
+from pydory.config import Config
+from pydory.dispatch import Dispatcher
+from pydory.inputs import DatagramInput, StreamInput
+from pydory.intake import DeliveryLedger, Intake
+from pydory.kafka_settings import delivery_settings, producer_profile
+from pydory.logsetup import LogFiles
+from pydory.metadata import MetadataService
+from pydory.pool import MemoryPool
+from pydory.ratelimit import TopicRateLimiter
+from pydory.router import Router
+
+log = logging.getLogger(__name__)
+
+#: Beyond shutdownMaxDelay, how long purging and settling the last reports may take.
+SHUTDOWN_GRACE_S = 10.0
+#: Longest sleep between checks that the discard report period should roll over.
+REPORT_ROLL_CHECK_S = 60.0
+
+T = TypeVar("T")
+
+
+class Server:
+    """Dory's data path, from client sockets to Kafka acknowledgements."""
+
+    def __init__(self, config: Config, log_files: LogFiles | None = None) -> None:
+        self.config = config
+        self.started_at = time.time()
+        self._log_files = log_files
+        self.counters = Counters()
+        self.books = Books(
+            config.http.discard_report_interval_s,
+            config.http.bad_msg_prefix_size,
+            counters=self.counters,
+        )
+        self.pool = MemoryPool(config.input_config.max_buffer)
+        self.limiter = TopicRateLimiter(config.rate_limit_for)
+        self.router = Router()
+        settings = delivery_settings(config)
+        self.metadata = MetadataService(
+            settings.properties(),
+            self.router,
+            refresh_interval_s=config.delivery.metadata_refresh_interval_min * 60,
+            compare_on_refresh=config.delivery.compare_metadata_on_refresh,
+            min_pause_delay_s=config.delivery.min_pause_delay_ms / 1000,
+            pause_initial_s=config.delivery.pause_rate_limit_initial_ms / 1000,
+            pause_max_double=config.delivery.pause_rate_limit_max_double,
+        )
+        self.dispatcher = Dispatcher(
+            settings,
+            lambda topic: producer_profile(config, topic),
+            self.router,
+            DeliveryLedger(self.books, self.pool),
+            on_partition_trouble=self.metadata.request_refresh,
+        )
+        self.intake = Intake(
+            books=self.books,
+            pool=self.pool,
+            limiter=self.limiter,
+            router=self.router,
+            dispatcher=self.dispatcher,
+            message_max_bytes=config.batching.message_max_bytes,
+            prefix_size=config.http.bad_msg_prefix_size,
+            on_unknown_topic=lambda topic: self.metadata.request_refresh(),
+            autocreate=self._create_topic if config.delivery.topic_autocreate else None,
+        )
+        self.datagram_input: DatagramInput | None = None
+        self.stream_inputs: list[StreamInput] = []
+        self.ready = threading.Event()  # set once inputs are open (for tests and tools)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._tasks: asyncio.TaskGroup | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Run until asked to stop; returns after a bounded graceful shutdown."""
+        loop = self._loop = asyncio.get_running_loop()
+        stop = self._stop = asyncio.Event()
+        self._install_signal_handlers(loop)
+        try:
+            if not await self.metadata.initial(stop):
+                return
+            self.dispatcher.start(loop)
+            await self._open_inputs(loop)
+            self.ready.set()
+            log.log(25, "pydory ready; bootstrap %s", self.config.bootstrap_servers)
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                background = [
+                    tasks.create_task(self.metadata.run(), name="metadata-refresh"),
+                    tasks.create_task(self._roll_discard_reports(), name="discard-report"),
+                ]
+                await stop.wait()
+                for task in background:
+                    task.cancel()
+        finally:
+            self._tasks = None
+            await self._shutdown()
+            self._remove_signal_handlers(loop)
+
+    def request_shutdown(self) -> None:
+        """Thread-safe: begin a graceful shutdown."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def call_soon(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
+        """Thread-safe: run ``fn`` on the server's loop and return its result (tests, tools)."""
+        assert self._loop is not None, "server not running"
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
+
+    async def _open_inputs(self, loop: asyncio.AbstractEventLoop) -> None:
+        sources = self.config.inputs
+        limits = self.config.input_config
+        if sources.unix_datagram.enabled:
+            assert sources.unix_datagram.path is not None
+            self.datagram_input = DatagramInput(
+                sources.unix_datagram.path,
+                sources.unix_datagram.mode,
+                limits.max_datagram_msg_size,
+                limits.allow_large_unix_datagrams,
+                self.intake,
+            )
+            self.datagram_input.start(loop)
+        if sources.unix_stream.enabled:
+            self.stream_inputs.append(
+                StreamInput(
+                    Transport.UNIX_STREAM,
+                    limits.max_stream_msg_size,
+                    self.intake,
+                    path=sources.unix_stream.path,
+                    mode=sources.unix_stream.mode,
+                )
+            )
+        if sources.tcp.enabled:
+            self.stream_inputs.append(
+                StreamInput(
+                    Transport.TCP, limits.max_stream_msg_size, self.intake, port=sources.tcp.port
+                )
+            )
+        for stream_input in self.stream_inputs:
+            await stream_input.start(loop)
+
+    async def _shutdown(self) -> None:
+        log.log(25, "pydory shutting down")
+        if self.datagram_input is not None:
+            self.datagram_input.close()
+        for stream_input in self.stream_inputs:
+            await stream_input.close()
+        self.intake.settle_pending_topics()
+        max_delay_s = self.config.delivery.shutdown_max_delay_ms / 1000
+        try:
+            await asyncio.wait_for(
+                self.dispatcher.shutdown(max_delay_s), max_delay_s + SHUTDOWN_GRACE_S
+            )
+        except TimeoutError:
+            log.exception(
+                "librdkafka did not settle every message within the shutdown grace period"
+            )
+        self.metadata.close()
+        self._log_totals()
+
+    def _log_totals(self) -> None:
+        for topic, totals in sorted(self.books.per_topic().items()):
+            log.log(
+                25,
+                "topic %s: accepted %d, delivered %d, discarded %s, in flight %d",
+                topic,
+                totals.accepted,
+                totals.delivered,
+                dict(totals.discarded_by_reason),
+                totals.in_flight,
+            )
+
+    # -- background work ------------------------------------------------------------------
+
+    async def _roll_discard_reports(self) -> None:
+        interval = self.config.http.discard_report_interval_s
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(min(interval, REPORT_ROLL_CHECK_S))
+            self.books.maybe_roll()
+
+    def _create_topic(self, topic: str) -> None:
+        async def create() -> None:
+            await self.metadata.create_topic(topic)
+            self.intake.topic_creation_settled(topic)
+
+        if self._tasks is not None:
+            self._tasks.create_task(create(), name=f"autocreate-{topic}")
+        else:
+            self.intake.topic_creation_settled(topic)
+
+    # -- signals --------------------------------------------------------------------------
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # tests run servers in threads; signals only reach the main thread
+        assert self._stop is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        if self._log_files is not None:
+            loop.add_signal_handler(signal.SIGUSR1, self._log_files.reopen)
+
+    def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+    # -- views for status and tests -------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain summary of the books (the status interface renders richer views)."""
+        return {
+            "received": {str(k): v for k, v in self.books.received_by_transport().items()},
+            "topics": {
+                topic: {
+                    "accepted": t.accepted,
+                    "delivered": t.delivered,
+                    "discarded": {str(r): n for r, n in t.discarded_by_reason.items()},
+                    "in_flight": t.in_flight,
+                }
+                for topic, t in self.books.per_topic().items()
+            },
+            "discards": {str(r): n for r, n in self.books.lifetime_discards_by_reason().items()},
+            "pool_used": self.pool.used,
+            "rerouted": self.dispatcher.rerouted,
+        }
