@@ -144,6 +144,7 @@ class DeliverySettings:
             "queue.buffering.max.kbytes": min(2_147_483_647, 2 * self.queue_max_bytes // 1024),
             "logger": logging.getLogger("pydory.librdkafka"),
         }
+        props.update(self.extra)  # TLS, SASL, ...: every client of the cluster needs them
         return props
 
 

@@ -92,7 +92,7 @@ class DaemonConfig:
     </batching>
     <compression>
         <namedConfigs>
-            <config name="chosen" type="{self.compression}" />
+            <config name="chosen" type="{self.compression}" minSize="0" />
         </namedConfigs>
         <sizeThresholdPercent value="75" />
         <defaultTopic config="chosen" />

@@ -1,0 +1,52 @@
+"""The command line as a user meets it: help for every command, the demo end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pydory.cli import build_parser, main
+
+COMMANDS = ("serve", "send", "config", "demo")
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    assert "usage: pydory " + command in capsys.readouterr().out
+
+
+def test_no_command_prints_usage_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage: pydory" in capsys.readouterr().err
+
+
+def test_parser_knows_the_version_flag() -> None:
+    assert any("--version" in action.option_strings for action in build_parser()._actions)
+
+
+@pytest.mark.slow
+def test_demo_delivers_every_message() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pydory", "demo", "--count", "100"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "demo: OK, every message delivered exactly once" in done.stdout
+    assert "unix datagram        100       100" in done.stdout
