@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import assert_balanced, settled, wait_until
 from pydory.accounting import DiscardReason
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
@@ -21,37 +22,6 @@ from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition, encode_partition_key
 
 PARTITIONS = 4
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    """Wait for an outcome the daemon reaches asynchronously (delivery reports)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        time.sleep(0.02)
-
-
-def settled(daemon: RunningDaemon, topic: str, expected: int) -> Callable[[], bool]:
-    """True once ``expected`` messages of ``topic`` are accepted and none is in flight."""
-
-    def check() -> bool:
-        t = daemon.snapshot()["topics"].get(topic)
-        return t is not None and t["accepted"] >= expected and t["in_flight"] == 0
-
-    return check
-
-
-def assert_balanced(snapshot: dict[str, object]) -> None:
-    topics = snapshot["topics"]
-    assert isinstance(topics, dict)
-    for name, t in topics.items():
-        post = sum(
-            n
-            for reason, n in t["discarded"].items()
-            if reason in ("kafka_error", "failed_delivery_attempts", "shutdown_delay")
-        )
-        assert t["accepted"] == t["delivered"] + post + t["in_flight"], name
 
 
 @pytest.fixture
@@ -345,3 +315,17 @@ def test_shutdown_past_its_delay_discards_with_reason(
     assert books.in_flight == 0
     assert books.delivered == 1
     assert books.discarded_by_reason[DiscardReason.SHUTDOWN_DELAY] == 100
+
+
+def test_a_second_daemon_does_not_take_over_a_live_socket(
+    mock_cluster: MockCluster, topic: str, socket_dir: str
+) -> None:
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    with running_daemon(config):
+        intruder = RunningDaemon(DaemonConfig(mock_cluster.bootstrap_servers, socket_dir))
+        with pytest.raises(RuntimeError) as failed:
+            intruder.start()
+        assert "in use by another running process" in str(failed.value.__cause__)
+        with DatagramSender(config.datagram_path) as dgram:  # the first one still serves
+            dgram.send(topic, b"still here")
+        assert Path(config.stream_path).exists()

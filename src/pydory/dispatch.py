@@ -20,14 +20,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from pydory.accounting import DiscardReason
-from pydory.errors import PydoryError
+from pydory.errors import ConfigError, PydoryError
 from pydory.router import NO_LEADER, Router
 
 log = logging.getLogger(__name__)
@@ -253,6 +253,8 @@ class Dispatcher:
         large): the caller decides what that refusal means for its books.
         """
         handle = self._by_topic.get(topic) or self._handle_for(topic)
+        if handle is None:
+            raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "producer unavailable")
         try:
             if partition_key is None and attempt == 1:
                 handle.producer.produce(topic, value, key, partition, timestamp=timestamp_ms)
@@ -269,23 +271,40 @@ class Dispatcher:
                 raise EnqueueRefused(DiscardReason.TOO_LONG, err.name()) from None
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, err.name()) from None
 
-    def _handle_for(self, topic: str) -> _ProducerHandle:
+    def prepare(self, topics: Iterable[str]) -> None:
+        """Create the producers these topics need now, so that a librdkafka property it
+        refuses stops start-up (raises ConfigError) instead of failing the first message."""
+        for topic in topics:
+            profile = self._profile_for(topic)
+            if profile not in self._by_profile:
+                try:
+                    self._by_profile[profile] = self._new_handle(profile)
+                except KafkaException as exc:
+                    raise ConfigError(
+                        f"librdkafka refuses the producer settings for topic {topic!r}: "
+                        f"{exc.args[0].str()}"
+                    ) from None
+
+    def _handle_for(self, topic: str) -> _ProducerHandle | None:
         profile = self._profile_for(topic)
         handle = self._by_profile.get(profile)
         if handle is None:
-            name = f"p{len(self._by_profile)}"
-            # The config's <librdkafka> section has the last word (e.g. message.timeout.ms).
-            properties = {
-                **self._settings.properties(),
-                **profile.properties(),
-                **self._settings.extra,
-            }
-            handle = _ProducerHandle(name, properties, self._post_report)
-            assert self._loop is not None, "Dispatcher.start() was not called"
-            handle.start(self._loop)
-            self._by_profile[profile] = handle
-            log.info("producer %s for %s: %s", name, profile, profile.properties())
+            try:
+                handle = self._by_profile[profile] = self._new_handle(profile)
+            except KafkaException:
+                log.exception("cannot create a producer for topic %s", topic)
+                return None
         self._by_topic[topic] = handle
+        return handle
+
+    def _new_handle(self, profile: ProducerProfile) -> _ProducerHandle:
+        name = f"p{len(self._by_profile)}"
+        # The config's <librdkafka> section has the last word (e.g. message.timeout.ms).
+        properties = {**self._settings.properties(), **profile.properties(), **self._settings.extra}
+        handle = _ProducerHandle(name, properties, self._post_report)
+        assert self._loop is not None, "Dispatcher.start() was not called"
+        handle.start(self._loop)
+        log.info("producer %s: %s", name, profile.properties())
         return handle
 
     # -- delivery reports (poller threads -> loop thread) ------------------------------

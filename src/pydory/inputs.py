@@ -53,15 +53,31 @@ class Intake(Protocol):
     def connection_closed(self, transport: Transport) -> None: ...
 
 
-def _prepare_socket_path(path: str) -> None:
-    """Remove a stale socket file left by an earlier run; refuse to clobber anything else."""
+def _prepare_socket_path(path: str, kind: int) -> None:
+    """Remove a stale socket file left by an earlier run; refuse to take over a socket that
+    another process still serves, or to clobber a file that is not a socket."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise ConfigError(f"socket path {path} exists and is not a socket; refusing to replace it")
+    if _socket_is_served(path, kind):
+        raise ConfigError(f"socket {path} is in use by another running process (another pydory?)")
     os.unlink(path)
+
+
+def _socket_is_served(path: str, kind: int) -> bool:
+    """Whether something still listens on the UNIX socket at ``path`` (a stale file refuses)."""
+    with socket.socket(socket.AF_UNIX, kind) as probe:
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            return False
+        except OSError as exc:
+            # A live socket of the other type answers EPROTOTYPE: served, just not by us.
+            return exc.errno == errno.EPROTOTYPE
+        return True
 
 
 def _remove_socket_file(path: str) -> None:
@@ -107,7 +123,7 @@ class DatagramInput:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        _prepare_socket_path(self.path)
+        _prepare_socket_path(self.path, socket.SOCK_DGRAM)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(self.path)
@@ -239,7 +255,7 @@ class StreamInput:
 
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.path is not None:
-            _prepare_socket_path(self.path)
+            _prepare_socket_path(self.path, socket.SOCK_STREAM)
             server = await loop.create_unix_server(self._protocol, self.path, backlog=1024)
             if self._mode is not None:
                 os.chmod(self.path, self._mode)

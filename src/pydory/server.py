@@ -30,6 +30,7 @@ from pydory.metadata import MetadataService
 from pydory.pool import MemoryPool
 from pydory.ratelimit import TopicRateLimiter
 from pydory.router import Router
+from pydory.status import StatusServer
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Server:
         )
         self.datagram_input: DatagramInput | None = None
         self.stream_inputs: list[StreamInput] = []
+        self.status: StatusServer | None = None
         self.ready = threading.Event()  # set once inputs are open (for tests and tools)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -103,7 +105,10 @@ class Server:
             if not await self.metadata.initial(stop):
                 return
             self.dispatcher.start(loop)
+            self.dispatcher.prepare(self._configured_topics())
             await self._open_inputs(loop)
+            self.status = StatusServer(self)
+            await self.status.start()
             self.ready.set()
             log.log(25, "pydory ready; bootstrap %s", self.config.bootstrap_servers)
             async with asyncio.TaskGroup() as tasks:
@@ -119,6 +124,15 @@ class Server:
             self._tasks = None
             await self._shutdown()
             self._remove_signal_handlers(loop)
+
+    def _configured_topics(self) -> list[str]:
+        """A topic of the default profile ("" is never configured) and every topic that
+        the config gives its own batching or compression."""
+        return [
+            "",
+            *self.config.batching.topic_configs,
+            *self.config.compression.topic_configs,
+        ]
 
     def request_shutdown(self) -> None:
         """Thread-safe: begin a graceful shutdown."""
@@ -172,6 +186,8 @@ class Server:
             self.datagram_input.close()
         for stream_input in self.stream_inputs:
             await stream_input.close()
+        if self.status is not None:
+            await self.status.close()
         self.intake.settle_pending_topics()
         max_delay_s = self.config.delivery.shutdown_max_delay_ms / 1000
         try:
@@ -223,7 +239,8 @@ class Server:
         if threading.current_thread() is not threading.main_thread():
             return  # tests run servers in threads; signals only reach the main thread
         assert self._stop is not None
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP too: a closed terminal must not kill the daemon without its flush.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, self._stop.set)
         if self._log_files is not None:
             loop.add_signal_handler(signal.SIGUSR1, self._log_files.reopen)
@@ -231,7 +248,7 @@ class Server:
     def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
 

@@ -1,0 +1,44 @@
+"""Waiting for and checking a running daemon's books, shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydory.accounting import AFTER_ACCEPTANCE
+from pydory.testing.daemon import RunningDaemon
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+    """Wait for an outcome the daemon reaches asynchronously (delivery reports)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.02)
+
+
+def settled(daemon: RunningDaemon, topic: str, expected: int) -> Callable[[], bool]:
+    """True once ``expected`` messages of ``topic`` are accepted and none is in flight."""
+
+    def check() -> bool:
+        t = daemon.snapshot()["topics"].get(topic)
+        return t is not None and t["accepted"] >= expected and t["in_flight"] == 0
+
+    return check
+
+
+def discarded_after_acceptance(topic_books: dict[str, Any]) -> int:
+    """A topic's discards that count against its accepted messages."""
+    return sum(n for reason, n in topic_books["discarded"].items() if reason in AFTER_ACCEPTANCE)
+
+
+def assert_balanced(snapshot: dict[str, Any]) -> None:
+    """Per topic: accepted == delivered + post-acceptance discards + in flight."""
+    topics = snapshot["topics"]
+    assert isinstance(topics, dict)
+    for name, t in topics.items():
+        assert t["accepted"] == t["delivered"] + discarded_after_acceptance(t) + t["in_flight"], (
+            name
+        )

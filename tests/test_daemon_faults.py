@@ -1,0 +1,497 @@
+"""The daemon under faults, end to end: every message either reaches Kafka or is reported.
+
+Real daemon, real client sockets, librdkafka's mock cluster with injected faults. Each
+fault test ends with the books exact (accepted == delivered + post-acceptance discards,
+nothing in flight) and with every message sent either read back from Kafka or counted
+as a discard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import assert_balanced, settled, wait_until
+from pydory.accounting import AFTER_ACCEPTANCE, DiscardReason
+from pydory.client import UnixStreamSender
+from pydory.errors import DaemonUnavailable
+from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory.testing.kafka_util import consume_all
+from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
+from pydory.wire import encode_any_partition, encode_partition_key
+
+
+@pytest.fixture
+def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # UNIX socket paths are limited to ~108 bytes: keep them short.
+    return str(tmp_path_factory.mktemp("s", numbered=True))
+
+
+def lifetime_discards(daemon: RunningDaemon) -> Counter[str]:
+    return Counter(daemon.snapshot()["discards"])
+
+
+def assert_all_settled(snapshot: dict[str, Any]) -> None:
+    """The books balance and nothing is left in flight."""
+    assert_balanced(snapshot)
+    for name, books in snapshot["topics"].items():
+        assert books["in_flight"] == 0, name
+
+
+# --- AnyPartition spreading -------------------------------------------------------------
+
+
+def test_any_partition_load_follows_each_brokers_share_of_leaders(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+) -> None:
+    topic = unique_topic("spread")
+    leaders = {0: 1, 1: 1, 2: 1, 3: 2, 4: 2, 5: 3}  # broker 1 leads 3, broker 2 two, 3 one
+    mock_cluster.create_topic(topic, len(leaders))
+    for partition, broker in leaders.items():
+        mock_cluster.set_partition_leader(topic, partition, broker)
+    total = 10_000
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as stream:
+        stream.send_many(encode_any_partition(topic, b"s%d" % i) for i in range(total))
+        wait_until(settled(daemon, topic, total), what=f"{total} deliveries")
+        snapshot = daemon.snapshot()
+    assert snapshot["topics"][topic]["delivered"] == total
+    records = consume_all(mock_cluster.bootstrap_servers, topic, total)
+    assert len(records) == total
+    per_broker = Counter(leaders[r.partition] for r in records)
+    leader_share = Counter(leaders.values())
+    for broker, led in leader_share.items():
+        expected = total * led / len(leaders)
+        assert abs(per_broker[broker] - expected) <= 0.10 * expected, (broker, per_broker)
+
+
+# --- every discard reason, once ----------------------------------------------------------
+
+
+def malformed_datagram(topic: str) -> bytes:
+    """A message whose Size claims one byte more than the message holds."""
+    good = encode_any_partition(topic, b"x")
+    return struct.pack(">i", len(good) + 1) + good[4:]
+
+
+def illegal_topic_message() -> bytes:
+    """A well-framed message whose topic has a character Kafka forbids."""
+    return encode_any_partition("bad_topic", b"x").replace(b"bad_topic", b"bad topic")
+
+
+@pytest.mark.slow
+def test_every_discard_reason_is_counted_exactly_once_per_message(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+) -> None:
+    topic = unique_topic("reasons")
+    limited = unique_topic("limited")
+    for name in (topic, limited):
+        mock_cluster.create_topic(name, 2)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        max_buffer="1k",  # one 2000-byte message in flight exhausts it (KIP-72 over-allocation)
+        message_max_bytes=4000,
+        max_failed_delivery_attempts=2,
+        shutdown_max_delay_ms=500,
+        rate_limits={limited: (600_000, 1)},
+    )
+    daemon = RunningDaemon(config).start()
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stream = UnixStreamSender(config.stream_path)
+    expected_per_topic: dict[str, Counter[str]] = {topic: Counter(), limited: Counter()}
+
+    def expect(reason: DiscardReason, action: Callable[[], None], on: str | None = None) -> None:
+        """``action`` discards exactly one message, with ``reason`` and no other."""
+        before = lifetime_discards(daemon)
+        action()
+        wait_until(lambda: lifetime_discards(daemon).total() > before.total(), what=str(reason))
+        if on is not None:
+            wait_until(settled(daemon, on, 1), what=f"{on} to settle after {reason}")
+        assert lifetime_discards(daemon) - before == Counter({str(reason): 1})
+        if on is not None:
+            expected_per_topic[on][str(reason)] += 1
+
+    try:
+        stream.send(topic, b"warm-up")  # the producer connects and learns the cluster
+        wait_until(settled(daemon, topic, 1))
+
+        expect(
+            DiscardReason.MALFORMED,
+            lambda: dgram.sendto(malformed_datagram(topic), config.datagram_path),
+        )
+        expect(
+            DiscardReason.UNSUPPORTED_API_KEY,
+            lambda: dgram.sendto(struct.pack(">ihh", 8, 999, 0), config.datagram_path),
+        )
+        expect(
+            DiscardReason.UNSUPPORTED_VERSION,
+            lambda: dgram.sendto(struct.pack(">ihh", 8, 256, 1), config.datagram_path),
+        )
+        expect(
+            DiscardReason.BAD_TOPIC,
+            lambda: dgram.sendto(illegal_topic_message(), config.datagram_path),
+        )
+        expect(DiscardReason.BAD_TOPIC, lambda: stream.send(unique_topic("unknown"), b"x"))
+        expect(DiscardReason.TOO_LONG, lambda: stream.send(topic, b"L" * 5000), on=topic)
+        expect(
+            DiscardReason.RATE_LIMIT,
+            lambda: stream.send_many(encode_any_partition(limited, b"r%d" % i) for i in range(2)),
+            on=limited,
+        )
+
+        def big_then_small() -> None:
+            for broker in mock_cluster.broker_ids:
+                mock_cluster.set_rtt(broker, 1000)  # the big message stays in the pool
+            stream.send_many(
+                [encode_any_partition(topic, b"B" * 2000), encode_any_partition(topic, b"s")]
+            )
+
+        expect(DiscardReason.NO_MEMORY, big_then_small, on=topic)
+        for broker in mock_cluster.broker_ids:
+            mock_cluster.set_rtt(broker, 0)
+
+        def refused_by_kafka() -> None:
+            mock_cluster.push_request_errors(ApiKey.PRODUCE, [ErrorCode.MESSAGE_TOO_LARGE])
+            stream.send(topic, b"refused")
+
+        expect(DiscardReason.KAFKA_ERROR, refused_by_kafka, on=topic)
+
+        def never_accepted_by_kafka() -> None:
+            mock_cluster.push_request_errors(ApiKey.PRODUCE, [ErrorCode.NOT_ENOUGH_REPLICAS] * 50)
+            stream.send(topic, b"doomed")
+
+        expect(DiscardReason.FAILED_DELIVERY_ATTEMPTS, never_accepted_by_kafka, on=topic)
+        mock_cluster.clear_request_errors(ApiKey.PRODUCE)
+
+        def partial_message() -> None:
+            with socket.create_connection(("127.0.0.1", daemon.tcp_port)) as partial:
+                partial.sendall(encode_any_partition(topic, b"cut short")[:10])
+
+        expect(DiscardReason.UNCLEAN_DISCONNECT, partial_message)
+        stream.send(topic, b"last delivered")
+        wait_until(settled(daemon, topic, 1))
+        counters = daemon.call(daemon.server.counters.snapshot)
+
+        for broker in mock_cluster.broker_ids:
+            mock_cluster.broker_down(broker)
+        stream.send(topic, b"held at shutdown")
+        wait_until(lambda: daemon.snapshot()["topics"][topic]["in_flight"] == 1)
+    finally:
+        stream.close()
+        dgram.close()
+        daemon.stop()
+    expected_per_topic[topic][str(DiscardReason.SHUTDOWN_DELAY)] += 1
+    final = daemon.server.snapshot()
+    every_reason_once = Counter({str(reason): 1 for reason in DiscardReason})
+    every_reason_once[str(DiscardReason.BAD_TOPIC)] = 2  # an illegal name and an unknown topic
+    assert Counter(final["discards"]) == every_reason_once
+    for name, reasons in expected_per_topic.items():
+        assert Counter(final["topics"][name]["discarded"]) == reasons, name
+    assert counters["discarded_kafka_error_MSG_SIZE_TOO_LARGE"] == 1
+    assert final["topics"][topic]["delivered"] == 3  # warm-up, the big one, "last delivered"
+    assert final["topics"][limited]["delivered"] == 1
+    assert_all_settled(final)
+
+
+# --- faults on the way to Kafka ---------------------------------------------------------
+
+
+def any_and_keyed(topic: str, label: bytes, count: int) -> list[bytes]:
+    """``count`` messages, alternately AnyPartition and PartitionKey (key = index)."""
+    return [
+        encode_partition_key(topic, b"%s%d" % (label, i), i)
+        if i % 2
+        else encode_any_partition(topic, b"%s%d" % (label, i))
+        for i in range(count)
+    ]
+
+
+def sent_values(label: bytes, count: int) -> list[bytes]:
+    return [b"%s%d" % (label, i) for i in range(count)]
+
+
+def assert_every_message_accounted_for(
+    snapshot: dict[str, Any], bootstrap_servers: str, topic: str, sent: list[bytes]
+) -> list[Any]:
+    """Books exact, nothing in flight, and each message sent either read back from Kafka
+    (once) or counted as a discard. Returns the records read back."""
+    assert_all_settled(snapshot)
+    books = snapshot["topics"][topic]
+    assert books["accepted"] + sum(
+        n for reason, n in books["discarded"].items() if reason not in AFTER_ACCEPTANCE
+    ) == len(sent)
+    records = consume_all(bootstrap_servers, topic, books["delivered"])
+    values = [r.value for r in records]
+    assert len(values) == books["delivered"]
+    assert len(set(values)) == len(values), "a message was stored twice"
+    assert set(values) <= set(sent)
+    assert len(values) + sum(books["discarded"].values()) == len(sent)
+    return records
+
+
+@pytest.mark.parametrize("error", [ErrorCode.NOT_LEADER_FOR_PARTITION, ErrorCode.REQUEST_TIMED_OUT])
+def test_retriable_produce_errors_are_retried_and_delivered(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str, error: int
+) -> None:
+    topic = unique_topic("retried")
+    mock_cluster.create_topic(topic, 4)
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    chunk = 1000
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as stream:
+        stream.send_many(any_and_keyed(topic, b"a", chunk))
+        wait_until(settled(daemon, topic, chunk), what="the first chunk")
+        # The next three produce requests fail; their messages must be sent again.
+        mock_cluster.push_request_errors(ApiKey.PRODUCE, [error] * 3)
+        stream.send_many(any_and_keyed(topic, b"b", chunk))
+        wait_until(settled(daemon, topic, 2 * chunk), what="every delivery")
+        snapshot = daemon.snapshot()
+    sent = sent_values(b"a", chunk) + sent_values(b"b", chunk)
+    assert_every_message_accounted_for(snapshot, mock_cluster.bootstrap_servers, topic, sent)
+    assert snapshot["topics"][topic]["delivered"] == len(sent)
+
+
+@pytest.mark.parametrize(
+    ("error", "name"),
+    [
+        (ErrorCode.MESSAGE_TOO_LARGE, "MSG_SIZE_TOO_LARGE"),
+        (ErrorCode.TOPIC_AUTHORIZATION_FAILED, "TOPIC_AUTHORIZATION_FAILED"),
+    ],
+)
+def test_permanent_produce_errors_are_discarded_with_their_name(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
+    error: int,
+    name: str,
+) -> None:
+    # Each case has its own cluster and topic: after TOPIC_AUTHORIZATION_FAILED librdkafka
+    # refuses the topic for good.
+    topic = unique_topic("refused")
+    mock_cluster.create_topic(topic, 4)
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    chunk = 1000
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as stream:
+        stream.send_many(any_and_keyed(topic, b"a", chunk))
+        wait_until(settled(daemon, topic, chunk), what="the first chunk")
+        mock_cluster.push_request_errors(ApiKey.PRODUCE, [error])
+        stream.send_many(any_and_keyed(topic, b"b", chunk))
+        wait_until(settled(daemon, topic, 2 * chunk), what="the second chunk to settle")
+        snapshot = daemon.snapshot()
+        counters = daemon.call(daemon.server.counters.snapshot)
+    sent = sent_values(b"a", chunk) + sent_values(b"b", chunk)
+    assert_every_message_accounted_for(snapshot, mock_cluster.bootstrap_servers, topic, sent)
+    books = snapshot["topics"][topic]
+    assert books["delivered"] >= chunk
+    assert set(books["discarded"]) == {str(DiscardReason.KAFKA_ERROR)}
+    assert counters[f"discarded_kafka_error_{name}"] == books["discarded"]["kafka_error"] > 0
+
+
+@pytest.mark.slow
+def test_an_outage_longer_than_the_memory_budget_discards_the_excess_then_delivers(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+) -> None:
+    topic = unique_topic("outage")
+    mock_cluster.create_topic(topic, 4)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        max_buffer="64k",
+        # Reconnect soon after the brokers return, rather than after up to 10 s of backoff.
+        librdkafka={"reconnect.backoff.max.ms": "500"},
+    )
+    count = 300
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as stream:
+        stream.send(topic, b"warm-up")
+        wait_until(settled(daemon, topic, 1))
+        for broker in mock_cluster.broker_ids:
+            mock_cluster.broker_down(broker)
+        # 300 messages of ~1 KB: several times the 64 KB budget.
+        stream.send_many(
+            encode_any_partition(topic, b"o%04d" % i + b"." * 1000) for i in range(count)
+        )
+
+        def all_admitted_or_refused() -> bool:
+            books = daemon.snapshot()["topics"][topic]
+            return books["accepted"] - 1 + books["discarded"].get("no_memory", 0) == count
+
+        wait_until(all_admitted_or_refused, what="every message admitted or refused")
+        held = daemon.snapshot()
+        for broker in mock_cluster.broker_ids:
+            mock_cluster.broker_up(broker)
+        wait_until(settled(daemon, topic, 1), what="the held messages' delivery")
+        snapshot = daemon.snapshot()
+    accepted_in_outage = held["topics"][topic]["accepted"] - 1
+    assert 0 < accepted_in_outage < count
+    assert held["pool_used"] >= 64 * 1024
+    assert snapshot["discards"]["no_memory"] == count - accepted_in_outage
+    sent = [b"warm-up"] + [b"o%04d" % i + b"." * 1000 for i in range(count)]
+    assert_every_message_accounted_for(snapshot, mock_cluster.bootstrap_servers, topic, sent)
+    assert snapshot["topics"][topic]["delivered"] == accepted_in_outage + 1
+    assert snapshot["pool_used"] == 0
+
+
+# --- the daemon as a process -------------------------------------------------------------
+
+#: The shutdown totals line pydory logs at NOTICE for every topic.
+TOTALS_LINE = re.compile(
+    r"topic (?P<topic>\S+): accepted (?P<accepted>\d+), delivered (?P<delivered>\d+), "
+    r"discarded (?P<discarded>\{.*\}), in flight (?P<in_flight>\d+)"
+)
+#: The counts in the logged discard dict, whatever its keys look like.
+DICT_COUNTS = re.compile(r":\s*(\d+)\s*[,}]")
+
+
+class DaemonProcess:
+    """``pydory serve`` as a child process, its output collected line by line."""
+
+    def __init__(self, config_path: Path) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pydory",
+                "serve",
+                "--config-path",
+                str(config_path),
+                "--log-stderr",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self._readers = [
+            threading.Thread(target=self._collect, args=(stream,), daemon=True)
+            for stream in (self.process.stdout, self.process.stderr)
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _collect(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line.rstrip("\n"))
+            if "pydory ready" in line:
+                self.ready.set()
+
+    def output(self) -> str:
+        for reader in self._readers:
+            reader.join(timeout=5)
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+class StreamingClient(threading.Thread):
+    """Sends numbered messages until the daemon goes away (or ``limit`` is reached)."""
+
+    def __init__(self, path: str, topic: str, limit: int = 100_000, slice_size: int = 50) -> None:
+        super().__init__(daemon=True)
+        self.path, self.topic, self.limit, self.slice_size = path, topic, limit, slice_size
+        self.attempted: list[bytes] = []
+        self.sent_enough = threading.Event()
+        self.refused: DaemonUnavailable | None = None
+
+    def run(self) -> None:
+        with UnixStreamSender(self.path) as stream:
+            while len(self.attempted) < self.limit:
+                values = [b"t%d" % (len(self.attempted) + i) for i in range(self.slice_size)]
+                self.attempted += values
+                try:
+                    stream.send_many(encode_any_partition(self.topic, v) for v in values)
+                except DaemonUnavailable as error:
+                    self.refused = error
+                    return
+                if len(self.attempted) >= 2000:
+                    self.sent_enough.set()
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_exits_cleanly_and_its_totals_match_kafka(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
+    tmp_path: Path,
+) -> None:
+    topic = unique_topic("sigterm")
+    mock_cluster.create_topic(topic, 4)
+    shutdown_max_delay_ms = 2000
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers, socket_dir, shutdown_max_delay_ms=shutdown_max_delay_ms
+    )
+    config_path = tmp_path / "pydory.xml"
+    config_path.write_text(config.render(), encoding="ascii")
+    daemon = DaemonProcess(config_path)
+    try:
+        assert daemon.ready.wait(30), daemon.output()
+        assert stat.S_ISSOCK(os.stat(config.stream_path).st_mode)
+        client = StreamingClient(config.stream_path, topic)
+        client.start()
+        assert client.sent_enough.wait(30)
+        daemon.process.send_signal(signal.SIGTERM)
+        exit_status = daemon.process.wait(timeout=shutdown_max_delay_ms / 1000 + 1)
+        client.join(timeout=10)
+    finally:
+        daemon.kill()
+    output = daemon.output()
+    assert exit_status == 0, output
+    assert client.refused is not None, "the client never noticed the daemon stopping"
+    assert not Path(config.stream_path).exists()
+    assert not Path(config.datagram_path).exists()
+    matches = [m for m in map(TOTALS_LINE.search, output.splitlines()) if m]
+    assert len(matches) == 1, output
+    totals = matches[0]
+    assert totals["topic"] == topic
+    accepted, delivered = int(totals["accepted"]), int(totals["delivered"])
+    discarded = sum(int(n) for n in DICT_COUNTS.findall(totals["discarded"]))
+    assert int(totals["in_flight"]) == 0
+    assert accepted == delivered + discarded
+    assert 2000 <= accepted <= len(client.attempted)
+    records = consume_all(mock_cluster.bootstrap_servers, topic, delivered)
+    values = [r.value for r in records]
+    assert len(values) == delivered
+    assert len(set(values)) == delivered
+    assert set(values) <= set(client.attempted)
+
+
+def test_a_config_error_stops_the_daemon_naming_the_element_and_line(
+    mock_cluster: MockCluster, socket_dir: str, tmp_path: Path
+) -> None:
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    text = config.render().replace(
+        '<sizeThresholdPercent value="75" />', '<sizeThresholdPercent value="175" />'
+    )
+    line = 1 + text.splitlines().index('        <sizeThresholdPercent value="175" />')
+    config_path = tmp_path / "bad.xml"
+    config_path.write_text(text, encoding="ascii")
+    result = subprocess.run(
+        [sys.executable, "-m", "pydory", "serve", "--config-path", str(config_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"(line {line}, column 9)" in result.stderr
+    assert "/doryConfig/compression/sizeThresholdPercent" in result.stderr
+    assert "175" in result.stderr
+    assert not Path(config.stream_path).exists()
+    assert not Path(config.datagram_path).exists()
