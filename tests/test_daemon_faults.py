@@ -209,6 +209,11 @@ def test_every_discard_reason_is_counted_exactly_once_per_message(
 
 # --- faults on the way to Kafka ---------------------------------------------------------
 
+# Not here: a partition leader moved mid-stream (set_partition_leader to another live
+# broker). The daemon then reports every message delivered with no error, yet in about one
+# run in eight librdkafka's mock cluster holds fewer records than it acknowledged (its high
+# watermark falls short too), so that test cannot pass reliably on the mock.
+
 
 def any_and_keyed(topic: str, label: bytes, count: int) -> list[bytes]:
     """``count`` messages, alternately AnyPartition and PartitionKey (key = index)."""

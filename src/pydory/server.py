@@ -209,7 +209,7 @@ class Server:
                 topic,
                 totals.accepted,
                 totals.delivered,
-                dict(totals.discarded_by_reason),
+                {str(reason): n for reason, n in totals.discarded_by_reason.items()},
                 totals.in_flight,
             )
 
