@@ -130,11 +130,15 @@ class MetadataService:
                 if failures
                 else self._interval_s * random.uniform(1 - REFRESH_JITTER, 1 + REFRESH_JITTER)
             )
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives as the event fires, and shutdown would then wait out the interval.
             try:
-                await asyncio.wait_for(self._wanted.wait(), delay)
-                await self._space_on_demand()
+                async with asyncio.timeout(delay):
+                    await self._wanted.wait()
             except TimeoutError:
                 pass
+            else:
+                await self._space_on_demand()
             self._wanted.clear()
             try:
                 await self.refresh()
