@@ -30,46 +30,8 @@ from pydory.client import (
 )
 from pydory.client.messages import check_wire_limits, now_ms
 from pydory.errors import BadTopic, DaemonUnavailable, MessageTooLarge
-from pydory.wire import NEED_DATA, Message, StreamFramer, decode
-
-# Generous bounds so that a broken sender fails the test instead of hanging it.
-RECEIVE_TIMEOUT_S = 10
-MAX_DATAGRAM = 4 << 20
-
-# --- test receivers ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def datagram_path(tmp_path: Path) -> str:
-    return str(tmp_path / "dgram.sock")
-
-
-@pytest.fixture
-def datagram_receiver(datagram_path: str) -> Iterator[socket.socket]:
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    receiver.bind(datagram_path)
-    receiver.settimeout(RECEIVE_TIMEOUT_S)
-    yield receiver
-    receiver.close()
-
-
-def receive_datagram(receiver: socket.socket) -> Message:
-    return decode(receiver.recv(MAX_DATAGRAM))
-
-
-def read_stream(listener: socket.socket) -> list[Message]:
-    """Accept one connection and decode everything it carries until the sender closes."""
-    connection, _ = listener.accept()
-    connection.settimeout(RECEIVE_TIMEOUT_S)
-    framer = StreamFramer(max_message_size=1 << 30)
-    messages = []
-    with connection:
-        while chunk := connection.recv(1 << 16):
-            framer.feed(chunk)
-            while (frame := framer.next_frame()) is not NEED_DATA:
-                messages.append(decode(frame))
-    assert framer.buffered == 0, "the stream ended in the middle of a message"
-    return messages
+from pydory.wire import Message, decode
+from receivers import MAX_DATAGRAM, RECEIVE_TIMEOUT_S, read_stream, receive_datagram
 
 
 @dataclass

@@ -13,43 +13,8 @@ from pathlib import Path
 import pytest
 
 from pydory.cli import main
-from pydory.wire import NEED_DATA, Message, StreamFramer, decode
-
-RECEIVE_TIMEOUT_S = 10
-
-
-@pytest.fixture
-def datagram_path(tmp_path: Path) -> str:
-    return str(tmp_path / "dgram.sock")
-
-
-@pytest.fixture
-def datagram_receiver(datagram_path: str) -> Iterator[socket.socket]:
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    receiver.bind(datagram_path)
-    receiver.settimeout(RECEIVE_TIMEOUT_S)
-    yield receiver
-    receiver.close()
-
-
-def receive_datagram(receiver: socket.socket) -> Message:
-    return decode(receiver.recv(1 << 20))
-
-
-def read_stream(listener: socket.socket) -> list[Message]:
-    """Accept one connection and decode everything it carries until the sender closes."""
-    connection, _ = listener.accept()
-    connection.settimeout(RECEIVE_TIMEOUT_S)
-    framer = StreamFramer(max_message_size=1 << 30)
-    messages = []
-    with connection:
-        while chunk := connection.recv(1 << 16):
-            framer.feed(chunk)
-            while (frame := framer.next_frame()) is not NEED_DATA:
-                messages.append(decode(frame))
-    assert framer.buffered == 0, "the stream ended in the middle of a message"
-    return messages
-
+from pydory.wire import Message
+from receivers import RECEIVE_TIMEOUT_S, read_stream, receive_datagram
 
 StreamReceiver = tuple[list[str], Callable[[], Future[list[Message]]], socket.socket]
 

@@ -104,8 +104,9 @@ class ProducerProfile:
     def properties(self) -> dict[str, Any]:
         props: dict[str, Any] = {
             "linger.ms": self.linger_ms,
-            # librdkafka insists that a message may wait longer than it lingers.
-            "message.timeout.ms": max(DEFAULT_MESSAGE_TIMEOUT_MS, self.linger_ms + 30_000),
+            # A message gets DEFAULT_MESSAGE_TIMEOUT_MS beyond its linger: librdkafka insists
+            # that a message may wait longer than it lingers.
+            "message.timeout.ms": self.linger_ms + DEFAULT_MESSAGE_TIMEOUT_MS,
             "batch.num.messages": self.batch_messages,
             "batch.size": self.batch_bytes,
             "compression.type": self.compression,

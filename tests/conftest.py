@@ -1,0 +1,26 @@
+"""Fixtures shared by the client-side tests."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from receivers import RECEIVE_TIMEOUT_S
+
+
+@pytest.fixture
+def datagram_path(tmp_path: Path) -> str:
+    return str(tmp_path / "dgram.sock")
+
+
+@pytest.fixture
+def datagram_receiver(datagram_path: str) -> Iterator[socket.socket]:
+    """A bound UNIX datagram socket standing in for the daemon's."""
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(datagram_path)
+    receiver.settimeout(RECEIVE_TIMEOUT_S)
+    yield receiver
+    receiver.close()
