@@ -82,10 +82,16 @@ class EnqueueRefused(PydoryError):
 class Ledger(Protocol):
     """Where dispatch reports each message's final outcome (the daemon's books and pool)."""
 
-    def delivered(self, topic: str, cost: int) -> None: ...
+    def delivered(self, topic: str, cost: int, token: int) -> None: ...
 
     def discarded(
-        self, reason: DiscardReason, topic: str, timestamp_ms: int, detail: str, cost: int
+        self,
+        reason: DiscardReason,
+        topic: str,
+        timestamp_ms: int,
+        detail: str,
+        cost: int,
+        token: int,
     ) -> None: ...
 
     def possible_duplicate(self, topic: str, timestamp_ms: int) -> None: ...
@@ -150,8 +156,9 @@ class DeliverySettings:
 
 
 # One delivery report waiting for the loop: the message, its PartitionKey (None for
-# AnyPartition) and how many times it has been sent.
-_Report = tuple[Any, int | None, int]
+# AnyPartition), how many times it has been sent, and the caller's token (an opaque int
+# given to ``send``, returned to the ledger with the outcome: the commit point's epoch).
+_Report = tuple[Any, int | None, int, int]
 
 
 class _ProducerHandle:
@@ -160,7 +167,10 @@ class _ProducerHandle:
     def __init__(self, name: str, properties: dict[str, Any], inbox: Callable[[_Report], None]):
         self.name = name
         self._inbox = inbox
-        self.producer = Producer({**properties, "on_delivery": self._on_first_delivery})
+        self.producer = Producer(properties)
+        # One callback per token for first-attempt AnyPartition messages (the hot path):
+        # tokens are coarse epochs, so this stays small and saves a partial per message.
+        self._first_attempt_callbacks: dict[int, Callable[[Any, Any], None]] = {}
         self._stop = threading.Event()
         self._drain_deadline: float | None = None
         self._thread = threading.Thread(target=self._serve, name=f"pydory-dr-{name}", daemon=True)
@@ -171,12 +181,20 @@ class _ProducerHandle:
         self._loop = loop
         self._thread.start()
 
-    # librdkafka calls these from poll(), on this handle's thread.
-    def _on_first_delivery(self, err: Any, msg: Any) -> None:
-        self._inbox((msg, None, 1))
+    def first_attempt_callback(self, token: int) -> Callable[[Any, Any], None]:
+        callback = self._first_attempt_callbacks.get(token)
+        if callback is None:
+            if len(self._first_attempt_callbacks) > 1024:
+                self._first_attempt_callbacks.clear()
+            callback = functools.partial(self.on_delivery, None, 1, token)
+            self._first_attempt_callbacks[token] = callback
+        return callback
 
-    def on_delivery(self, partition_key: int | None, attempt: int, err: Any, msg: Any) -> None:
-        self._inbox((msg, partition_key, attempt))
+    # librdkafka calls this from poll(), on this handle's thread.
+    def on_delivery(
+        self, partition_key: int | None, attempt: int, token: int, err: Any, msg: Any
+    ) -> None:
+        self._inbox((msg, partition_key, attempt, token))
 
     def _serve(self) -> None:
         try:
@@ -247,8 +265,10 @@ class Dispatcher:
         timestamp_ms: int,
         partition_key: int | None = None,
         attempt: int = 1,
+        token: int = 0,
     ) -> None:
-        """Hand one message to librdkafka; its outcome reaches the ledger later.
+        """Hand one message to librdkafka; its outcome reaches the ledger later, with
+        ``token``.
 
         Raises ``EnqueueRefused`` when librdkafka refuses it at once (queue full, too
         large): the caller decides what that refusal means for its books.
@@ -258,12 +278,12 @@ class Dispatcher:
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "producer unavailable")
         try:
             if partition_key is None and attempt == 1:
-                handle.producer.produce(topic, value, key, partition, timestamp=timestamp_ms)
+                callback = handle.first_attempt_callback(token)
             else:
-                callback = functools.partial(handle.on_delivery, partition_key, attempt)
-                handle.producer.produce(
-                    topic, value, key, partition, on_delivery=callback, timestamp=timestamp_ms
-                )
+                callback = functools.partial(handle.on_delivery, partition_key, attempt, token)
+            handle.producer.produce(
+                topic, value, key, partition, on_delivery=callback, timestamp=timestamp_ms
+            )
         except BufferError:
             raise EnqueueRefused(DiscardReason.NO_MEMORY, "librdkafka queue full") from None
         except KafkaException as exc:
@@ -322,32 +342,32 @@ class Dispatcher:
         while reports:
             self._settle(*reports.popleft())
 
-    def _settle(self, msg: Any, partition_key: int | None, attempt: int) -> None:
+    def _settle(self, msg: Any, partition_key: int | None, attempt: int, token: int) -> None:
         err = msg.error()
         topic: str = msg.topic()
         if err is None:
-            self._ledger.delivered(topic, pool_cost(topic, msg.key(), msg.value()))
+            self._ledger.delivered(topic, pool_cost(topic, msg.key(), msg.value()), token)
             return
         code = err.code()
         timestamp_ms = msg.timestamp()[1]
         if code in _PURGED or (self._closing and code not in _PERMANENT):
             # Nothing will poll for a resend's report once the producers stop.
-            self._discard(msg, DiscardReason.SHUTDOWN_DELAY, err.name())
+            self._discard(msg, DiscardReason.SHUTDOWN_DELAY, err.name(), token)
         elif code in _PERMANENT or err.fatal() or not self._router.knows(topic):
-            self._discard(msg, DiscardReason.KAFKA_ERROR, err.name())
+            self._discard(msg, DiscardReason.KAFKA_ERROR, err.name(), token)
         elif attempt >= self._max_attempts:
-            self._discard(msg, DiscardReason.FAILED_DELIVERY_ATTEMPTS, err.name())
+            self._discard(msg, DiscardReason.FAILED_DELIVERY_ATTEMPTS, err.name(), token)
         else:
             if code in _POSSIBLY_PERSISTED:
                 self._ledger.possible_duplicate(topic, timestamp_ms)
-            self._reroute(msg, partition_key, attempt + 1)
+            self._reroute(msg, partition_key, attempt + 1, token)
 
-    def _discard(self, msg: Any, reason: DiscardReason, detail: str) -> None:
+    def _discard(self, msg: Any, reason: DiscardReason, detail: str, token: int) -> None:
         topic = msg.topic()
         cost = pool_cost(topic, msg.key(), msg.value())
-        self._ledger.discarded(reason, topic, msg.timestamp()[1], detail, cost)
+        self._ledger.discarded(reason, topic, msg.timestamp()[1], detail, cost, token)
 
-    def _reroute(self, msg: Any, partition_key: int | None, attempt: int) -> None:
+    def _reroute(self, msg: Any, partition_key: int | None, attempt: int, token: int) -> None:
         """Send again: an AnyPartition message to another available partition, a
         PartitionKey message by the key rule (which skips partitions without a leader)."""
         topic = msg.topic()
@@ -364,10 +384,17 @@ class Dispatcher:
         timestamp_ms = msg.timestamp()[1]
         try:
             self.send(
-                topic, partition, msg.value(), msg.key(), timestamp_ms, partition_key, attempt
+                topic,
+                partition,
+                msg.value(),
+                msg.key(),
+                timestamp_ms,
+                partition_key,
+                attempt,
+                token,
             )
         except EnqueueRefused as refusal:
-            self._discard(msg, DiscardReason.FAILED_DELIVERY_ATTEMPTS, refusal.detail)
+            self._discard(msg, DiscardReason.FAILED_DELIVERY_ATTEMPTS, refusal.detail, token)
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -56,12 +56,18 @@ class DeliveryLedger:
         self._books = books
         self._pool = pool
 
-    def delivered(self, topic: str, cost: int) -> None:
+    def delivered(self, topic: str, cost: int, token: int) -> None:
         self._books.delivered(topic)
         self._pool.release(cost)
 
     def discarded(
-        self, reason: DiscardReason, topic: str, timestamp_ms: int, detail: str, cost: int
+        self,
+        reason: DiscardReason,
+        topic: str,
+        timestamp_ms: int,
+        detail: str,
+        cost: int,
+        token: int,
     ) -> None:
         self._books.discarded(reason, topic, timestamp_ms, detail=detail)
         self._pool.release(cost)
