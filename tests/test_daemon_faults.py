@@ -8,6 +8,8 @@ as a discard.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import signal
@@ -17,8 +19,9 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,9 @@ import pytest
 from helpers import assert_balanced, settled, wait_until
 from pydory.accounting import AFTER_ACCEPTANCE, DiscardReason
 from pydory.client import UnixStreamSender
+from pydory.dispatch import DeliverySettings, Dispatcher, ProducerProfile
 from pydory.errors import DaemonUnavailable
+from pydory.router import MetadataSnapshot, Router
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
@@ -209,11 +214,6 @@ def test_every_discard_reason_is_counted_exactly_once_per_message(
 
 # --- faults on the way to Kafka ---------------------------------------------------------
 
-# Not here: a partition leader moved mid-stream (set_partition_leader to another live
-# broker). The daemon then reports every message delivered with no error, yet in about one
-# run in eight librdkafka's mock cluster holds fewer records than it acknowledged (its high
-# watermark falls short too), so that test cannot pass reliably on the mock.
-
 
 def any_and_keyed(topic: str, label: bytes, count: int) -> list[bytes]:
     """``count`` messages, alternately AnyPartition and PartitionKey (key = index)."""
@@ -305,6 +305,195 @@ def test_permanent_produce_errors_are_discarded_with_their_name(
     assert counters[f"discarded_kafka_error_{name}"] == books["discarded"]["kafka_error"] > 0
 
 
+def unavailable_brokers(daemon: RunningDaemon) -> frozenset[int]:
+    return daemon.call(lambda: daemon.server.router.unavailable_brokers)
+
+
+def routable_partitions(daemon: RunningDaemon, topic: str) -> tuple[int, ...]:
+    return daemon.call(lambda: daemon.server.router.available(topic))
+
+
+@pytest.mark.slow
+def test_traffic_avoids_a_downed_broker_and_returns_when_it_is_up(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+) -> None:
+    topic = unique_topic("liveness")
+    leaders = {0: 1, 1: 2, 2: 3, 3: 1, 4: 2, 5: 3}
+    mock_cluster.create_topic(topic, len(leaders))
+    for partition, broker in leaders.items():
+        mock_cluster.set_partition_leader(topic, partition, broker)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        # A message sent to the downed broker would wait this long: far beyond the waits
+        # below, so only routing around the broker can deliver everything in time.
+        librdkafka={"message.timeout.ms": "120000"},
+    )
+    chunk = 600
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as stream:
+        stream.send_many(encode_any_partition(topic, b"before%d" % i) for i in range(chunk))
+        wait_until(settled(daemon, topic, chunk), what="deliveries before the outage")
+
+        mock_cluster.broker_down(3)
+        wait_until(
+            lambda: not {2, 5} & set(routable_partitions(daemon, topic)),
+            timeout_s=10,
+            what="the router to drop broker 3's partitions",
+        )
+        during = [encode_any_partition(topic, b"during%d" % i) for i in range(chunk)]
+        # Key 2 picks partition 2 (broker 3): the next partition with a reachable leader.
+        during += [encode_partition_key(topic, b"keyed%d" % i, 2) for i in range(100)]
+        stream.send_many(during)
+        wait_until(settled(daemon, topic, 2 * chunk + 100), timeout_s=20, what="delivery")
+
+        mock_cluster.broker_up(3)
+        wait_until(
+            lambda: (
+                set(routable_partitions(daemon, topic)) == set(leaders)
+                and not unavailable_brokers(daemon)
+            ),
+            what="broker 3's partitions to be routable again",
+        )
+        stream.send_many(encode_any_partition(topic, b"after%d" % i) for i in range(chunk))
+        wait_until(settled(daemon, topic, 3 * chunk + 100), what="deliveries after the outage")
+        snapshot = daemon.snapshot()
+    sent = (
+        sent_values(b"before", chunk)
+        + sent_values(b"during", chunk)
+        + sent_values(b"keyed", 100)
+        + sent_values(b"after", chunk)
+    )
+    records = assert_every_message_accounted_for(
+        snapshot, mock_cluster.bootstrap_servers, topic, sent
+    )
+    assert snapshot["topics"][topic]["delivered"] == len(sent)
+    brokers_by_label = {
+        label: Counter(leaders[r.partition] for r in records if r.value.startswith(label))
+        for label in (b"before", b"during", b"keyed", b"after")
+    }
+    assert set(brokers_by_label[b"during"]) == {1, 2}
+    assert {r.partition for r in records if r.value.startswith(b"keyed")} == {3}
+    assert set(brokers_by_label[b"after"]) == {1, 2, 3}
+
+
+class ImplicitAcks(logging.Handler):
+    """Counts the messages librdkafka reports delivered because a later batch of the same
+    partition succeeded (its "IMPLICITACK" debug line), without the broker confirming them."""
+
+    PATTERN = re.compile(r"(\d+) message\(s\) implicitly acked by subsequent batch success")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if match := self.PATTERN.search(record.getMessage()):
+            self.messages += int(match[1])
+
+
+@pytest.fixture
+def implicit_acks() -> Iterator[ImplicitAcks]:
+    """librdkafka's debug lines reach the pydory.librdkafka logger while this is active."""
+    logger = logging.getLogger("pydory.librdkafka")
+    handler, level = ImplicitAcks(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+@pytest.mark.slow
+def test_partition_leaders_moved_mid_stream_every_message_is_delivered_and_stored(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
+    implicit_acks: ImplicitAcks,
+) -> None:
+    """Leaders move twice while produce requests to a slow broker are in flight;
+    librdkafka retries NOT_LEADER_FOR_PARTITION on the new leaders by itself.
+
+    The mock cluster can lose acknowledged messages here, with no pydory involved: a
+    plain idempotent confluent-kafka producer doing the same (6,000 messages over 3 s,
+    broker 1 at 300 ms, leaders moved twice) lost some in 3 runs of 25, and in each run
+    the loss equalled the messages librdkafka acknowledged without an offset. A batch
+    sent to the old leader fails with NOT_LEADER, a later batch of the same partition
+    succeeds on the new leader, and librdkafka then reports the failed batch delivered
+    too ("implicitly acked by subsequent batch success"), trusting the broker to have
+    checked the producer's sequence numbers. A real broker does (it would answer
+    OUT_OF_ORDER_SEQUENCE_NUMBER); the mock checks them only for transactional producers
+    (rd_kafka_mock_validate_records). So the check against Kafka is: nothing stored
+    twice, nothing stored that was not sent, and every acknowledged message stored except
+    at most those librdkafka acknowledged implicitly (counted from its debug log).
+    """
+    topic = unique_topic("moved")
+    initial = {0: 1, 1: 2, 2: 3, 3: 1}
+    mock_cluster.create_topic(topic, len(initial))
+    for partition, broker in initial.items():
+        mock_cluster.set_partition_leader(topic, partition, broker)
+    mock_cluster.set_rtt(1, 300)  # requests to broker 1 stay in flight when leaders move
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir, librdkafka={"debug": "msg"})
+    chunk = 2000
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as stream:
+        for shift, label in enumerate([b"a", b"b", b"c"]):
+            # A steady stream (~2,000 messages a second), so that requests are in flight
+            # whenever the leaders move.
+            messages = any_and_keyed(topic, label, chunk)
+            for start in range(0, chunk, 100):
+                stream.send_many(messages[start : start + 100])
+                time.sleep(0.05)
+            if shift < 2:
+                for partition, broker in initial.items():
+                    mock_cluster.set_partition_leader(topic, partition, (broker + shift) % 3 + 1)
+        wait_until(settled(daemon, topic, 3 * chunk), timeout_s=60, what="every delivery")
+        snapshot = daemon.snapshot()
+    mock_cluster.set_rtt(1, 0)  # reading 6,000 records back through a 300 ms broker is slow
+    sent = sent_values(b"a", chunk) + sent_values(b"b", chunk) + sent_values(b"c", chunk)
+    assert_all_settled(snapshot)
+    books = snapshot["topics"][topic]
+    assert books["accepted"] == books["delivered"] == len(sent)
+    records = consume_all(mock_cluster.bootstrap_servers, topic, len(sent))
+    values = [r.value for r in records]
+    assert len(set(values)) == len(values), "a message was stored twice"
+    assert set(values) <= set(sent)
+    assert len(sent) - implicit_acks.messages <= len(values) <= len(sent)
+
+
+#: Kafka's error code (not in ErrorCode, which lists the codes the other tests share).
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+
+
+def test_a_fatal_producer_error_discards_what_it_held_and_a_new_producer_delivers(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+) -> None:
+    topic = unique_topic("fatal")
+    mock_cluster.create_topic(topic, 4)
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    chunk = 1000
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as stream:
+        stream.send_many(any_and_keyed(topic, b"a", chunk))
+        wait_until(settled(daemon, topic, chunk), what="the first chunk")
+        # librdkafka treats a sequence error on an idempotent producer as fatal: the
+        # instance is unusable from then on.
+        mock_cluster.push_request_errors(ApiKey.PRODUCE, [OUT_OF_ORDER_SEQUENCE_NUMBER])
+        stream.send_many(any_and_keyed(topic, b"b", chunk))
+        wait_until(settled(daemon, topic, 2 * chunk), what="the second chunk to settle")
+        stream.send_many(any_and_keyed(topic, b"c", chunk))
+        wait_until(settled(daemon, topic, 3 * chunk), what="the third chunk")
+        snapshot = daemon.snapshot()
+        counters = daemon.call(daemon.server.counters.snapshot)
+    sent = sent_values(b"a", chunk) + sent_values(b"b", chunk) + sent_values(b"c", chunk)
+    records = assert_every_message_accounted_for(
+        snapshot, mock_cluster.bootstrap_servers, topic, sent
+    )
+    books = snapshot["topics"][topic]
+    assert counters["producer_recreated"] == 1
+    assert set(books["discarded"]) == {str(DiscardReason.KAFKA_ERROR)}
+    assert 0 < books["discarded"]["kafka_error"] <= chunk
+    # The replacement producer delivers everything after the failure.
+    assert set(sent_values(b"c", chunk)) <= {r.value for r in records}
+
+
 @pytest.mark.slow
 def test_an_outage_longer_than_the_memory_budget_discards_the_excess_then_delivers(
     mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
@@ -349,6 +538,69 @@ def test_an_outage_longer_than_the_memory_budget_discards_the_excess_then_delive
     assert snapshot["pool_used"] == 0
 
 
+class RecordingLedger:
+    """A dispatch Ledger that only writes the outcomes down."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+        self.first_delivery: asyncio.Event | None = None
+
+    def delivered(self, topic: str, cost: int, token: int) -> None:
+        self.outcomes.append("delivered")
+        if self.first_delivery is not None:
+            self.first_delivery.set()
+
+    def discarded(
+        self,
+        reason: DiscardReason,
+        topic: str,
+        timestamp_ms: int,
+        detail: str,
+        cost: int,
+        token: int,
+    ) -> None:
+        self.outcomes.append(str(reason))
+
+    def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
+        self.outcomes.append("possible_duplicate")
+
+
+@pytest.mark.parametrize(
+    ("already_waited_s", "outcome"),
+    [(0.0, "delivered"), (3.0, str(DiscardReason.SHUTDOWN_DELAY))],
+)
+def test_the_shutdown_deadline_counts_from_when_shutdown_was_requested(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    already_waited_s: float,
+    outcome: str,
+) -> None:
+    topic = unique_topic("deadline")
+    mock_cluster.create_topic(topic, 1)
+    router = Router(MetadataSnapshot.build({1: "b1"}, {topic: {0: 1}}))
+    ledger = RecordingLedger()
+    dispatcher = Dispatcher(
+        DeliverySettings(mock_cluster.bootstrap_servers),
+        lambda topic: ProducerProfile(linger_ms=5, batch_messages=100, batch_bytes=100_000),
+        router,
+        ledger,
+    )
+
+    async def send_then_shut_down() -> None:
+        dispatcher.start(asyncio.get_running_loop())
+        ledger.first_delivery = asyncio.Event()
+        dispatcher.send(topic, 0, b"warm-up", None, 0)  # connects and gets a producer id
+        await asyncio.wait_for(ledger.first_delivery.wait(), 30)
+        for broker in mock_cluster.broker_ids:
+            mock_cluster.set_rtt(broker, 1000)  # acknowledged 1 s after it is sent
+        dispatcher.send(topic, 0, b"last", None, 0)
+        requested_at = time.monotonic() - already_waited_s
+        await dispatcher.shutdown(max_delay_s=3.0, requested_at=requested_at)
+
+    asyncio.run(send_then_shut_down())
+    assert ledger.outcomes == ["delivered", outcome]
+
+
 # --- the daemon as a process -------------------------------------------------------------
 
 #: The shutdown totals line pydory logs at NOTICE for every topic.
@@ -356,8 +608,8 @@ TOTALS_LINE = re.compile(
     r"topic (?P<topic>\S+): accepted (?P<accepted>\d+), delivered (?P<delivered>\d+), "
     r"discarded (?P<discarded>\{.*\}), in flight (?P<in_flight>\d+)"
 )
-#: The counts in the logged discard dict, whatever its keys look like.
-DICT_COUNTS = re.compile(r":\s*(\d+)\s*[,}]")
+#: The (reason, count) pairs in the logged discard dict.
+DISCARD_COUNTS = re.compile(r"'(\w+)':\s*(\d+)")
 
 
 class DaemonProcess:
@@ -406,31 +658,46 @@ class DaemonProcess:
 
 
 class StreamingClient(threading.Thread):
-    """Sends numbered messages until the daemon goes away (or ``limit`` is reached)."""
+    """Sends numbered messages, ``slice_size`` at a time with ``pause_s`` between slices,
+    until the daemon goes away (or ``limit`` is reached)."""
 
-    def __init__(self, path: str, topic: str, limit: int = 100_000, slice_size: int = 50) -> None:
+    def __init__(
+        self,
+        path: str,
+        topic: str,
+        limit: int = 100_000,
+        slice_size: int = 50,
+        pause_s: float = 0.0,
+    ) -> None:
         super().__init__(daemon=True)
-        self.path, self.topic, self.limit, self.slice_size = path, topic, limit, slice_size
+        self.path, self.topic, self.limit = path, topic, limit
+        self.slice_size, self.pause_s = slice_size, pause_s
         self.attempted: list[bytes] = []
-        self.sent_enough = threading.Event()
         self.refused: DaemonUnavailable | None = None
+        self._progress = threading.Condition()
 
     def run(self) -> None:
         with UnixStreamSender(self.path) as stream:
             while len(self.attempted) < self.limit:
                 values = [b"t%d" % (len(self.attempted) + i) for i in range(self.slice_size)]
-                self.attempted += values
+                with self._progress:
+                    self.attempted += values
+                    self._progress.notify_all()
                 try:
                     stream.send_many(encode_any_partition(self.topic, v) for v in values)
                 except DaemonUnavailable as error:
                     self.refused = error
                     return
-                if len(self.attempted) >= 2000:
-                    self.sent_enough.set()
+                time.sleep(self.pause_s)
+
+    def wait_for(self, attempted: int, timeout_s: float = 30.0) -> bool:
+        """Wait until ``attempted`` messages have been sent (or tried)."""
+        with self._progress:
+            return self._progress.wait_for(lambda: len(self.attempted) >= attempted, timeout_s)
 
 
 @pytest.mark.slow
-def test_sigterm_under_load_exits_cleanly_and_its_totals_match_kafka(
+def test_sigterm_under_load_with_slow_brokers_exits_in_time_with_every_message_reported(
     mock_cluster: MockCluster,
     unique_topic: Callable[[str], str],
     socket_dir: str,
@@ -438,9 +705,11 @@ def test_sigterm_under_load_exits_cleanly_and_its_totals_match_kafka(
 ) -> None:
     topic = unique_topic("sigterm")
     mock_cluster.create_topic(topic, 4)
-    shutdown_max_delay_ms = 2000
+    shutdown_max_delay_s = 2
     config = DaemonConfig(
-        mock_cluster.bootstrap_servers, socket_dir, shutdown_max_delay_ms=shutdown_max_delay_ms
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        shutdown_max_delay_ms=shutdown_max_delay_s * 1000,
     )
     config_path = tmp_path / "pydory.xml"
     config_path.write_text(config.render(), encoding="ascii")
@@ -448,11 +717,20 @@ def test_sigterm_under_load_exits_cleanly_and_its_totals_match_kafka(
     try:
         assert daemon.ready.wait(30), daemon.output()
         assert stat.S_ISSOCK(os.stat(config.stream_path).st_mode)
-        client = StreamingClient(config.stream_path, topic)
+        # About 10,000 messages a second, steadily.
+        client = StreamingClient(config.stream_path, topic, pause_s=0.005)
         client.start()
-        assert client.sent_enough.wait(30)
+        assert client.wait_for(2000)
+        # Every broker now answers after 2.5 s: more than shutdownMaxDelay, so whatever
+        # is in flight at SIGTERM cannot be acknowledged in time and must be reported.
+        for broker in mock_cluster.broker_ids:
+            mock_cluster.set_rtt(broker, 2500)
+        assert client.wait_for(len(client.attempted) + 10_000)
+        sigterm_at = time.monotonic()
         daemon.process.send_signal(signal.SIGTERM)
-        exit_status = daemon.process.wait(timeout=shutdown_max_delay_ms / 1000 + 1)
+        exit_status = daemon.process.wait(timeout=30)
+        # The issue's contract, and the only elapsed-time assertion allowed here.
+        assert time.monotonic() - sigterm_at <= shutdown_max_delay_s + 1, daemon.output()
         client.join(timeout=10)
     finally:
         daemon.kill()
@@ -466,15 +744,23 @@ def test_sigterm_under_load_exits_cleanly_and_its_totals_match_kafka(
     totals = matches[0]
     assert totals["topic"] == topic
     accepted, delivered = int(totals["accepted"]), int(totals["delivered"])
-    discarded = sum(int(n) for n in DICT_COUNTS.findall(totals["discarded"]))
+    discards = dict(DISCARD_COUNTS.findall(totals["discarded"]))
     assert int(totals["in_flight"]) == 0
-    assert accepted == delivered + discarded
-    assert 2000 <= accepted <= len(client.attempted)
+    assert set(discards) == {str(DiscardReason.SHUTDOWN_DELAY)}
+    shutdown_discards = int(discards[str(DiscardReason.SHUTDOWN_DELAY)])
+    assert shutdown_discards > 0
+    assert accepted == delivered + shutdown_discards
+    assert 10_000 <= accepted <= len(client.attempted)
+    for broker in mock_cluster.broker_ids:
+        mock_cluster.set_rtt(broker, 0)
     records = consume_all(mock_cluster.bootstrap_servers, topic, delivered)
     values = [r.value for r in records]
-    assert len(values) == delivered
-    assert len(set(values)) == delivered
+    assert len(set(values)) == len(values), "a message was stored twice"
     assert set(values) <= set(client.attempted)
+    # Messages purged while in flight were reported as shutdown_delay discards, yet the
+    # broker may have written them (it only answered late): Kafka holds every delivered
+    # message and at most the purged ones besides.
+    assert delivered <= len(values) <= accepted
 
 
 def test_a_config_error_stops_the_daemon_naming_the_element_and_line(

@@ -7,6 +7,7 @@ after replacing numbers and times by placeholders.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from pydory import __version__
 from pydory.client import DatagramSender
 from pydory.errors import ConfigError
-from pydory.status import PORT_CONFIG_PATH, listen_hosts
+from pydory.status import PORT_CONFIG_PATH, RequestPacer, listen_hosts, paced, reused_briefly
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
@@ -33,7 +35,7 @@ from pydory.wire import encode_any_partition
 SAMPLES = Path(__file__).parent / "data" / "dory_http_samples"
 PLAIN = "text/plain; charset=utf-8"
 JSON = "application/json"
-PAGES = ("server_info", "counters", "discards", "metadata_fetch_time")
+PAGES = ("server_info", "counters", "discards", "queues", "metadata_fetch_time")
 
 # Direct connections only: a proxy from the environment must not see loopback requests.
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -253,6 +255,66 @@ def test_discards_plain_has_dorys_layout(daemon: RunningDaemon) -> None:
     assert layout(ours) == layout(dory)
 
 
+def wait_for_queue_stats(daemon: RunningDaemon, topic: str) -> dict[str, Any]:
+    """/queues/json once librdkafka's statistics list ``topic`` (every second)."""
+    port = port_of(daemon)
+    wait_until(
+        lambda: any(q["topic"] == topic for q in fetch(port, "/queues/json").json()["sending"]),
+        what=f"librdkafka's statistics listing {topic}",
+    )
+    return fetch(port, "/queues/json").json()  # type: ignore[no-any-return]
+
+
+def test_queues_json_has_exactly_dorys_fields(daemon: RunningDaemon, topic: str) -> None:
+    send_good_and_bad(daemon, topic)
+    ours = wait_for_queue_stats(daemon, topic)
+    dory = json.loads(sample("tansu_queues_json.txt"))
+    assert list(ours) == list(dory)
+    assert_keeps_dory_keys(ours, dory)
+    (entry,) = [q for q in ours["sending"] if q["topic"] == topic]
+    assert list(entry) == ["topic", "batch", "send_wait", "ack_wait"]
+    assert ours["new"] == 0
+
+
+def test_queues_plain_has_dorys_layout(daemon: RunningDaemon, topic: str) -> None:
+    send_good_and_bad(daemon, topic)
+    wait_for_queue_stats(daemon, topic)
+    ours = fetch(port_of(daemon), "/queues/plain").body
+    topic_lines = [line for line in ours.splitlines() if line.startswith("batch:")]
+    assert len(topic_lines) == 1  # the test's only topic: as many lines as Dory's sample
+    assert f"topic: [{topic}]" in topic_lines[0]
+
+    # Numbers are right-aligned in 10 columns: compare with the padding taken out too.
+    def padded_layout(text: str) -> str:
+        return re.sub(r" *<n>", "<n>", layout(text))
+
+    dory = sample("tansu_queues_plain.txt")
+    assert padded_layout(ours.replace(topic, "dory_test")) == padded_layout(dory)
+
+
+def test_queues_count_what_librdkafka_holds(
+    daemon: RunningDaemon, mock_cluster: MockCluster, topic: str
+) -> None:
+    # Every broker answers 1.5 s late: delivered messages wait for their ACK meanwhile.
+    for broker_id in mock_cluster.broker_ids:
+        mock_cluster.set_rtt(broker_id, 1500)
+    with DatagramSender(daemon.daemon_config.datagram_path) as sender:
+        for i in range(50):
+            sender.send(topic, b"slow-%d" % i)
+
+    def held() -> int:
+        queues = fetch(port_of(daemon), "/queues/json").json()
+        return sum(q["batch"] + q["send_wait"] + q["ack_wait"] for q in queues["sending"])
+
+    wait_until(lambda: held() > 0, what="messages in librdkafka's queues")
+    assert held() <= 50
+    for broker_id in mock_cluster.broker_ids:
+        mock_cluster.set_rtt(broker_id, 0)
+    wait_until(lambda: held() == 0, what="the queues to drain")
+    plain = fetch(port_of(daemon), "/queues/plain").body
+    assert plain.endswith("         0 total (all states: new + batch + send_wait + ack_wait)\n")
+
+
 # --- what the pages report ---------------------------------------------------------------
 
 
@@ -313,6 +375,31 @@ def test_loopback_only_listens_on_loopback_addresses(daemon: RunningDaemon) -> N
     assert {port for _, port in addresses} == {status.port}
 
 
+def _listening_addresses(port: int) -> set[str]:
+    """What the kernel says listens on TCP ``port``: hex local addresses from /proc/net."""
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            next(rows)  # the header
+            for row in rows:
+                local, state = row.split()[1], row.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    listening.add(address)
+    return listening
+
+
+IPV4_LOOPBACK = "0100007F"  # 127.0.0.1, little-endian hex as /proc/net/tcp writes it
+IPV6_LOOPBACK = "00000000000000000000000001000000"  # ::1
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc/net")
+def test_the_kernel_sees_only_loopback_listeners(daemon: RunningDaemon) -> None:
+    listening = _listening_addresses(port_of(daemon))
+    assert IPV4_LOOPBACK in listening
+    assert listening <= {IPV4_LOOPBACK, IPV6_LOOPBACK}
+
+
 def test_listen_hosts_are_loopback_or_every_interface() -> None:
     assert listen_hosts(loopback_only=True) == ("127.0.0.1", "::1")
     assert listen_hosts(loopback_only=False) == ("0.0.0.0", "::")
@@ -353,3 +440,67 @@ def test_a_busy_status_port_refuses_to_start(
     assert isinstance(error, ConfigError)
     assert error.path == PORT_CONFIG_PATH
     assert f"{host} port {busy_port}" in str(error)
+
+
+# --- a flood of requests -----------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_pacer_lets_a_burst_through_then_spaces_requests() -> None:
+    clock = FakeClock()
+    pacer = RequestPacer(rate_per_s=10, burst=3, clock=clock)
+
+    def waits(n: int) -> list[float]:
+        return [round(pacer.reserve(), 9) for _ in range(n)]
+
+    assert waits(5) == [0.0, 0.0, 0.0, 0.1, 0.2]
+    clock.now += 0.3  # three slots have drained: one request may go at once again
+    assert waits(2) == [0.0, 0.1]
+    clock.now += 10  # idle: a whole burst again
+    assert waits(4) == [0.0, 0.0, 0.0, 0.1]
+    with pytest.raises(ValueError, match="positive rate"):
+        RequestPacer(rate_per_s=0, burst=1)
+
+
+def test_a_rendered_page_is_reused_briefly() -> None:
+    clock = FakeClock()
+    renders = iter(b"%d" % i for i in range(10))
+    page = reused_briefly(lambda: next(renders), clock=clock)
+    assert page() == b"0"
+    clock.now += 0.05
+    assert page() == b"0"
+    clock.now += 0.06
+    assert page() == b"1"
+    assert page() == b"1"
+
+
+def test_beyond_the_waiting_limit_requests_are_refused_with_503() -> None:
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    async def hello(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="hi")
+
+    async def flood() -> list[tuple[int, str | None]]:
+        # A clock that stands still: one request goes, the next waits 1 s, the next 2 s;
+        # with 2 requests waiting, the other 3 are refused at once.
+        pacer = RequestPacer(rate_per_s=1, burst=1, clock=lambda: 0.0)
+        app = web.Application(middlewares=[paced(pacer, max_waiting=2)])
+        app.add_routes([web.get("/", hello)])
+        async with TestServer(app, host="127.0.0.1") as server, ClientSession() as session:
+
+            async def get() -> tuple[int, str | None]:
+                async with session.get(server.make_url("/")) as response:
+                    return response.status, response.headers.get("Retry-After")
+
+            return await asyncio.gather(*(get() for _ in range(6)))
+
+    replies = asyncio.run(flood())
+    assert sorted(replies, key=str) == [(200, None)] * 3 + [(503, "1")] * 3

@@ -41,7 +41,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from pydory.errors import PydoryError
 
@@ -52,8 +52,10 @@ __all__ = [
     "AccountingError",
     "Books",
     "Counters",
+    "DiscardEvent",
     "DiscardReason",
     "DiscardReport",
+    "DiscardSink",
     "PeriodReport",
     "TopicInterval",
     "TopicTotals",
@@ -460,6 +462,45 @@ class DiscardReport:
         return "\n".join(lines) + "\n"
 
 
+# --- where each discard goes besides the books ---------------------------------------------
+
+
+class DiscardEvent(NamedTuple):
+    """One discard as :meth:`Books.discarded` recorded it, for a :class:`DiscardSink`.
+
+    A named tuple: it is built on the hot path, and a tuple is the cheapest immutable
+    record Python has.
+
+    ``message`` holds the bytes the caller had: the value for topic discards that passed
+    one (``too_long``, refusals at enqueue), the raw bytes received for ``malformed``,
+    ``unsupported_*`` and ``unclean_disconnect``, else empty. ``key`` is empty unless the
+    caller passed it. ``client_timestamp_ms`` is None when no timestamp could be read.
+    """
+
+    reason: DiscardReason
+    topic: str | None
+    client_timestamp_ms: int | None
+    key: bytes
+    message: bytes
+    detail: str
+    transport: Transport | None
+    api_version: int | None
+
+
+class DiscardSink(Protocol):
+    """Receives every discard and possible duplicate as the books record it.
+
+    Called on the books' thread (the event loop) in the middle of the hot path: an
+    implementation must return at once (queue, never block on I/O) and never raise.
+    """
+
+    def discarded(self, event: DiscardEvent) -> None:
+        """A message (or partial message) was discarded."""
+
+    def possible_duplicate(self, topic: str, client_timestamp_ms: int) -> None:
+        """A message of ``topic`` was sent again after a send whose outcome was unknown."""
+
+
 # --- the books -----------------------------------------------------------------------------
 
 
@@ -473,13 +514,15 @@ class Books:
         wall_clock: Callable[[], float] = time.time,
         recent_limit: int = DORY_RECENT_LIMIT,
         counters: Counters | None = None,
+        discard_sink: DiscardSink | None = None,
     ) -> None:
         """Start the books with reporting period 0 beginning now.
 
         ``report_interval_s`` is Dory's ``discardReportInterval`` (0 disables rolling);
         ``bad_msg_prefix_size`` caps every stored message prefix (``badMsgPrefixSize``);
         ``recent_limit`` caps each recent-item list; ``counters`` lets the daemon share one
-        counter registry (a new one is created otherwise).
+        counter registry (a new one is created otherwise); ``discard_sink``, if given, is
+        handed every discard and possible duplicate (the discard log and ``logDiscards``).
         """
         if report_interval_s < 0:
             raise ValueError(f"report interval must be >= 0 seconds, got {report_interval_s}")
@@ -497,6 +540,7 @@ class Books:
         self._lifetime_discards: Counter[DiscardReason] = Counter()
         self._current = _Period(0, int(wall_clock()), recent_limit)
         self._finished: _Period | None = None
+        self._discard_sink = discard_sink
 
     # --- message lifecycle ---------------------------------------------------------------
 
@@ -526,6 +570,7 @@ class Books:
         transport: Transport | None = None,
         *,
         api_version: int | None = None,
+        key: bytes = b"",
     ) -> None:
         """Record one discarded message (or partial message) and why.
 
@@ -542,6 +587,9 @@ class Books:
         - ``unsupported_version``: ``api_version``, the version the client sent.
         - ``unsupported_api_key``: nothing (Dory reports only the count).
 
+        The discard sink, if any, also gets ``prefix`` (pass the message value for any
+        topic discard when you have it) and ``key``; the books themselves ignore ``key``.
+
         Post-acceptance reasons (:data:`AFTER_ACCEPTANCE`) require a message of ``topic``
         in flight and raise :class:`AccountingError` otherwise.
         """
@@ -555,12 +603,19 @@ class Books:
         self._lifetime_discards[reason] += 1
         self._current.discards_by_reason[reason] += 1
         self.counters.inc(f"discarded_{reason}")
+        if self._discard_sink is not None:
+            event = DiscardEvent(
+                reason, topic, client_timestamp_ms, key, prefix, detail, transport, api_version
+            )
+            self._discard_sink.discarded(event)
 
     def possible_duplicate(self, topic: str, client_timestamp_ms: int) -> None:
         """A message of ``topic`` was sent again after a send whose outcome was unknown."""
         self.counters.inc("possible_duplicate")
         self.maybe_roll()
         _widen(self._current.duplicate_topics, topic, client_timestamp_ms)
+        if self._discard_sink is not None:
+            self._discard_sink.possible_duplicate(topic, client_timestamp_ms)
 
     # --- reading the books ---------------------------------------------------------------
 

@@ -9,7 +9,9 @@ into one outcome on the ``Ledger``: delivered, rerouted, or discarded with a rea
 Threads: ``send`` runs on the event-loop thread. Each producer has one poller thread that
 blocks in ``poll()`` (librdkafka wakes it when reports are ready); its delivery callback
 only appends to an inbox and asks the loop to drain it, so every decision and every
-counter update still happens on the loop thread, without locks.
+counter update still happens on the loop thread, without locks. The same thread receives
+the producer's statistics (``kafka_stats``), which also tell the router which brokers it
+cannot reach, and notices a fatal error, after which the producer is replaced.
 """
 
 from __future__ import annotations
@@ -26,8 +28,15 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from pydory.accounting import DiscardReason
+from pydory.accounting import Counters, DiscardReason
 from pydory.errors import ConfigError, PydoryError
+from pydory.kafka_stats import (
+    STATS_INTERVAL_MS,
+    KafkaStats,
+    ProducerStats,
+    StatsSnapshot,
+    parse_statistics,
+)
 from pydory.router import NO_LEADER, Router
 
 log = logging.getLogger(__name__)
@@ -43,9 +52,23 @@ DISABLED_TIME_LINGER_MS = 10_000
 REQUEST_OVERHEAD_BYTES = 64 * 1024
 #: Bytes charged to the memory pool for a message besides its topic, key and value.
 POOL_OVERHEAD_BYTES = 32
+#: How long a poller blocks in poll() before it looks at its stop flag.
+POLL_INTERVAL_S = 0.2
+#: At shutdown, how often the flush looks again at its deadline.
+FLUSH_STEP_S = 0.1
+#: At shutdown, the time it takes to report one message still held (the poller serving its
+#: report and the loop settling it in the books): 15-25 us measured here. The flush stops
+#: early by that much per message held, so that shutdownMaxDelay bounds the reporting too,
+#: not only the flush ...
+SETTLE_TIME_PER_MESSAGE_S = 30e-6
+#: ... but the flush always gets at least this share of shutdownMaxDelay.
+MIN_FLUSH_SHARE = 0.5
+#: After a purge, how long the poller waits for librdkafka to report the purged messages.
+PURGE_REPORTS_WAIT_S = 2.0
 
 # Errors after which the message may already be in the log: a resend may duplicate it.
 _POSSIBLY_PERSISTED = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
+
 # Errors that mean "we are shutting down and ran out of time", not a Kafka verdict.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 # Kafka-side verdicts that no resend will change (Dory: Discard).
@@ -156,23 +179,45 @@ class DeliverySettings:
 
 
 # One delivery report waiting for the loop: the message, its PartitionKey (None for
-# AnyPartition), how many times it has been sent, and the caller's token (an opaque int
-# given to ``send``, returned to the ledger with the outcome: the commit point's epoch).
-_Report = tuple[Any, int | None, int, int]
+# AnyPartition), how many times it has been sent, the caller's token (an opaque int given
+# to ``send``, returned to the ledger with the outcome: the commit point's epoch), and the
+# producer that reported it.
+_Report = tuple[Any, "int | None", int, int, "_ProducerHandle"]
 
 
 class _ProducerHandle:
-    """One librdkafka producer and the thread that serves its delivery reports."""
+    """One librdkafka producer and the thread that serves its callbacks."""
 
-    def __init__(self, name: str, properties: dict[str, Any], inbox: Callable[[_Report], None]):
+    def __init__(
+        self,
+        name: str,
+        profile: ProducerProfile,
+        properties: dict[str, Any],
+        inbox: Callable[[_Report], None],
+        on_statistics: Callable[[_ProducerHandle, ProducerStats], None] | None,
+        on_fatal: Callable[[_ProducerHandle], None],
+    ):
         self.name = name
+        self.profile = profile
         self._inbox = inbox
-        self.producer = Producer(properties)
+        self._on_statistics = on_statistics
+        self._on_fatal = on_fatal
+        if on_statistics is not None:
+            properties = {
+                "statistics.interval.ms": STATS_INTERVAL_MS,
+                **properties,
+                "stats_cb": self._statistics,
+            }
+        self.producer: Producer | None = Producer(properties)
+        # Set (once, by the poller thread) when librdkafka reports a fatal error: the
+        # instance is unusable and everything it still holds fails.
+        self.fatal_error: str | None = None
+        self.retired = False  # the dispatcher no longer sends through it
         # One callback per token for first-attempt AnyPartition messages (the hot path):
         # tokens are coarse epochs, so this stays small and saves a partial per message.
         self._first_attempt_callbacks: dict[int, Callable[[Any, Any], None]] = {}
         self._stop = threading.Event()
-        self._drain_deadline: float | None = None
+        self._flush_until: Callable[[], float] | None = None
         self._thread = threading.Thread(target=self._serve, name=f"pydory-dr-{name}", daemon=True)
         self.finished: asyncio.Future[None] | None = None
 
@@ -190,40 +235,96 @@ class _ProducerHandle:
             self._first_attempt_callbacks[token] = callback
         return callback
 
+    # -- the poller thread ----------------------------------------------------------------
+
     # librdkafka calls this from poll(), on this handle's thread.
     def on_delivery(
         self, partition_key: int | None, attempt: int, token: int, err: Any, msg: Any
     ) -> None:
-        self._inbox((msg, partition_key, attempt, token))
+        self._inbox((msg, partition_key, attempt, token, self))
+
+    def _statistics(self, raw: str) -> None:
+        # Parsed here, not on the loop: the loop thread is the daemon's hot path, and this
+        # way it only ever receives a small frozen ProducerStats, never the raw document
+        # (tens of KB per producer per second) or a parse error.
+        try:
+            report = parse_statistics(raw)
+        except ValueError as exc:
+            log.warning("producer %s: unreadable librdkafka statistics: %s", self.name, exc)
+            return
+        assert self._on_statistics is not None
+        self._loop.call_soon_threadsafe(self._on_statistics, self, report)
 
     def _serve(self) -> None:
+        assert self.producer is not None
         try:
             while not self._stop.is_set():
-                self.producer.poll(0.2)
-            self._drain()
+                self._serve_callbacks(self.producer.poll, POLL_INTERVAL_S)
+            self._drain(self.producer)
         finally:
+            self._destroy_producer()
             self._loop.call_soon_threadsafe(self._set_finished)
 
-    def _drain(self) -> None:
-        """Shutdown: deliver what can be delivered before the deadline, then purge the rest
+    def _serve_callbacks(self, serve: Callable[[float], object], timeout_s: float) -> None:
+        """``producer.poll`` or ``producer.flush``: both serve callbacks, and both raise
+        a fatal error (confluent-kafka never passes one to error_cb)."""
+        try:
+            serve(timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0]
+        else:
+            return
+        if not error.fatal():
+            log.warning("producer %s: %s", self.name, error.str())
+        elif self.fatal_error is None:
+            self.fatal_error = error.name()
+            log.error("producer %s: fatal librdkafka error: %s", self.name, error.str())
+            self._loop.call_soon_threadsafe(self._on_fatal, self)
+
+    def _drain(self, producer: Producer) -> None:
+        """Deliver what can be delivered until the flush deadline, then purge the rest
         (their reports come back as _PURGE_QUEUE / _PURGE_INFLIGHT and become discards)."""
-        deadline = self._drain_deadline if self._drain_deadline is not None else time.monotonic()
-        remaining = self.producer.flush(max(0.0, deadline - time.monotonic()))
-        if remaining:
-            log.warning("producer %s: %d messages undelivered at shutdown", self.name, remaining)
-            self.producer.purge(in_queue=True, in_flight=True, blocking=True)
-            self.producer.flush(5.0)  # collects the purge reports
+        flush_until = self._flush_until or time.monotonic
+        while len(producer) and (left := flush_until() - time.monotonic()) > 0:
+            self._serve_callbacks(producer.flush, min(left, FLUSH_STEP_S))
+        if not len(producer):
+            return
+        log.warning("producer %s: %d messages undelivered at shutdown", self.name, len(producer))
+        # Non-blocking: purged messages are reported at once; blocking would also wait for
+        # every broker thread to take note of the purge.
+        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        give_up = time.monotonic() + PURGE_REPORTS_WAIT_S
+        while len(producer) and time.monotonic() < give_up:
+            self._serve_callbacks(producer.poll, 0.05)  # collects the purge reports
+        if len(producer):
+            log.error(
+                "producer %s: %d messages still unreported after the purge",
+                self.name,
+                len(producer),
+            )
+
+    def _destroy_producer(self) -> None:
+        """Destroy the librdkafka instance here, on the poller thread, so that several
+        producers tear down in parallel and the event loop never waits for one."""
+        started = time.monotonic()
+        self.producer = None  # the last reference: rd_kafka_destroy() runs now
+        log.debug("producer %s destroyed in %.3f s", self.name, time.monotonic() - started)
 
     def _set_finished(self) -> None:
         if self.finished is not None and not self.finished.done():
             self.finished.set_result(None)
 
-    def request_stop(self, deadline: float) -> None:
-        self._drain_deadline = deadline
+    # -- the loop thread --------------------------------------------------------------------
+
+    def request_stop(self, flush_until: Callable[[], float]) -> None:
+        """Stop polling; flush until ``flush_until()`` (a monotonic time, asked again as
+        the flush goes on), then purge what is left."""
+        self._flush_until = flush_until
         self._stop.set()
 
     def queue_length(self) -> int:
-        return len(self.producer)
+        producer = self.producer
+        return len(producer) if producer is not None else 0
 
 
 class Dispatcher:
@@ -236,20 +337,30 @@ class Dispatcher:
         router: Router,
         ledger: Ledger,
         on_partition_trouble: Callable[[], None] = lambda: None,
+        stats: KafkaStats | None = None,
+        counters: Counters | None = None,
     ) -> None:
         self._settings = settings
         self._profile_for = profile_for
         self._router = router
         self._ledger = ledger
         self._on_partition_trouble = on_partition_trouble
+        self._stats = stats
+        self._counters = counters if counters is not None else Counters()
         self._max_attempts = max(1, settings.max_failed_delivery_attempts)
         self._by_profile: dict[ProducerProfile, _ProducerHandle] = {}
         self._by_topic: dict[str, _ProducerHandle] = {}
+        self._retired: set[_ProducerHandle] = set()  # replaced, still settling what they held
+        self._handles_created = 0
         self._reports: collections.deque[_Report] = collections.deque()
         self._drain_scheduled = False
+        # Per topic, messages handed to librdkafka and not yet reported (for kafka_stats).
+        self._held: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.rerouted = 0
         self._closing = False
+        if stats is not None:
+            stats.subscribe(self._apply_liveness)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -274,14 +385,19 @@ class Dispatcher:
         large): the caller decides what that refusal means for its books.
         """
         handle = self._by_topic.get(topic) or self._handle_for(topic)
-        if handle is None:
+        if handle is not None and handle.fatal_error is not None:
+            # Its poller saw a fatal error that the loop has not handled yet.
+            self._replace(handle)
+            handle = self._by_topic.get(topic) or self._handle_for(topic)
+        producer = handle.producer if handle is not None else None
+        if handle is None or producer is None:
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "producer unavailable")
         try:
             if partition_key is None and attempt == 1:
                 callback = handle.first_attempt_callback(token)
             else:
                 callback = functools.partial(handle.on_delivery, partition_key, attempt, token)
-            handle.producer.produce(
+            producer.produce(
                 topic, value, key, partition, on_delivery=callback, timestamp=timestamp_ms
             )
         except BufferError:
@@ -291,6 +407,7 @@ class Dispatcher:
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 raise EnqueueRefused(DiscardReason.TOO_LONG, err.name()) from None
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, err.name()) from None
+        self._held[topic] = self._held.get(topic, 0) + 1
 
     def prepare(self, topics: Iterable[str]) -> None:
         """Create the producers these topics need now, so that a librdkafka property it
@@ -319,14 +436,80 @@ class Dispatcher:
         return handle
 
     def _new_handle(self, profile: ProducerProfile) -> _ProducerHandle:
-        name = f"p{len(self._by_profile)}"
+        name = f"p{self._handles_created}"
         # The config's <librdkafka> section has the last word (e.g. message.timeout.ms).
         properties = {**self._settings.properties(), **profile.properties(), **self._settings.extra}
-        handle = _ProducerHandle(name, properties, self._post_report)
+        handle = _ProducerHandle(
+            name,
+            profile,
+            properties,
+            self._post_report,
+            self._take_statistics if self._stats is not None else None,
+            self._replace,
+        )
+        self._handles_created += 1
         assert self._loop is not None, "Dispatcher.start() was not called"
         handle.start(self._loop)
         log.info("producer %s: %s", name, profile.properties())
         return handle
+
+    # -- fatal errors (loop thread) ------------------------------------------------------
+
+    def _replace(self, handle: _ProducerHandle) -> None:
+        """A fatal error made ``handle``'s producer unusable (librdkafka: the instance must
+        be destroyed). Retire it: what it still holds comes back and is discarded with
+        reason kafka_error; its topics move to a new producer with the same profile."""
+        if handle.retired:
+            return
+        handle.retired = True
+        self._retired.add(handle)
+        handle.request_stop(time.monotonic)  # nothing to wait for: purge at once
+        assert handle.finished is not None
+        handle.finished.add_done_callback(lambda _: self._retired.discard(handle))
+        if self._stats is not None:
+            self._stats.forget(handle.name)
+        topics = [topic for topic, h in self._by_topic.items() if h is handle]
+        for topic in topics:
+            del self._by_topic[topic]
+        if self._by_profile.get(handle.profile) is handle:
+            del self._by_profile[handle.profile]
+        if self._closing:
+            return
+        self._counters.inc("producer_recreated")
+        log.error(
+            "producer %s failed (%s): replacing it; its messages are discarded as kafka_error",
+            handle.name,
+            handle.fatal_error,
+        )
+        try:
+            replacement = self._by_profile[handle.profile] = self._new_handle(handle.profile)
+        except KafkaException:
+            log.exception(
+                "cannot recreate producer %s; the next message will try again", handle.name
+            )
+            return
+        for topic in topics:
+            self._by_topic[topic] = replacement
+
+    # -- statistics and broker liveness (loop thread) -----------------------------------
+
+    def _take_statistics(self, handle: _ProducerHandle, report: ProducerStats) -> None:
+        if self._stats is not None and not handle.retired:
+            self._stats.update(handle.name, report, self._held)
+
+    def _apply_liveness(self, snapshot: StatsSnapshot) -> None:
+        """Route around brokers librdkafka cannot reach and partitions it has no broker
+        for. Any change also asks for fresh metadata: leaders may have moved, and the
+        daemon's own copy must learn that a broker left the cluster or came back."""
+        before = self._router.unavailable_brokers
+        unreachable = snapshot.unreachable_brokers()
+        if not self._router.set_unavailable(unreachable, snapshot.unroutable):
+            return
+        if lost := unreachable - before:
+            log.warning("brokers %s unreachable: routing around their partitions", sorted(lost))
+        if back := before - unreachable:
+            log.info("brokers %s reachable again", sorted(back))
+        self._on_partition_trouble()
 
     # -- delivery reports (poller threads -> loop thread) ------------------------------
 
@@ -342,15 +525,25 @@ class Dispatcher:
         while reports:
             self._settle(*reports.popleft())
 
-    def _settle(self, msg: Any, partition_key: int | None, attempt: int, token: int) -> None:
+    def _settle(
+        self,
+        msg: Any,
+        partition_key: int | None,
+        attempt: int,
+        token: int,
+        handle: _ProducerHandle,
+    ) -> None:
         err = msg.error()
         topic: str = msg.topic()
+        self._held[topic] -= 1
         if err is None:
             self._ledger.delivered(topic, pool_cost(topic, msg.key(), msg.value()), token)
             return
         code = err.code()
-        timestamp_ms = msg.timestamp()[1]
-        if code in _PURGED or (self._closing and code not in _PERMANENT):
+        if handle.fatal_error is not None:
+            # Whatever the failed producer still held: its fatal error is the verdict.
+            self._discard(msg, DiscardReason.KAFKA_ERROR, handle.fatal_error, token)
+        elif code in _PURGED or (self._closing and code not in _PERMANENT):
             # Nothing will poll for a resend's report once the producers stop.
             self._discard(msg, DiscardReason.SHUTDOWN_DELAY, err.name(), token)
         elif code in _PERMANENT or err.fatal() or not self._router.knows(topic):
@@ -359,7 +552,7 @@ class Dispatcher:
             self._discard(msg, DiscardReason.FAILED_DELIVERY_ATTEMPTS, err.name(), token)
         else:
             if code in _POSSIBLY_PERSISTED:
-                self._ledger.possible_duplicate(topic, timestamp_ms)
+                self._ledger.possible_duplicate(topic, msg.timestamp()[1])
             self._reroute(msg, partition_key, attempt + 1, token)
 
     def _discard(self, msg: Any, reason: DiscardReason, detail: str, token: int) -> None:
@@ -400,20 +593,39 @@ class Dispatcher:
 
     def in_librdkafka(self) -> int:
         """Messages librdkafka holds (queued, in flight, or reports not yet served)."""
-        return sum(h.queue_length() for h in self._by_profile.values()) + len(self._reports)
+        handles = [*self._by_profile.values(), *self._retired]
+        return sum(h.queue_length() for h in handles) + len(self._reports)
 
     @property
     def producers(self) -> Mapping[ProducerProfile, _ProducerHandle]:
         return self._by_profile
 
-    async def shutdown(self, max_delay_s: float) -> None:
-        """Deliver what can be delivered within ``max_delay_s``; the rest is purged and
-        discarded with reason shutdown_delay. Returns when every report is settled."""
-        deadline = time.monotonic() + max_delay_s
+    @property
+    def producers_recreated(self) -> int:
+        """How many producers were replaced after a fatal error."""
+        return self._counters.get("producer_recreated")
+
+    async def shutdown(self, max_delay_s: float, requested_at: float | None = None) -> None:
+        """Deliver what can be delivered within ``max_delay_s`` of ``requested_at`` (a
+        ``time.monotonic()`` value; default now); the rest is purged and discarded with
+        reason shutdown_delay. Returns when every report is settled.
+
+        The flush stops early enough to report what is left within ``max_delay_s`` (see
+        SETTLE_TIME_PER_MESSAGE_S). Every producer drains, purges and is destroyed on its
+        own poller thread, all at once, so shutdown costs one producer's teardown, not
+        the sum of them."""
+        start = time.monotonic() if requested_at is None else requested_at
+        deadline = start + max_delay_s
+        latest_reserve = max_delay_s * (1 - MIN_FLUSH_SHARE)
         self._closing = True
-        handles = list(self._by_profile.values())
+        handles = [*self._by_profile.values(), *self._retired]
+
+        def flush_until() -> float:
+            held = sum(h.queue_length() for h in handles)
+            return deadline - min(latest_reserve, held * SETTLE_TIME_PER_MESSAGE_S)
+
         for handle in handles:
-            handle.request_stop(deadline)
+            handle.request_stop(flush_until)
         for handle in handles:
             assert handle.finished is not None
             await handle.finished

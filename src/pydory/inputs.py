@@ -9,6 +9,17 @@ a message in the ``Intake`` it hands them to. The daemon never writes to a clien
 - UNIX stream and TCP: asyncio servers sharing ``StreamInputProtocol``; a Size above
   maxStreamMsgSize closes that connection only; a stream ending mid-message is an unclean
   disconnect. asyncio's accept loop already backs off on EMFILE/ENFILE.
+
+Two more duties:
+
+- Closing at shutdown: stop accepting, then hand the intake what the kernel already holds
+  (queued datagrams, bytes on open connections, connections waiting in the listen
+  backlog), reading without waiting for more, within SHUTDOWN_DRAIN_S; then close. UNIX
+  sockets are first shut for reading, so that a client sending after that point gets EPIPE
+  instead of losing its message silently.
+- The commit point's input marks, :func:`mark_inputs`: what every input socket holds at
+  one instant (one poll(2), and FIONREAD on the connections holding bytes), and whether
+  the daemon has read it all since (pydory.commit_point explains why it needs them).
 """
 
 from __future__ import annotations
@@ -16,10 +27,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import logging
 import os
+import select
 import socket
 import stat
+import struct
+import termios
+import time
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Protocol, cast
 
 from pydory.accounting import Transport
@@ -30,9 +48,17 @@ log = logging.getLogger(__name__)
 
 #: Datagrams read per readiness callback before yielding to other work on the loop.
 DATAGRAM_BURST = 512
+#: At shutdown, the longest time spent reading what clients sent before the inputs closed.
+SHUTDOWN_DRAIN_S = 1.0
+#: At shutdown, the most datagrams read from the queue (the kernel queues far fewer).
+SHUTDOWN_DATAGRAMS_MAX = 100_000
+#: Bytes asked of a stream socket per read while draining it at shutdown.
+DRAIN_READ_SIZE = 256 * 1024
 #: A UNIX datagram larger than this needs the client to raise SO_SNDBUF (Dory's
 #: allowLargeUnixDatagrams); Linux's default net.core.wmem_default is 212992.
 DEFAULT_WMEM_FILE = "/proc/sys/net/core/wmem_default"
+#: The length of a UNIX datagram socket's receive queue, fixed when the socket is created.
+MAX_DGRAM_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
 
 
 class Intake(Protocol):
@@ -85,6 +111,16 @@ def _remove_socket_file(path: str) -> None:
         os.unlink(path)
 
 
+def datagram_queue_limit() -> int | None:
+    """The most datagrams the kernel queues for a UNIX datagram socket created now: one
+    more than net.unix.max_dgram_qlen. None if unknown."""
+    try:
+        with open(MAX_DGRAM_QLEN_FILE) as f:
+            return int(f.read().strip()) + 1
+    except (OSError, ValueError):
+        return None
+
+
 def kernel_datagram_limit() -> int:
     """The largest UNIX datagram a client can send without raising its SO_SNDBUF."""
     try:
@@ -92,6 +128,155 @@ def kernel_datagram_limit() -> int:
             return int(f.read().strip())
     except (OSError, ValueError):
         return 212_992
+
+
+def _dup_socket(fd: int) -> socket.socket:
+    """A non-blocking socket object on a duplicate of ``fd``: closing it leaves ``fd`` open
+    (and the socket alive for as long as either is open)."""
+    sock = socket.socket(fileno=os.dup(fd))
+    sock.setblocking(False)
+    return sock
+
+
+def _read_buffered(sock: socket.socket, feed: Callable[[bytes], bool], deadline: float) -> None:
+    """Hand ``feed`` the bytes a stream socket holds now, without waiting for more.
+
+    The socket is shut for reading first: a UNIX peer's next send fails (EPIPE), so nothing
+    more arrives. A TCP peer can go on sending, so only the bytes queued at the start are
+    read. Stops early at ``deadline`` or when ``feed`` returns False (the stream broke).
+    """
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
+    remaining = _unread_bytes_on(sock.fileno())
+    while remaining > 0 and time.monotonic() < deadline:
+        try:
+            data = sock.recv(min(remaining, DRAIN_READ_SIZE))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # e.g. the peer reset the connection
+            log.debug("reading a connection at shutdown: %s", exc)
+            return
+        if not data:
+            return
+        remaining -= len(data)
+        if not feed(data):
+            return
+
+
+def _unread_bytes_on(fd: int) -> int:
+    """Bytes in a stream socket's receive queue (FIONREAD); 0 if the socket is gone."""
+    try:
+        result: int = struct.unpack("@i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+    return result
+
+
+def _readable(fds: Iterable[int]) -> set[int]:
+    """Which of ``fds`` hold something to read (or to accept) now: one poll(2), no wait."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(0)}
+
+
+# --- the commit point's input marks ---------------------------------------------------------
+
+
+class _Pending(Protocol):
+    def reached(self) -> bool: ...
+
+
+class InputMark:
+    """What the input sockets held at one instant; :meth:`reached` once the daemon has read
+    all of it, whatever arrived since. pydory.commit_point builds on this."""
+
+    def __init__(self, pending: list[_Pending]) -> None:
+        self._pending = pending
+
+    def reached(self) -> bool:
+        """Whether everything the sockets held when the mark was taken has been read."""
+        self._pending = [item for item in self._pending if not item.reached()]
+        return not self._pending
+
+
+def mark_inputs(datagram: DatagramInput | None, streams: Iterable[StreamInput]) -> InputMark:
+    """Mark what every input socket holds now.
+
+    One poll(2) over the datagram socket, every connection and every listening socket
+    finds those holding anything, and only those are noted: how far the datagram queue
+    reaches, how many bytes each connection holds (FIONREAD), which listening sockets
+    have clients waiting. Connections the loop is accepting right now, whose sockets the
+    input does not know yet, are noted too.
+    """
+    inputs: list[DatagramInput | StreamInput] = [*streams]
+    if datagram is not None:
+        inputs.append(datagram)
+    readable = _readable(fd for source in inputs for fd in source.watched_fds())
+    return InputMark([item for source in inputs for item in source.mark_unread(readable)])
+
+
+class _DatagramMark:
+    """The datagrams queued at the mark: all read once the reader has since found the
+    queue empty, or has read as many datagrams as the kernel can queue."""
+
+    __slots__ = ("_datagram", "_drained", "_read_target")
+
+    def __init__(self, datagram: DatagramInput) -> None:
+        self._datagram = datagram
+        self._drained = datagram.times_drained
+        limit = datagram.queue_limit
+        self._read_target = None if limit is None else datagram.datagrams_read + limit
+
+    def reached(self) -> bool:
+        datagram = self._datagram
+        return (
+            datagram.closed
+            or datagram.times_drained > self._drained
+            or (self._read_target is not None and datagram.datagrams_read >= self._read_target)
+        )
+
+
+class _ConnectionMark:
+    """The bytes one connection held at the mark: read once the daemon has read that many
+    more. For a connection being accepted, counted from when its socket is known."""
+
+    __slots__ = ("_connection", "_target")
+
+    def __init__(self, connection: StreamInputProtocol, target: int | None) -> None:
+        # Weak: a connection whose accept fails is dropped by the loop, and then by us.
+        self._connection = weakref.ref(connection)
+        self._target = target
+
+    def reached(self) -> bool:
+        connection = self._connection()
+        if connection is None or connection.lost:
+            return True  # gone: whatever it delivered has been handed to the intake
+        if connection.fd < 0:
+            return False  # accepted, its connection_made still to come
+        if self._target is None:
+            self._target = connection.bytes_read + _unread_bytes_on(connection.fd)
+        return connection.bytes_read >= self._target
+
+
+class _BacklogMark:
+    """Clients waiting to be accepted at the mark: all read once the listening sockets
+    have since been seen with nobody waiting, and every connection known at that moment
+    has been read as far as it held bytes then."""
+
+    __slots__ = ("_connections", "_stream")
+
+    def __init__(self, stream: StreamInput) -> None:
+        self._stream = stream
+        self._connections: list[_ConnectionMark] | None = None
+
+    def reached(self) -> bool:
+        if self._connections is None:
+            if _readable(self._stream.listening_fds):
+                return False
+            self._connections = [_ConnectionMark(c, None) for c in self._stream.connections()]
+        self._connections = [c for c in self._connections if not c.reached()]
+        return not self._connections
 
 
 class DatagramInput:
@@ -121,10 +306,19 @@ class DatagramInput:
         self._view = memoryview(self._buffer)
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # For the commit point's marks (see _DatagramMark).
+        self.datagrams_read = 0
+        self.times_drained = 0  # reads that found the queue empty
+        self.queue_limit: int | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         _prepare_socket_path(self.path, socket.SOCK_DGRAM)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.queue_limit = datagram_queue_limit()
         try:
             sock.bind(self.path)
             if self._mode is not None:
@@ -140,28 +334,136 @@ class DatagramInput:
         loop.add_reader(sock.fileno(), self._on_readable)
         log.info("listening for UNIX datagrams on %s", self.path)
 
+    def watched_fds(self) -> list[int]:
+        """The socket to probe for unread datagrams (none once closed)."""
+        return [] if self._sock is None else [self._sock.fileno()]
+
+    def mark_unread(self, readable: set[int]) -> list[_Pending]:
+        """The commit point's note of the datagrams queued now (``readable``: from poll)."""
+        if self._sock is None or self._sock.fileno() not in readable:
+            return []
+        return [_DatagramMark(self)]
+
     def _on_readable(self) -> None:
         assert self._sock is not None
-        recv_into = self._sock.recv_into
-        buffer, view, limit = self._buffer, self._view, self._max
+        self._read(self._sock, DATAGRAM_BURST)
+
+    def _read(self, sock: socket.socket, limit: int) -> bool:
+        """Read up to ``limit`` datagrams into the intake; True if the queue ran empty."""
+        recv_into = sock.recv_into
+        buffer, view, max_size = self._buffer, self._view, self._max
         intake = self._intake
-        for _ in range(DATAGRAM_BURST):
+        for count in range(limit):
             try:
                 size = recv_into(buffer, len(buffer), socket.MSG_TRUNC)
             except (BlockingIOError, InterruptedError):
-                return
-            if size > limit:
+                self.datagrams_read += count
+                self.times_drained += 1
+                return True
+            if size > max_size:
                 intake.datagram_too_large(size, bytes(view[: min(size, 64)]))
             else:
                 intake.datagram(bytes(view[:size]))
+        self.datagrams_read += limit
+        return False
 
     def close(self) -> None:
-        if self._sock is not None:
+        """Stop reading, hand the intake the datagrams already queued, close the socket and
+        remove its file."""
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
             if self._loop is not None:
-                self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
+                self._loop.remove_reader(sock.fileno())
+            # From here a sender gets EPIPE; what is already queued stays readable.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)
             _remove_socket_file(self.path)
+            if not self._read(sock, SHUTDOWN_DATAGRAMS_MAX):
+                log.warning(
+                    "more than %d datagrams queued at shutdown: the rest are lost",
+                    SHUTDOWN_DATAGRAMS_MAX,
+                )
+        finally:
+            sock.close()
+
+
+class _FrameReader:
+    """One connection's byte stream, framed into messages for the intake (no I/O)."""
+
+    __slots__ = ("_framer", "_intake", "_kind", "broken")
+
+    def __init__(self, kind: Transport, max_msg_size: int, intake: Intake) -> None:
+        self._kind = kind
+        self._intake = intake
+        self._framer = StreamFramer(max_msg_size)
+        self.broken = False
+
+    def feed(self, data: bytes) -> bool:
+        """Hand the intake every whole message ``data`` completes; False once the stream
+        cannot be framed any more (close the connection)."""
+        if self.broken:
+            return False
+        framer = self._framer
+        framer.feed(data)
+        frame_to_intake = self._intake.frame
+        kind = self._kind
+        try:
+            while True:
+                frame = framer.next_frame()
+                if frame is NEED_DATA:
+                    return True
+                frame_to_intake(frame, kind)
+        except ClientProtocolError as error:
+            # An oversized or nonsensical Size: a buggy client.
+            self.broken = True
+            self._intake.broken_stream(error, kind)
+            return False
+
+    def finish(self) -> None:
+        """The connection ended: a message left incomplete is an unclean disconnect."""
+        if not self.broken:
+            remainder = self._framer.unclean_remainder()
+            if remainder:
+                self._intake.unclean_disconnect(remainder, self._kind)
+
+
+class _Connections:
+    """The connections of one stream input, from the moment the loop accepts them."""
+
+    def __init__(self) -> None:
+        #: Connections whose ``connection_made`` has run: their sockets are known.
+        self.ready: set[StreamInputProtocol] = set()
+        #: Protocols the loop created for a connection it is accepting (uvloop calls the
+        #: factory just before accept(2)) whose ``connection_made`` is still to come. Weak:
+        #: if the accept fails, the loop drops the protocol and it leaves this set.
+        self.accepting: weakref.WeakSet[StreamInputProtocol] = weakref.WeakSet()
+        #: Set when the input closes: connections then drain and close by this deadline.
+        self.drain_deadline: float | None = None
+        self._lost: asyncio.Event | None = None
+
+    def made(self, connection: StreamInputProtocol) -> None:
+        self.accepting.discard(connection)
+        self.ready.add(connection)
+
+    def lost(self, connection: StreamInputProtocol) -> None:
+        self.ready.discard(connection)
+        if self._lost is not None:
+            self._lost.set()
+
+    async def wait_all_lost(self, deadline: float) -> bool:
+        """Wait until every connection is gone; False if some remain at ``deadline``."""
+        while self.ready or self.accepting:
+            self._lost = asyncio.Event()
+            try:
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    await self._lost.wait()
+            except TimeoutError:
+                return False
+            finally:
+                self._lost = None
+        return True
 
 
 class StreamInputProtocol(asyncio.Protocol):
@@ -172,43 +474,48 @@ class StreamInputProtocol(asyncio.Protocol):
         kind: Transport,
         max_msg_size: int,
         intake: Intake,
-        registry: set[StreamInputProtocol],
+        connections: _Connections,
     ) -> None:
         self._kind = kind
         self._intake = intake
-        self._framer = StreamFramer(max_msg_size)
+        self._reader = _FrameReader(kind, max_msg_size, intake)
         self._transport: asyncio.Transport | None = None
-        self._broken = False
-        self._registry = registry
+        self._connections = connections
+        # For the commit point's marks (see _ConnectionMark).
+        self.fd = -1  # the connection's socket, once connection_made has run
+        self.bytes_read = 0
+        self.lost = False
+        connections.accepting.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
-        self._registry.add(self)
+        self.fd = transport.get_extra_info("socket").fileno()
+        self._connections.made(self)
         self._intake.connection_opened(self._kind)
+        deadline = self._connections.drain_deadline
+        if deadline is not None:  # accepted as the input was closing
+            self.drain_and_close(deadline)
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
 
-    def data_received(self, data: bytes) -> None:
-        if self._broken:
+    def drain_and_close(self, deadline: float) -> None:
+        """Shutdown: hand the intake what the kernel holds for this connection, then close."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
             return
-        framer = self._framer
-        framer.feed(data)
-        frame_to_intake = self._intake.frame
-        kind = self._kind
-        try:
-            while True:
-                frame = framer.next_frame()
-                if frame is NEED_DATA:
-                    return
-                frame_to_intake(frame, kind)
-        except ClientProtocolError as error:
-            # The stream can't be framed any more (oversized or nonsensical Size): a buggy
-            # client. Close this connection only.
-            self._broken = True
-            self._intake.broken_stream(error, kind)
+        transport.pause_reading()
+        if not self._reader.broken and self.fd >= 0:
+            with _dup_socket(self.fd) as sock:
+                _read_buffered(sock, self._reader.feed, deadline)
+        transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self.bytes_read += len(data)
+        if not self._reader.feed(data):
+            # The stream can't be framed any more: close this connection only.
             assert self._transport is not None
             self._transport.close()
 
@@ -216,11 +523,9 @@ class StreamInputProtocol(asyncio.Protocol):
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self._broken:
-            remainder = self._framer.unclean_remainder()
-            if remainder:
-                self._intake.unclean_disconnect(remainder, self._kind)
-        self._registry.discard(self)
+        self._reader.finish()
+        self.lost = True
+        self._connections.lost(self)
         self._intake.connection_closed(self._kind)
 
 
@@ -243,15 +548,42 @@ class StreamInput:
         self._mode = mode
         self._max = max_msg_size
         self._intake = intake
-        self._servers: list[asyncio.AbstractServer] = []
-        self._connections: set[StreamInputProtocol] = set()
+        self._servers: list[asyncio.Server] = []
+        self._listening_fds: list[int] = []
+        self._connections = _Connections()
 
     def _protocol(self) -> StreamInputProtocol:
         return StreamInputProtocol(self.kind, self._max, self._intake, self._connections)
 
     @property
     def connection_count(self) -> int:
-        return len(self._connections)
+        return len(self._connections.ready)
+
+    @property
+    def listening_fds(self) -> list[int]:
+        """The listening sockets (empty once closing)."""
+        return self._listening_fds
+
+    def connections(self) -> list[StreamInputProtocol]:
+        """Every connection, including those the loop is accepting right now."""
+        return [*self._connections.ready, *self._connections.accepting]
+
+    def watched_fds(self) -> list[int]:
+        """The sockets to probe for unread input: listening sockets and connections."""
+        return [*self._listening_fds, *(c.fd for c in self._connections.ready if not c.lost)]
+
+    def mark_unread(self, readable: set[int]) -> list[_Pending]:
+        """The commit point's note of what this input holds now (``readable``: from poll):
+        bytes on connections, clients waiting in the backlog, connections being accepted."""
+        marks: list[_Pending] = [
+            _ConnectionMark(c, c.bytes_read + _unread_bytes_on(c.fd))
+            for c in self._connections.ready
+            if c.fd in readable and not c.lost
+        ]
+        marks += [_ConnectionMark(c, None) for c in self._connections.accepting]
+        if not readable.isdisjoint(self._listening_fds):
+            marks.append(_BacklogMark(self))
+        return marks
 
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.path is not None:
@@ -264,6 +596,7 @@ class StreamInput:
         else:
             assert self.port is not None
             await self._start_tcp(loop, self.port)
+        self._listening_fds = [sock.fileno() for s in self._servers for sock in s.sockets]
 
     async def _start_tcp(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
         """Loopback only: 127.0.0.1, and ::1 where the host has IPv6. Never a wildcard."""
@@ -282,12 +615,59 @@ class StreamInput:
         log.info("listening for TCP connections on loopback port %d", bound_port)
 
     async def close(self) -> None:
-        for server in self._servers:
-            server.close()
-        for connection in list(self._connections):
-            connection.close()  # what they sent so far has been handed to the intake
+        """Stop accepting; hand the intake everything clients already sent, connections
+        still in the listen backlog included, reading without waiting for more; close."""
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
+        backlogs = self._stop_listening()
+        self._connections.drain_deadline = deadline
+        try:
+            for listener in backlogs:
+                self._drain_backlog(listener, deadline)
+        finally:
+            for listener in backlogs:
+                listener.close()
+        for connection in list(self._connections.ready):
+            connection.drain_and_close(deadline)
+        # A connection the loop accepted a moment ago drains itself in connection_made.
+        if not await self._connections.wait_all_lost(deadline) or time.monotonic() > deadline:
+            log.warning(
+                "%s input: reading what clients sent before shutdown took over %.1f s; "
+                "whatever was still unread is lost",
+                self.kind,
+                SHUTDOWN_DRAIN_S,
+            )
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+
+    def _stop_listening(self) -> list[socket.socket]:
+        """Stop the loop accepting, keeping each listening socket (and its backlog of
+        connected clients) open on a duplicate; remove the socket file, so that no new
+        UNIX client can connect."""
+        backlogs = [_dup_socket(fd) for fd in self._listening_fds]
+        self._listening_fds = []
+        for server in self._servers:
+            server.close()
         if self.path is not None:
             _remove_socket_file(self.path)
+        return backlogs
+
+    def _drain_backlog(self, listener: socket.socket, deadline: float) -> None:
+        """Accept the connections waiting in the backlog and read what those clients sent."""
+        while time.monotonic() < deadline:
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning(
+                    "%s input: cannot accept a waiting client at shutdown: %s", self.kind, exc
+                )
+                return
+            with sock:
+                sock.setblocking(False)
+                reader = _FrameReader(self.kind, self._max, self._intake)
+                self._intake.connection_opened(self.kind)
+                _read_buffered(sock, reader.feed, deadline)
+                reader.finish()
+                self._intake.connection_closed(self.kind)

@@ -11,7 +11,9 @@ Every step either passes the message on or discards it with a reason, in this or
 6. partition choice and enqueue -> accepted; librdkafka refusing at once is a discard too
 
 From "accepted" on, the message is the daemon's: dispatch reports it delivered or
-discarded, and ``DeliveryLedger`` releases its pool bytes at that moment.
+discarded, and ``DeliveryLedger`` releases its pool bytes at that moment. The commit point
+counts it from acceptance (or from being held for autocreation) to that outcome: the token
+it hands out travels with the message through dispatch and comes back to the ledger.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydory.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
+from pydory.commit_point import CommitPoint
 from pydory.dispatch import Dispatcher, EnqueueRefused, pool_cost
 from pydory.errors import (
     BadTopic,
@@ -46,19 +49,22 @@ KAFKA_RECORD_OVERHEAD = 61 + 21
 class _PendingTopic:
     """Messages for a topic being auto-created, waiting for the metadata that shows it."""
 
-    messages: list[tuple[Message, int]] = field(default_factory=list)
+    messages: list[tuple[Message, int, int]] = field(default_factory=list)  # with cost, token
 
 
 class DeliveryLedger:
-    """The dispatch Ledger: final outcomes go to the books and free their pool bytes."""
+    """The dispatch Ledger: final outcomes go to the books, free their pool bytes and
+    settle their commit point tokens."""
 
-    def __init__(self, books: Books, pool: MemoryPool) -> None:
+    def __init__(self, books: Books, pool: MemoryPool, commit_point: CommitPoint) -> None:
         self._books = books
         self._pool = pool
+        self._commit_point = commit_point
 
     def delivered(self, topic: str, cost: int, token: int) -> None:
         self._books.delivered(topic)
         self._pool.release(cost)
+        self._commit_point.close(token)
 
     def discarded(
         self,
@@ -71,6 +77,7 @@ class DeliveryLedger:
     ) -> None:
         self._books.discarded(reason, topic, timestamp_ms, detail=detail)
         self._pool.release(cost)
+        self._commit_point.close(token)
 
     def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
         self._books.possible_duplicate(topic, timestamp_ms)
@@ -87,6 +94,7 @@ class Intake:
         limiter: TopicRateLimiter,
         router: Router,
         dispatcher: Dispatcher,
+        commit_point: CommitPoint,
         message_max_bytes: int,
         prefix_size: int,
         on_unknown_topic: Callable[[str], None] = lambda topic: None,
@@ -98,6 +106,7 @@ class Intake:
         self._limiter = limiter
         self._router = router
         self._dispatcher = dispatcher
+        self._commit_point = commit_point
         self._max_data = message_max_bytes - KAFKA_RECORD_OVERHEAD
         self._prefix_size = prefix_size
         self._on_unknown_topic = on_unknown_topic
@@ -194,9 +203,10 @@ class Intake:
         if not self._router.knows(topic):
             self._unknown_topic(message, cost)
             return
-        self._enqueue(message, cost)
+        self._enqueue(message, cost, self._commit_point.open())
 
-    def _enqueue(self, message: Message, cost: int) -> None:
+    def _enqueue(self, message: Message, cost: int, token: int) -> None:
+        """Hand an accepted message to dispatch; ``token`` is its commit point count."""
         topic = message.topic
         router = self._router
         partition_key = message.partition_key
@@ -212,9 +222,11 @@ class Intake:
                 message.key or None,
                 message.timestamp_ms if message.timestamp_ms > 0 else 0,
                 partition_key,
+                token=token,
             )
         except EnqueueRefused as refusal:
             self._pool.release(cost)
+            self._commit_point.close(token)
             if refusal.reason in AFTER_ACCEPTANCE:
                 # Admitted, then refused by librdkafka on Kafka's behalf (e.g. a topic it
                 # knows to be unauthorized): the daemon took it, Kafka said no.
@@ -242,18 +254,20 @@ class Intake:
         if pending is None:
             pending = self._pending[topic] = _PendingTopic()
             self._autocreate(topic)
-        pending.messages.append((message, cost))
+        # Held, not yet sent: it holds the commit point back all the same.
+        pending.messages.append((message, cost, self._commit_point.open()))
 
     def topic_creation_settled(self, topic: str) -> None:
         """Metadata was refreshed after trying to create ``topic``: route what waited for it."""
         pending = self._pending.pop(topic, None)
         if pending is None:
             return
-        for message, cost in pending.messages:
+        for message, cost, token in pending.messages:
             if self._router.knows(topic):
-                self._enqueue(message, cost)
+                self._enqueue(message, cost, token)
             else:
                 self._pool.release(cost)
+                self._commit_point.close(token)
                 self._books.discarded(DiscardReason.BAD_TOPIC, topic, message.timestamp_ms)
 
     @property

@@ -37,18 +37,25 @@ class LogFiles:
     def __init__(self) -> None:
         self.handlers: list[logging.Handler] = []
         self._file: logging.FileHandler | None = None
+        self._file_mode: int | None = None
 
     def reopen(self) -> None:
-        """SIGUSR1: close and reopen the log file (it may have been rotated away)."""
+        """SIGUSR1: close and reopen the log file (it may have been rotated away).
+
+        A file created anew gets the configured mode, like the first one.
+        """
         if self._file is not None:
             self._file.acquire()
             try:
                 self._file.close()
                 self._file.stream = self._file._open()
+                if self._file_mode is not None:
+                    os.chmod(self._file.baseFilename, self._file_mode)
             finally:
                 self._file.release()
 
     def remove(self) -> None:
+        """Detach and close every handler installed (at exit, and in tests)."""
         root = logging.getLogger()
         for handler in self.handlers:
             root.removeHandler(handler)
@@ -75,6 +82,7 @@ def configure_logging(config: LoggingConfig, *, force_stderr: bool = False) -> L
             os.chmod(config.file_path, config.file_mode)
         installed.handlers.append(file_handler)
         installed._file = file_handler
+        installed._file_mode = config.file_mode
     root = logging.getLogger()
     root.setLevel(_LEVELS[config.level])
     for handler in installed.handlers:

@@ -4,19 +4,23 @@ librdkafka keeps its own metadata for sending; this copy is the one pydory route
 (Dory's partition rules need partition ids and leaders before the message is produced)
 and the one the status interface reports (last updated / last modified).
 
-Fetches run in a worker thread (``list_topics`` blocks); one down broker does not break a
-fetch, because librdkafka asks any broker it can reach. A failed fetch keeps the previous
-snapshot and retries after Dory's pause delay, doubling up to ``pauseRateLimitMaxDouble``.
+Fetches run in a thread of their own (``list_topics`` blocks); one down broker does not
+break a fetch, because librdkafka asks any broker it can reach. A failed fetch keeps the
+previous snapshot and retries after Dory's pause delay, doubling up to
+``pauseRateLimitMaxDouble``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException, Producer
 
@@ -30,8 +34,42 @@ FETCH_TIMEOUT_S = 10.0
 REFRESH_JITTER = 0.1
 
 
+T = TypeVar("T")
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+async def _in_daemon_thread(call: Callable[[], T]) -> T:
+    """``call()`` in a daemon thread. Not ``asyncio.to_thread``: the event loop's executor
+    is joined when the loop closes, so a metadata request stuck on a slow broker (up to
+    FETCH_TIMEOUT_S) would hold up the daemon's exit after its bounded shutdown."""
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = call()
+        except BaseException as error:  # noqa: BLE001 -- handed to the awaiting task
+            deliver = functools.partial(_set_exception, outcome, error)
+        else:
+            deliver = functools.partial(_set_result, outcome, result)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(deliver)
+
+    threading.Thread(target=run, name="pydory-metadata-fetch", daemon=True).start()
+    return await outcome
+
+
+def _set_result(future: asyncio.Future[T], result: T) -> None:
+    if not future.done():  # not cancelled meanwhile
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 class MetadataService:
@@ -67,8 +105,9 @@ class MetadataService:
 
     async def fetch(self, topic: str | None = None) -> MetadataSnapshot:
         """One metadata request; raises KafkaException when no broker answers in time."""
-        metadata = await asyncio.to_thread(
-            self._client.list_topics, topic=topic, timeout=FETCH_TIMEOUT_S
+        client = self._client
+        metadata = await _in_daemon_thread(
+            lambda: client.list_topics(topic=topic, timeout=FETCH_TIMEOUT_S)
         )
         return MetadataSnapshot.from_cluster_metadata(metadata)
 

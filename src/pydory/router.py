@@ -3,6 +3,11 @@
 Pure logic, no I/O: ``MetadataSnapshot`` is built from librdkafka's ClusterMetadata (or by
 hand in tests) and ``Router`` answers "is this topic known?" and "which partition?".
 
+Between metadata refreshes the router also takes liveness as input (``set_unavailable``):
+brokers librdkafka cannot reach and partitions it has no broker for, from its statistics.
+Their partitions count as leaderless until the next call, for both rules below, so traffic
+moves away from a downed broker within a statistics interval and comes back when it is up.
+
 Dory's rules (spec §1):
 - PartitionKey: the topic's partition ids sorted ascending; ``partitions[key % n]``; if that
   partition has no leader, the next partition in the array that has one (wrapping).
@@ -16,7 +21,7 @@ Dory's rules (spec §1):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +82,8 @@ class MetadataSnapshot:
         """Build from confluent_kafka's ``ClusterMetadata`` (``Producer.list_topics()``).
 
         Topics whose metadata carries an error (e.g. still being created) are left out;
-        partitions with an error are treated as having no leader.
+        partitions with an error are treated as having no leader, and so are partitions
+        whose leader is not among the brokers listed (a broker that left the cluster).
         """
         brokers = {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()}
         topics: dict[str, dict[int, int]] = {}
@@ -85,7 +91,7 @@ class MetadataSnapshot:
             if topic.error is not None or name.startswith("__"):
                 continue
             topics[name] = {
-                p.id: (NO_LEADER if p.error is not None else p.leader)
+                p.id: (NO_LEADER if p.error is not None or p.leader not in brokers else p.leader)
                 for p in topic.partitions.values()
             }
         return cls.build(brokers, topics, down_brokers)
@@ -98,20 +104,47 @@ class MetadataSnapshot:
 
 
 class Router:
-    """Chooses partitions from the current snapshot. Owned by the event-loop thread."""
+    """Chooses partitions from the current snapshot and liveness. Owned by the event-loop
+    thread."""
 
     def __init__(self, snapshot: MetadataSnapshot | None = None) -> None:
         self._snapshot = snapshot or MetadataSnapshot({}, {})
-        # topic -> [index into available partitions, messages left in the current run]
+        self._unavailable_brokers: frozenset[int] = frozenset()
+        self._unavailable_partitions: frozenset[tuple[str, int]] = frozenset()
+        # topic -> the partitions to route to now (never empty: see _routable)
+        self._routable: dict[str, tuple[int, ...]] = {}
+        # topic -> [index into routable partitions, messages left in the current run]
         self._cursor: dict[str, list[int]] = {}
 
     @property
     def snapshot(self) -> MetadataSnapshot:
         return self._snapshot
 
+    @property
+    def unavailable_brokers(self) -> frozenset[int]:
+        return self._unavailable_brokers
+
     def replace(self, snapshot: MetadataSnapshot) -> None:
         """Route by ``snapshot`` from now on."""
         self._snapshot = snapshot
+        self._forget_choices()
+
+    def set_unavailable(
+        self,
+        brokers: Collection[int] = (),
+        partitions: Collection[tuple[str, int]] = (),
+    ) -> bool:
+        """Treat partitions led by ``brokers``, and ``partitions`` (topic, id), as
+        leaderless until the next call. Returns whether that changed anything."""
+        brokers, partitions = frozenset(brokers), frozenset(partitions)
+        if brokers == self._unavailable_brokers and partitions == self._unavailable_partitions:
+            return False
+        self._unavailable_brokers, self._unavailable_partitions = brokers, partitions
+        self._forget_choices()
+        return True
+
+    def _forget_choices(self) -> None:
+        self._routable.clear()
         self._cursor.clear()
 
     def knows(self, topic: str) -> bool:
@@ -120,22 +153,48 @@ class Router:
     def layout(self, topic: str) -> TopicLayout | None:
         return self._snapshot.topics.get(topic)
 
+    def available(self, topic: str) -> tuple[int, ...]:
+        """``topic``'s partitions that have a leader and are not marked unavailable,
+        ascending (empty when none has). The topic must be known."""
+        layout = self._snapshot.topics[topic]
+        return tuple(p for p in layout.available if self._reachable(topic, p, layout))
+
+    def _reachable(self, topic: str, partition: int, layout: TopicLayout) -> bool:
+        return (
+            layout.leaders[partition] not in self._unavailable_brokers
+            and (topic, partition) not in self._unavailable_partitions
+        )
+
+    def _routable_partitions(self, topic: str) -> tuple[int, ...]:
+        """Where AnyPartition traffic goes: the available partitions; if liveness rules
+        them all out, those metadata names a leader for; if none, every partition
+        (librdkafka then holds the messages until a leader appears)."""
+        routable = self._routable.get(topic)
+        if routable is None:
+            layout = self._snapshot.topics[topic]
+            routable = self.available(topic) or layout.available or layout.partitions
+            self._routable[topic] = routable
+        return routable
+
     def partition_key_partition(self, topic: str, key: int) -> int:
         """Dory's PartitionKey rule. The topic must be known."""
         layout = self._snapshot.topics[topic]
         partitions = layout.partitions
         start = (key & 0xFFFFFFFF) % len(partitions)
-        for step in range(len(partitions)):
-            candidate = partitions[(start + step) % len(partitions)]
-            if layout.leaders[candidate] != NO_LEADER:
-                return candidate
+        # Liveness first; if it rules out every partition, metadata's leaders alone.
+        for heed_liveness in (True, False):
+            for step in range(len(partitions)):
+                candidate = partitions[(start + step) % len(partitions)]
+                if layout.leaders[candidate] != NO_LEADER and (
+                    not heed_liveness or self._reachable(topic, candidate, layout)
+                ):
+                    return candidate
         return partitions[start]  # nothing has a leader: librdkafka holds it until one appears
 
     def any_partition(self, topic: str, avoid: int | None = None) -> int:
         """Next partition for an AnyPartition message; ``avoid`` skips one partition (a
         reroute away from a partition that just failed) when another is available."""
-        layout = self._snapshot.topics[topic]
-        choices = layout.available or layout.partitions
+        choices = self._routable_partitions(topic)
         if avoid is not None and len(choices) > 1 and avoid in choices:
             choices = tuple(p for p in choices if p != avoid)
         cursor = self._cursor.get(topic)

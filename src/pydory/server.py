@@ -20,11 +20,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydory.accounting import Books, Counters, Transport
+from pydory.commit_point import CommitPoint
 from pydory.config import Config
+from pydory.discard_log import DiscardLog
 from pydory.dispatch import Dispatcher
-from pydory.inputs import DatagramInput, StreamInput
+from pydory.inputs import DatagramInput, StreamInput, mark_inputs
 from pydory.intake import DeliveryLedger, Intake
 from pydory.kafka_settings import delivery_settings, producer_profile
+from pydory.kafka_stats import KafkaStats
 from pydory.logsetup import LogFiles
 from pydory.metadata import MetadataService
 from pydory.pool import MemoryPool
@@ -50,15 +53,21 @@ class Server:
         self.started_at = time.time()
         self._log_files = log_files
         self.counters = Counters()
+        self.discard_log = DiscardLog.from_config(config, self.counters)
         self.books = Books(
             config.http.discard_report_interval_s,
             config.http.bad_msg_prefix_size,
             counters=self.counters,
+            discard_sink=self.discard_log.sink,
         )
         self.pool = MemoryPool(config.input_config.max_buffer)
         self.limiter = TopicRateLimiter(config.rate_limit_for)
         self.router = Router()
+        self.kafka_stats = KafkaStats()  # every producer's librdkafka statistics, merged
         settings = delivery_settings(config)
+        self.commit_point = CommitPoint(
+            lambda: mark_inputs(self.datagram_input, self.stream_inputs)
+        )
         self.metadata = MetadataService(
             settings.properties(),
             self.router,
@@ -72,8 +81,10 @@ class Server:
             settings,
             lambda topic: producer_profile(config, topic),
             self.router,
-            DeliveryLedger(self.books, self.pool),
+            DeliveryLedger(self.books, self.pool, self.commit_point),
             on_partition_trouble=self.metadata.request_refresh,
+            stats=self.kafka_stats,
+            counters=self.counters,
         )
         self.intake = Intake(
             books=self.books,
@@ -81,6 +92,7 @@ class Server:
             limiter=self.limiter,
             router=self.router,
             dispatcher=self.dispatcher,
+            commit_point=self.commit_point,
             message_max_bytes=config.batching.message_max_bytes,
             prefix_size=config.http.bad_msg_prefix_size,
             on_unknown_topic=lambda topic: self.metadata.request_refresh(),
@@ -185,7 +197,8 @@ class Server:
         if self.datagram_input is not None:
             self.datagram_input.close()
         for stream_input in self.stream_inputs:
-            await stream_input.close()
+            await stream_input.close()  # each reads what clients already sent, then closes
+        self.commit_point.release_waiters()  # long-polls answer now, not at the close timeout
         if self.status is not None:
             await self.status.close()
         self.intake.settle_pending_topics()
@@ -200,6 +213,7 @@ class Server:
             )
         self.metadata.close()
         self._log_totals()
+        self.discard_log.close()  # last, so the shutdown discards above are in the file
 
     def _log_totals(self) -> None:
         for topic, totals in sorted(self.books.per_topic().items()):
@@ -242,8 +256,13 @@ class Server:
         # SIGHUP too: a closed terminal must not kill the daemon without its flush.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, self._reopen_log_files)
+
+    def _reopen_log_files(self) -> None:
+        """SIGUSR1 (logrotate): reopen the log file and the discard log file."""
         if self._log_files is not None:
-            loop.add_signal_handler(signal.SIGUSR1, self._log_files.reopen)
+            self._log_files.reopen()
+        self.discard_log.reopen()
 
     def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -6,19 +6,31 @@ working (``spec/dory-compat.md`` section 3)::
     GET  /server_info/{plain,json}          pid, version, start time
     GET  /counters/{plain,json}             every event counter
     GET  /discards/{plain,json}             the discard report (current and latest period)
+    GET  /queues/{plain,json}               messages per topic in librdkafka's queues
     GET  /metadata_fetch_time/{plain,json}  metadata last updated / last modified (ms)
     POST /metadata_update                   ask for a metadata refresh now
-    GET  /books/json                        pydory's own: per-topic accounting and the pool
+
+and pydory's own::
+
+    GET  /books/json                        per-topic accounting and the memory pool
+    GET  /commit_point/{plain,json}         the commit point (``pydory.commit_point``)
+    GET  /metrics                           Prometheus text (``pydory.metrics``)
+    GET  /                                  the live dashboard (``pydory.dashboard``)
+    GET  /dashboard/json                    the dashboard's data, one document per refresh
 
 Any other URL answers 404 with the list of known URLs (Dory answers its index page).
+docs/status.md describes every page; docs/schemas/ holds a JSON Schema for each JSON one.
 
 :class:`StatusPages` renders the pages (no I/O); :class:`StatusServer` serves them with
 aiohttp on the daemon's own event loop. Handlers therefore run on the thread that owns
-the books, so every page is a consistent snapshot without locks.
+the books, so every page is a consistent snapshot without locks, and every request takes
+loop time from ingestion: a rendered page is reused for PAGE_REUSE_S, and requests are
+paced (:class:`RequestPacer`), so a client polling in a tight loop cannot slow the daemon.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -29,15 +41,28 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pydory import __version__
 from pydory.accounting import DiscardReport
+from pydory.commit_point import commit_point_routes
+from pydory.dashboard import ASSETS, Asset, dashboard_json, load_asset
 from pydory.errors import ConfigError
+from pydory.metrics import build_registry
 
 if TYPE_CHECKING:
+    from pydory.kafka_stats import TopicQueues
     from pydory.server import Server
 
-__all__ = ["PORT_CONFIG_PATH", "StatusPages", "StatusServer", "listen_hosts"]
+__all__ = [
+    "PORT_CONFIG_PATH",
+    "RequestPacer",
+    "StatusPages",
+    "StatusServer",
+    "listen_hosts",
+    "paced",
+    "reused_briefly",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +74,21 @@ CLOSE_TIMEOUT_S = 2.0
 # Binding these means "the port is taken or forbidden": the operator must fix the config.
 # Any other failure on the optional IPv6 address means this host has no IPv6 there.
 _PORT_CONFLICTS = frozenset({errno.EADDRINUSE, errno.EACCES})
+
+#: A rendered page is served again to requests arriving within this many seconds.
+PAGE_REUSE_S = 0.1
+#: Status requests begin at most this often per second, after a burst of STATUS_BURST:
+#: the pages share the event loop with ingestion, and a client polling in a tight loop
+#: must not take more than a sliver of it. (A dashboard asks once a second, Prometheus
+#: every 15 s, so honest clients never wait.)
+STATUS_REQUESTS_PER_S = 50.0
+STATUS_BURST = 20
+#: Requests held back by the pacing at once; more are refused with 503 at once, so a
+#: flood of connections cannot pile up waiting requests without bound.
+MAX_WAITING_REQUESTS = 64
+
+JSON_TYPE = "application/json"
+PLAIN_TYPE = "text/plain; charset=utf-8"
 
 JsonPage = Callable[[], dict[str, Any]]
 PlainPage = Callable[[], str]
@@ -148,6 +188,51 @@ class StatusPages:
         books.maybe_roll()  # a period that ended while nobody looked is reported as finished
         return books.discard_report()
 
+    # /queues: librdkafka's queues per topic, from its latest statistics.
+
+    def queues_json(self) -> dict[str, Any]:
+        """``/queues/json``: per topic batch / send_wait / ack_wait, then ``new``."""
+        sending = [
+            {
+                "topic": topic,
+                "batch": queues.batch,
+                "send_wait": queues.send_wait,
+                "ack_wait": queues.ack_wait,
+            }
+            for topic, queues in self._queued_topics()
+        ]
+        header = self._header(self._clock())
+        return {**header, "sending": sending, "new": self._server.intake.pending_topic_messages}
+
+    def queues_plain(self) -> str:
+        """``/queues/plain``: one line per topic, then the totals per state."""
+        lines = [*self._header_lines(self._clock()), ""]
+        topics = self._queued_topics()
+        lines += [
+            f"batch: {q.batch:10d}  send_wait: {q.send_wait:10d}  "
+            f"ack_wait: {q.ack_wait:10d}  topic: [{topic}]"
+            for topic, q in topics
+        ]
+        if topics:
+            lines.append("")
+        new = self._server.intake.pending_topic_messages
+        batch = sum(q.batch for _, q in topics)
+        send_wait = sum(q.send_wait for _, q in topics)
+        ack_wait = sum(q.ack_wait for _, q in topics)
+        lines += [
+            f"{new:10d} total new",
+            f"{batch:10d} total batch",
+            f"{send_wait:10d} total send_wait",
+            f"{ack_wait:10d} total ack_wait",
+            f"{new + batch + send_wait + ack_wait:10d} total "
+            "(all states: new + batch + send_wait + ack_wait)",
+        ]
+        return _text(lines)
+
+    def _queued_topics(self) -> list[tuple[str, TopicQueues]]:
+        """librdkafka's queues by topic name, sorted as Dory's std::map iterates them."""
+        return sorted(self._server.kafka_stats.latest().topics.items())
+
     # /metadata_fetch_time: Dory reports "now" in milliseconds on this page only.
 
     def metadata_fetch_time_json(self) -> dict[str, Any]:
@@ -186,6 +271,7 @@ class StatusPages:
         may follow a moment later.
         """
         self._server.metadata.request_refresh()
+        self._server.counters.inc("metadata_update_requested")
         return _text([f"Metadata update initiated at {self._stamp(self._clock())}"])
 
     # /books/json (pydory's own)
@@ -219,6 +305,12 @@ class StatusPages:
             },
         }
 
+    # /dashboard/json (pydory's own)
+
+    def dashboard_json(self) -> dict[str, Any]:
+        """``/dashboard/json``: everything the live dashboard draws, in one document."""
+        return dashboard_json(self._server, self._clock)
+
 
 def _text(lines: Sequence[str]) -> str:
     """Dory's plain pages: every line newline-terminated."""
@@ -228,19 +320,116 @@ def _text(lines: Sequence[str]) -> str:
 # --- serving -------------------------------------------------------------------------------
 
 
-def _json_handler(page: JsonPage) -> Handler:
+Render = Callable[[], bytes]
+
+
+def _json_bytes(page: JsonPage) -> Render:
+    return lambda: (json.dumps(page(), indent=4) + "\n").encode("utf-8")
+
+
+def _plain_bytes(page: PlainPage) -> Render:
+    return lambda: page().encode("utf-8")
+
+
+def reused_briefly(render: Render, clock: Callable[[], float] = time.monotonic) -> Render:
+    """``render``, but a result younger than PAGE_REUSE_S is served again instead.
+
+    Monitoring reads a page at most every second or so; a client asking faster gets the
+    same bytes, so that rendering costs the event loop (shared with ingestion) at most
+    1 / PAGE_REUSE_S renders per page per second.
+    """
+    rendered_at = -float("inf")
+    body = b""
+
+    def reuse_or_render() -> bytes:
+        nonlocal rendered_at, body
+        now = clock()
+        if now - rendered_at >= PAGE_REUSE_S:
+            body, rendered_at = render(), now
+        return body
+
+    return reuse_or_render
+
+
+def _page_handler(render: Render, content_type: str) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
-        body = json.dumps(page(), indent=4) + "\n"
-        return web.Response(body=body.encode("utf-8"), content_type="application/json")
+        return web.Response(body=render(), headers={"Content-Type": content_type})
 
     return handle
+
+
+def _json_handler(page: JsonPage) -> Handler:
+    return _page_handler(reused_briefly(_json_bytes(page)), JSON_TYPE)
 
 
 def _plain_handler(page: PlainPage) -> Handler:
+    return _page_handler(reused_briefly(_plain_bytes(page)), PLAIN_TYPE)
+
+
+def _action_handler(action: PlainPage) -> Handler:
+    """A POST: runs ``action`` on every request, never reused."""
+    return _page_handler(_plain_bytes(action), PLAIN_TYPE)
+
+
+def _asset_handler(asset: Asset) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
-        return web.Response(text=page(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=asset.body, content_type=asset.content_type, charset="utf-8")
 
     return handle
+
+
+class RequestPacer:
+    """Spaces requests to ``rate_per_s`` after an initial ``burst`` (a leaky bucket, GCRA).
+
+    :meth:`reserve` books the next slot and says how long the caller must wait for it;
+    no I/O here, the middleware sleeps.
+    """
+
+    def __init__(
+        self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``burst`` requests may start at once; after that, one every ``1 / rate_per_s``."""
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError(f"need a positive rate and burst, got {rate_per_s}, {burst}")
+        self._interval = 1.0 / rate_per_s
+        self._tolerance = (burst - 1) * self._interval
+        self._clock = clock
+        self._next_slot = -float("inf")
+
+    def reserve(self) -> float:
+        """Take the next slot; returns the seconds to wait before it (0.0: go now)."""
+        now = self._clock()
+        slot = max(self._next_slot, now)
+        self._next_slot = slot + self._interval
+        return max(0.0, slot - now - self._tolerance)
+
+
+def paced(pacer: RequestPacer, max_waiting: int) -> Middleware:
+    """Middleware: requests start no faster than ``pacer`` allows; beyond ``max_waiting``
+    held-back requests, answer 503 at once (retry in a second)."""
+    waiting = 0
+
+    @web.middleware
+    async def pace(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal waiting
+        if waiting >= max_waiting:
+            return web.Response(
+                status=503,
+                text="503 too many status requests at once; retry in a second\n",
+                content_type="text/plain",
+                charset="utf-8",
+                headers={"Retry-After": "1"},
+            )
+        delay = pacer.reserve()
+        if delay > 0:
+            waiting += 1
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                waiting -= 1
+        return await handler(request)
+
+    return pace
 
 
 def _not_found_lists(routes: Sequence[web.RouteDef]) -> Middleware:
@@ -265,6 +454,11 @@ class StatusServer:
         """Prepare to serve ``server``'s pages; nothing listens until :meth:`start`."""
         self._server = server
         self._pages = StatusPages(server)
+        registry = build_registry(server)
+        self._metrics = _page_handler(
+            reused_briefly(lambda: generate_latest(registry)), CONTENT_TYPE_LATEST
+        )
+        self._assets = {path: load_asset(*source) for path, source in ASSETS.items()}
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -286,7 +480,10 @@ class StatusServer:
         """Listen on ``config.http``'s port; raises ConfigError if it cannot be bound."""
         http = self._server.config.http
         routes = self._routes()
-        app = web.Application(middlewares=[_not_found_lists(routes)])
+        pacer = RequestPacer(STATUS_REQUESTS_PER_S, STATUS_BURST)
+        app = web.Application(
+            middlewares=[_not_found_lists(routes), paced(pacer, MAX_WAITING_REQUESTS)]
+        )
         app.add_routes(routes)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S)
         await runner.setup()
@@ -314,10 +511,16 @@ class StatusServer:
             web.get("/counters/json", _json_handler(pages.counters_json)),
             web.get("/discards/plain", _plain_handler(pages.discards_plain)),
             web.get("/discards/json", _json_handler(pages.discards_json)),
+            web.get("/queues/plain", _plain_handler(pages.queues_plain)),
+            web.get("/queues/json", _json_handler(pages.queues_json)),
             web.get("/metadata_fetch_time/plain", _plain_handler(pages.metadata_fetch_time_plain)),
             web.get("/metadata_fetch_time/json", _json_handler(pages.metadata_fetch_time_json)),
-            web.post("/metadata_update", _plain_handler(pages.metadata_update)),
+            web.post("/metadata_update", _action_handler(pages.metadata_update)),
             web.get("/books/json", _json_handler(pages.books_json)),
+            *commit_point_routes(self._server),
+            web.get("/metrics", self._metrics),
+            web.get("/dashboard/json", _json_handler(pages.dashboard_json)),
+            *(web.get(path, _asset_handler(asset)) for path, asset in self._assets.items()),
         ]
 
     @staticmethod

@@ -1,0 +1,7 @@
+"""``python -m pydory.bench``: see pydory.bench.cli."""
+
+import sys
+
+from pydory.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,59 @@
+"""The rounds: raw baseline, pydory and direct baseline, interleaved so noise hits all alike.
+
+Round r runs the three kinds in an order rotated by r (raw, pydory, direct; then pydory,
+direct, raw; ...), so none always runs first on a cold machine or last on a warm one.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from pydory.bench.report import BenchReport, Environment
+from pydory.bench.runs import run_direct, run_pydory, run_raw
+from pydory.bench.settings import BenchSettings
+
+KINDS = ("raw", "pydory", "direct")
+
+
+def round_order(round_index: int, baselines: bool) -> list[str]:
+    """The kinds of run in round ``round_index``, rotated so each takes every position."""
+    kinds = list(KINDS) if baselines else ["pydory"]
+    shift = round_index % len(kinds)
+    return kinds[shift:] + kinds[:shift]
+
+
+def run_bench(
+    settings: BenchSettings, progress: Callable[[str], None] | None = None
+) -> BenchReport:
+    """Run every round of ``settings`` and return their figures.
+
+    ``progress`` receives one line per finished run. With ``settings.profile_path``, one
+    extra pydory run (not counted in the figures) is sampled with py-spy into that file.
+    Raises ``BenchError`` when a run fails or times out; its processes are ended first.
+    """
+    say = progress or (lambda line: None)
+    report = BenchReport(settings, Environment.capture())
+    with tempfile.TemporaryDirectory(prefix="pydory-bench-") as tmp:
+        for round_index in range(settings.rounds):
+            for kind in round_order(round_index, settings.baselines):
+                workdir = Path(tmp) / f"r{round_index}-{kind}"
+                workdir.mkdir()
+                _run_one(kind, settings, workdir, report)
+                say(f"round {round_index + 1}/{settings.rounds}: {kind} done")
+        if settings.profile_path is not None:
+            workdir = Path(tmp) / "profile"
+            workdir.mkdir()
+            run_pydory(settings, workdir, profile=settings.profile_path)
+            say(f"profile of a separate pydory run written to {settings.profile_path}")
+    return report
+
+
+def _run_one(kind: str, settings: BenchSettings, workdir: Path, report: BenchReport) -> None:
+    if kind == "raw":
+        report.raw.append(run_raw(settings, workdir))
+    elif kind == "pydory":
+        report.pydory.append(run_pydory(settings, workdir))
+    else:
+        report.direct.append(run_direct(settings, workdir))

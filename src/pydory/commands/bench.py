@@ -1,0 +1,18 @@
+"""`pydory bench`: the end-to-end benchmark with its raw-socket and direct baselines."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pydory.bench.cli import DESCRIPTION, add_arguments, run
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="measure pydory end to end against a mock cluster, with baselines",
+        description=DESCRIPTION,
+    )
+    add_arguments(parser)
+    parser.set_defaults(handler=run)

@@ -1,0 +1,180 @@
+"""`pydory pipeline`: the Spark jobs downstream of the daemon (`land`, `audit`).
+
+Each pipeline job registers itself as a sub-subcommand through a function in
+``SUBCOMMANDS`` taking the group's subparsers. The jobs import PySpark only when they
+run, so that ``pydory --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from pydory import wire
+from pydory.errors import BadTopic
+from pydory.pipeline import audit_command
+
+DEFAULT_MASTER = "local[*]"
+
+PipelineSubcommand = Callable[[Any], None]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `pipeline` command group and its subcommands."""
+    parser = subparsers.add_parser(
+        "pipeline",
+        help="the Spark data pipeline: land the topics in a lake, audit it",
+        description="Spark jobs downstream of the daemon (see docs/pipeline.md).",
+    )
+    commands = parser.add_subparsers(title="pipeline commands", metavar="COMMAND")
+    for register_subcommand in SUBCOMMANDS:
+        register_subcommand(commands)
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+# --- pydory pipeline land ------------------------------------------------------------------
+
+
+def register_land(subparsers: Any) -> None:
+    """Add `land`: Kafka topics into a Parquet lake, exactly once."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "land",
+        help="land Kafka topics in a Parquet lake, exactly once (Spark Structured Streaming)",
+        description=(
+            "Read the topics with a Spark streaming query and write every record to a "
+            "Parquet lake partitioned by topic and date, through Spark's file sink and its "
+            "commit log: exactly once across restarts. Progress goes to standard output. "
+            "Exit status: 0 when the query finished (--available-now) or was stopped by "
+            "SIGINT/SIGTERM (--trigger-interval), 1 when it failed."
+        ),
+    )
+    parser.add_argument(
+        "--bootstrap", required=True, metavar="HOST:PORT,...", help="Kafka bootstrap servers"
+    )
+    parser.add_argument(
+        "--topics", required=True, type=_topic_list, metavar="A,B", help="topics to land"
+    )
+    parser.add_argument("--lake", required=True, metavar="DIR", help="the lake (file sink path)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="the query's checkpoint directory (keep it with the lake: together they make "
+        "restarts exactly once)",
+    )
+    trigger = parser.add_mutually_exclusive_group()
+    trigger.add_argument(
+        "--available-now",
+        action="store_true",
+        help="land what the topics hold now, in as many batches as needed, then exit",
+    )
+    trigger.add_argument(
+        "--trigger-interval",
+        type=_positive_float,
+        metavar="S",
+        help="run until stopped, starting a batch every S seconds (default: 5)",
+    )
+    parser.add_argument(
+        "--master", default=DEFAULT_MASTER, help=f"Spark master URL (default: {DEFAULT_MASTER})"
+    )
+    parser.add_argument(
+        "--connector",
+        choices=("python", "native"),
+        default="python",
+        help="python: pydory's Kafka source (librdkafka); native: Spark's JVM kafka source, "
+        "which needs the spark-sql-kafka jar (e.g. --conf spark.jars.packages=...)",
+    )
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=_positive_int,
+        metavar="N",
+        help="read at most N offsets per batch, spread over the partitions (default: no cap)",
+    )
+    parser.add_argument(
+        "--fail-on-data-loss",
+        choices=("true", "false"),
+        default="true",
+        help="true: stop when offsets to land have aged out of Kafka; false: log the gap and "
+        "continue from the earliest offset still there (default: true)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        type=_spark_conf,
+        metavar="KEY=VALUE",
+        help="extra Spark configuration (repeatable)",
+    )
+    parser.set_defaults(handler=run_land)
+
+
+def run_land(args: argparse.Namespace) -> int:
+    """Run the landing job; see the parser's description for the exit status."""
+    from pydory.pipeline.land import LandSettings, run_landing  # imports PySpark
+
+    settings = LandSettings(
+        bootstrap_servers=args.bootstrap,
+        topics=tuple(args.topics),
+        lake=args.lake,
+        checkpoint=args.checkpoint,
+        available_now=args.available_now,
+        trigger_interval_s=args.trigger_interval,
+        master=args.master,
+        connector=args.connector,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        fail_on_data_loss=args.fail_on_data_loss == "true",
+        spark_conf=dict(args.conf),
+    )
+    return run_landing(settings)
+
+
+def _topic_list(text: str) -> list[str]:
+    topics = [name.strip() for name in text.split(",") if name.strip()]
+    if not topics:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of topics")
+    for topic in topics:
+        try:
+            wire.validate_topic(topic.encode("utf-8"))
+        except BadTopic as error:
+            raise argparse.ArgumentTypeError(f"{topic!r}: {error.detail}") from None
+    return topics
+
+
+def _positive_int(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def _positive_float(text: str) -> float:
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return number
+
+
+def _spark_conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+# The group's subcommands, in the order `pydory pipeline --help` lists them.
+SUBCOMMANDS: list[PipelineSubcommand] = []
+SUBCOMMANDS.append(register_land)
+SUBCOMMANDS.append(audit_command.register)

@@ -1,0 +1,136 @@
+"""The live dashboard at ``/``: static assets shipped in the package, and its data feed.
+
+The page (``index.html``, ``app.js``, ``style.css`` next to this file; no CDN, no build
+step) asks ``/dashboard/json`` once a second and draws everything from that one document:
+per-topic rates (the browser differentiates successive totals), the memory pool, discards
+by reason, librdkafka's brokers and queues, metadata times and the commit point.
+
+:func:`dashboard_json` renders the feed from the live ``Server``; call it on the server's
+loop, like every status page.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from pydory import __version__
+from pydory.kafka_stats import USABLE_STATES
+
+if TYPE_CHECKING:
+    from pydory.server import Server
+
+__all__ = ["ASSETS", "Asset", "dashboard_json", "load_asset"]
+
+
+@dataclass(frozen=True, slots=True)
+class Asset:
+    """One static file of the dashboard, read once at start-up."""
+
+    body: bytes
+    content_type: str
+
+
+#: URL path -> file name in this package, and the content type to serve it with.
+ASSETS: Mapping[str, tuple[str, str]] = {
+    "/": ("index.html", "text/html"),
+    "/dashboard/app.js": ("app.js", "text/javascript"),
+    "/dashboard/style.css": ("style.css", "text/css"),
+    "/dashboard/favicon.svg": ("favicon.svg", "image/svg+xml"),
+}
+
+
+def load_asset(file_name: str, content_type: str) -> Asset:
+    """Read one of the dashboard's files from the installed package."""
+    body = resources.files(__name__).joinpath(file_name).read_bytes()
+    return Asset(body, content_type)
+
+
+def dashboard_json(server: Server, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Everything the dashboard draws, in one document (one request per refresh)."""
+    now = clock()
+    return {
+        "pid": os.getpid(),
+        "version": __version__,
+        "since": server.started_at,
+        "now": now,
+        "received": {str(t): n for t, n in server.books.received_by_transport().items()},
+        "discards": {str(r): n for r, n in server.books.lifetime_discards_by_reason().items()},
+        "topics": _topics(server),
+        "pool": {
+            "budget": server.pool.budget,
+            "used": server.pool.used,
+            "available": server.pool.available,
+            "percent_time_depleted": server.pool.percent_time_depleted(),
+        },
+        "new": server.intake.pending_topic_messages,
+        "brokers": _brokers(server),
+        "stats_taken_at": server.kafka_stats.latest().taken_at,
+        "metadata": {
+            "last_updated": server.metadata.last_updated_ms or 0,
+            "last_modified": server.metadata.last_modified_ms or 0,
+            "fetch_failures": server.metadata.fetch_failures,
+            "update_requests": server.counters.get("metadata_update_requested"),
+        },
+        "commit_point": _commit_point(server),
+    }
+
+
+def _commit_point(server: Server) -> dict[str, Any]:
+    view = server.commit_point.current()
+    return {
+        "commit_point": view.commit_point,
+        "commit_point_ms": int(view.commit_point * 1000),
+        "lag_s": view.lag_s,
+        "open_messages": view.open_messages,
+    }
+
+
+def _topics(server: Server) -> list[dict[str, Any]]:
+    """Per topic: the books, librdkafka's queues, and which broker leads each partition."""
+    queues = server.kafka_stats.latest().topics
+    layouts = server.router.snapshot.topics
+    rows = []
+    for topic, totals in sorted(server.books.per_topic().items()):
+        queued = queues.get(topic)
+        layout = layouts.get(topic)
+        rows.append(
+            {
+                "topic": topic,
+                "accepted": totals.accepted,
+                "delivered": totals.delivered,
+                "discarded": sum(totals.discarded_by_reason.values()),
+                "in_flight": totals.in_flight,
+                "batch": queued.batch if queued else 0,
+                "send_wait": queued.send_wait if queued else 0,
+                "ack_wait": queued.ack_wait if queued else 0,
+                "leaders": {str(p): b for p, b in layout.leaders.items()} if layout else {},
+            }
+        )
+    return rows
+
+
+def _brokers(server: Server) -> list[dict[str, Any]]:
+    """Every broker the metadata names, with librdkafka's view of the connection to it."""
+    stats = {b.node_id: b for b in server.kafka_stats.latest().brokers}
+    rows = []
+    for node_id, address in sorted(server.router.snapshot.brokers.items()):
+        broker = stats.get(node_id)
+        rows.append(
+            {
+                "node_id": node_id,
+                "address": address,
+                "state": broker.state if broker else "UNKNOWN",
+                "up": broker is not None and broker.state in USABLE_STATES,
+                "rtt_avg_ms": broker.rtt_avg_ms if broker else None,
+                "rtt_p99_ms": broker.rtt_p99_ms if broker else None,
+                "errors": broker.tx_errors + broker.rx_errors if broker else 0,
+                "request_timeouts": broker.request_timeouts if broker else 0,
+                "leader_partitions": broker.leader_partitions if broker else 0,
+            }
+        )
+    return rows

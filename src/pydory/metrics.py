@@ -1,0 +1,320 @@
+"""``/metrics``: the daemon's books in Prometheus form, read at scrape time.
+
+Nothing here counts anything. A :class:`DaemonCollector` reads the same books the status
+pages read (``Books``, ``MemoryPool``, librdkafka's statistics, the metadata service, the
+commit point) each time Prometheus scrapes, so the hot path pays nothing for metrics and
+the numbers can never drift from ``/books/json``.
+
+Each ``Server`` gets its own :class:`~prometheus_client.CollectorRegistry`
+(:func:`build_registry`) rather than the process-global one, so several daemons in one
+process (tests) never collide. The process metrics (CPU seconds, resident memory) come from
+prometheus-client's ``ProcessCollector`` under their standard ``process_*`` names, which
+every Prometheus dashboard already knows; everything else is ``pydory_*``.
+
+Collectors run on the daemon's event loop (the aiohttp handler calls them), the thread that
+owns the books, so a scrape is a consistent snapshot without locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from pydory import __version__
+from pydory.accounting import DiscardReason, TopicTotals
+from pydory.kafka_stats import USABLE_STATES, BrokerStats
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from pydory.server import Server
+
+__all__ = ["QUEUE_STAGES", "DaemonCollector", "build_registry"]
+
+#: The librdkafka queues a message passes through, in order (Dory's /queues names).
+QUEUE_STAGES = ("batch", "send_wait", "ack_wait")
+
+
+def build_registry(server: Server) -> CollectorRegistry:
+    """A registry of its own for ``server``: the daemon's books and the process metrics."""
+    registry = CollectorRegistry()
+    registry.register(DaemonCollector(server))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+class DaemonCollector(Collector):
+    """Reads a running ``Server`` into Prometheus metric families at scrape time."""
+
+    def __init__(self, server: Server, clock: Callable[[], float] = time.time) -> None:
+        """``clock`` gives epoch seconds (ages are measured against it)."""
+        self._server = server
+        self._clock = clock
+
+    def collect(self) -> Iterable[Metric]:
+        """Every ``pydory_*`` family, freshly read from the books."""
+        now = self._clock()
+        yield from self._identity()
+        yield from self._traffic()
+        yield from self._pool()
+        yield from self._queues()
+        yield from self._brokers(now)
+        yield from self._metadata(now)
+        yield from self._commit_point()
+        yield from self._events()
+
+    # -- who is this ----------------------------------------------------------------------
+
+    def _identity(self) -> Iterator[Metric]:
+        info = InfoMetricFamily("pydory_build", "The pydory version serving these metrics.")
+        info.add_metric([], {"version": __version__})
+        yield info
+        yield GaugeMetricFamily(
+            "pydory_start_time_seconds",
+            "When the daemon started, in seconds since the epoch.",
+            value=self._server.started_at,
+        )
+
+    # -- messages -------------------------------------------------------------------------
+
+    def _traffic(self) -> Iterator[Metric]:
+        books = self._server.books
+        received = CounterMetricFamily(
+            "pydory_received_messages",
+            "Messages framed on each client transport (before admission checks).",
+            labels=["transport"],
+        )
+        for transport, count in books.received_by_transport().items():
+            received.add_metric([str(transport)], count)
+        yield received
+
+        per_topic = books.per_topic()
+        accepted = CounterMetricFamily(
+            "pydory_accepted_messages",
+            "Messages that passed admission; the daemon answers for them from then on.",
+            labels=["topic"],
+        )
+        delivered = CounterMetricFamily(
+            "pydory_delivered_messages",
+            "Accepted messages that Kafka acknowledged.",
+            labels=["topic"],
+        )
+        in_flight = GaugeMetricFamily(
+            "pydory_in_flight_messages",
+            "Accepted messages neither acknowledged nor discarded yet.",
+            labels=["topic"],
+        )
+        for topic, totals in sorted(per_topic.items()):
+            accepted.add_metric([topic], totals.accepted)
+            delivered.add_metric([topic], totals.delivered)
+            in_flight.add_metric([topic], totals.in_flight)
+        yield from (accepted, delivered, in_flight)
+        yield _discards(per_topic, books.lifetime_discards_by_reason())
+        yield CounterMetricFamily(
+            "pydory_rerouted_messages",
+            "Messages sent again to another partition after their partition failed.",
+            value=self._server.dispatcher.rerouted,
+        )
+
+    # -- the memory pool (KIP-72 sensors) -------------------------------------------------
+
+    def _pool(self) -> Iterator[Metric]:
+        pool = self._server.pool
+        gauges = (
+            (
+                "pydory_pool_budget_bytes",
+                "The memory pool's budget (Dory's maxBuffer).",
+                pool.budget,
+            ),
+            ("pydory_pool_used_bytes", "Bytes of messages held by the daemon.", pool.used),
+            (
+                "pydory_pool_available_bytes",
+                "Budget minus used; negative after an over-allocation.",
+                pool.available,
+            ),
+            (
+                "pydory_pool_depleted_time_percent",
+                "Percentage of the time since start-up that the pool was depleted.",
+                pool.percent_time_depleted(),
+            ),
+        )
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily(
+            "pydory_pool_depleted_seconds",
+            "Seconds the pool spent depleted; rate() of it is the recent share of time.",
+            value=pool.depleted_seconds(),
+        )
+
+    # -- librdkafka's queues and brokers --------------------------------------------------
+
+    def _queues(self) -> Iterator[Metric]:
+        snapshot = self._server.kafka_stats.latest()
+        queued = GaugeMetricFamily(
+            "pydory_queue_messages",
+            "Messages in librdkafka per topic and stage: batch (not yet in a request), "
+            "send_wait (in the transmit queue), ack_wait (sent, awaiting the broker's ack).",
+            labels=["topic", "stage"],
+        )
+        for topic, queues in sorted(snapshot.topics.items()):
+            queued.add_metric([topic, "batch"], queues.batch)
+            queued.add_metric([topic, "send_wait"], queues.send_wait)
+            queued.add_metric([topic, "ack_wait"], queues.ack_wait)
+        yield queued
+        yield GaugeMetricFamily(
+            "pydory_queue_new_messages",
+            "Accepted messages not yet handed to librdkafka (waiting for topic creation).",
+            value=self._server.intake.pending_topic_messages,
+        )
+        yield GaugeMetricFamily(
+            "pydory_kafka_stats_age_seconds",
+            "Seconds since librdkafka's statistics behind the queue and broker metrics.",
+            value=max(0.0, self._clock() - snapshot.taken_at) if snapshot.producers else 0.0,
+        )
+
+    def _brokers(self, now: float) -> Iterator[Metric]:
+        brokers = [b for b in self._server.kafka_stats.latest().brokers if b.node_id >= 0]
+        labels = ["broker", "node_id"]
+        families = {
+            name: family(name, documentation, labels=labels)
+            for name, (family, documentation) in _BROKER_FAMILIES.items()
+        }
+        state = GaugeMetricFamily(
+            "pydory_broker_state",
+            "1 for the broker's current librdkafka state (UP, DOWN, CONNECT, ...).",
+            labels=[*labels, "state"],
+        )
+        for broker in brokers:
+            key = [broker.name, str(broker.node_id)]
+            for name, value in _broker_values(broker).items():
+                families[name].add_metric(key, value)
+            state.add_metric([*key, broker.state], 1)
+        yield from families.values()
+        yield state
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def _metadata(self, now: float) -> Iterator[Metric]:
+        metadata = self._server.metadata
+        updated_ms, modified_ms = metadata.last_updated_ms, metadata.last_modified_ms
+        if updated_ms is not None:
+            yield GaugeMetricFamily(
+                "pydory_metadata_last_updated_timestamp_seconds",
+                "When cluster metadata was last fetched.",
+                value=updated_ms / 1000,
+            )
+            yield GaugeMetricFamily(
+                "pydory_metadata_age_seconds",
+                "Seconds since cluster metadata was last fetched.",
+                value=max(0.0, now - updated_ms / 1000),
+            )
+        if modified_ms is not None:
+            yield GaugeMetricFamily(
+                "pydory_metadata_last_modified_timestamp_seconds",
+                "When a metadata fetch last changed the routing.",
+                value=modified_ms / 1000,
+            )
+        yield CounterMetricFamily(
+            "pydory_metadata_fetch_failures",
+            "Metadata fetches that no broker answered.",
+            value=metadata.fetch_failures,
+        )
+
+    # -- the commit point -----------------------------------------------------------------
+
+    def _commit_point(self) -> Iterator[Metric]:
+        # current() first looks whether the input sockets are empty (one poll(2)), so an
+        # idle daemon reports a lag near zero rather than the time since the last reader.
+        view = self._server.commit_point.current()
+        yield GaugeMetricFamily(
+            "pydory_commit_point_timestamp_seconds",
+            "The commit point: every message received before it is settled.",
+            value=view.commit_point,
+        )
+        yield GaugeMetricFamily(
+            "pydory_commit_point_lag_seconds",
+            "How far the commit point is behind now.",
+            value=view.lag_s,
+        )
+        yield GaugeMetricFamily(
+            "pydory_commit_point_open_messages",
+            "Accepted messages the commit point waits for (neither delivered nor discarded).",
+            value=view.open_messages,
+        )
+
+    # -- Dory's event counters ------------------------------------------------------------
+
+    def _events(self) -> Iterator[Metric]:
+        events = CounterMetricFamily(
+            "pydory_events",
+            "Every internal event counter, as /counters lists them.",
+            labels=["event"],
+        )
+        for name, value in self._server.counters.snapshot().items():
+            events.add_metric([name], value)
+        yield events
+
+
+def _discards(
+    per_topic: dict[str, TopicTotals], lifetime: dict[DiscardReason, int]
+) -> CounterMetricFamily:
+    """Discards by reason and topic; ``topic=""`` holds those with no usable topic
+    (malformed, bad topic names, ...), so ``sum by (reason)`` gives every discard once."""
+    family = CounterMetricFamily(
+        "pydory_discarded_messages",
+        'Discarded messages by reason and topic (topic="" when the message had none).',
+        labels=["reason", "topic"],
+    )
+    with_topic = dict.fromkeys(DiscardReason, 0)
+    for topic, totals in sorted(per_topic.items()):
+        for reason, count in totals.discarded_by_reason.items():
+            family.add_metric([str(reason), topic], count)
+            with_topic[reason] += count
+    for reason, count in lifetime.items():
+        family.add_metric([str(reason), ""], count - with_topic[reason])
+    return family
+
+
+_BROKER_FAMILIES: dict[str, tuple[type[GaugeMetricFamily | CounterMetricFamily], str]] = {
+    "pydory_broker_up": (
+        GaugeMetricFamily,
+        "1 if librdkafka's connection to the broker carries requests (state UP or UPDATE).",
+    ),
+    "pydory_broker_rtt_avg_seconds": (
+        GaugeMetricFamily,
+        "Average request round-trip time over librdkafka's last statistics window.",
+    ),
+    "pydory_broker_rtt_p99_seconds": (
+        GaugeMetricFamily,
+        "99th percentile request round-trip time over the last statistics window.",
+    ),
+    "pydory_broker_tx_errors": (CounterMetricFamily, "Request transmit errors."),
+    "pydory_broker_rx_errors": (CounterMetricFamily, "Response receive errors."),
+    "pydory_broker_request_timeouts": (CounterMetricFamily, "Requests that timed out."),
+    "pydory_broker_outbuf_requests": (GaugeMetricFamily, "Requests waiting to be sent."),
+    "pydory_broker_waitresp_requests": (GaugeMetricFamily, "Requests awaiting a response."),
+    "pydory_broker_leader_partitions": (
+        GaugeMetricFamily,
+        "Partitions of the daemon's topics this broker leads.",
+    ),
+}
+
+
+def _broker_values(broker: BrokerStats) -> dict[str, float]:
+    """One broker's value for each of :data:`_BROKER_FAMILIES`, in seconds where timed."""
+    return {
+        "pydory_broker_up": 1.0 if broker.state in USABLE_STATES else 0.0,
+        "pydory_broker_rtt_avg_seconds": broker.rtt_avg_ms / 1000,
+        "pydory_broker_rtt_p99_seconds": broker.rtt_p99_ms / 1000,
+        "pydory_broker_tx_errors": broker.tx_errors,
+        "pydory_broker_rx_errors": broker.rx_errors,
+        "pydory_broker_request_timeouts": broker.request_timeouts,
+        "pydory_broker_outbuf_requests": broker.outbuf_requests,
+        "pydory_broker_waitresp_requests": broker.waitresp_requests,
+        "pydory_broker_leader_partitions": broker.leader_partitions,
+    }

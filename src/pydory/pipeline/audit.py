@@ -1,0 +1,231 @@
+"""The audit job: does the lake hold exactly what the daemon says it delivered?
+
+Two inputs, read here, compared in :mod:`pydory.pipeline.reconcile`:
+
+- the lake, through Spark. ``spark.read.parquet(LAKE)`` on the file sink's own path
+  reads the sink's commit log (``LAKE/_spark_metadata``) and only the files it lists, so
+  files of a batch that never committed (a job killed mid-batch) are not counted. A
+  directory without that log is refused: reading it would count every file in it.
+  Aggregation runs in Spark (one row per Kafka partition comes back to the driver, plus
+  at most a few sample offsets when something is wrong), never the data itself.
+- the daemon's books: ``/books/json`` from its status server, or a copy saved earlier
+  (a daemon that has exited can no longer be asked).
+
+The books are lifetime totals of one daemon process: audit a lake that holds the topics
+of that run, after the daemon has settled (``in_flight`` 0) and the landing job has
+caught up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.reconcile import (
+    AuditReport,
+    DaemonBooks,
+    DuplicateOffset,
+    OffsetGap,
+    PartitionLanding,
+    reconcile,
+)
+
+__all__ = [
+    "BooksUnavailable",
+    "LakeSummary",
+    "NotALake",
+    "audit",
+    "fetch_books",
+    "load_books",
+    "summarize_lake",
+]
+
+#: The file sink's commit log, inside the sink's path.
+COMMIT_LOG_DIR = "_spark_metadata"
+#: How many missing ranges and duplicated offsets a report shows (the counts are exact).
+SAMPLE_SIZE = 10
+_HTTP_TIMEOUT_S = 10.0
+#: The lake columns the audit reads (the landing job's layout, docs/pipeline.md). Naming
+#: them keeps an empty lake readable (nothing to infer a schema from) and lets Parquet
+#: skip the key and value columns.
+AUDITED_COLUMNS = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+    ]
+)
+
+
+class NotALake(PipelineError):
+    """The lake path is not the path of a Spark file sink (no ``_spark_metadata`` in it).
+
+    Pass the directory given to the landing job as ``--lake``: without the sink's commit
+    log, files of batches that never committed would be counted.
+    """
+
+
+class BooksUnavailable(PipelineError):
+    """The daemon's books could not be read: the status server did not answer, or the
+    saved file is missing. Check the URL (the daemon's httpInterface port) or the path."""
+
+
+# --- the lake ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LakeSummary:
+    """Per Kafka partition facts about the lake, and samples of what is wrong."""
+
+    partitions: tuple[PartitionLanding, ...]
+    gaps: tuple[OffsetGap, ...]
+    duplicate_offsets: tuple[DuplicateOffset, ...]
+
+
+def summarize_lake(
+    spark: SparkSession, lake: str | os.PathLike[str], *, from_offset_zero: bool = False
+) -> LakeSummary:
+    """Aggregate the committed part of the lake per (topic, partition) in Spark.
+
+    Raises :class:`NotALake` when ``lake`` has no file-sink commit log.
+    """
+    path = Path(lake)
+    if not (path / COMMIT_LOG_DIR).is_dir():
+        raise NotALake(
+            f"{path} has no {COMMIT_LOG_DIR}/ commit log: it is not the path of a Spark file "
+            "sink (give the landing job's --lake directory)"
+        )
+    copies = _copies_per_offset(spark, str(path))
+    partitions = _partition_landings(copies)
+    gaps: list[OffsetGap] = []
+    if from_offset_zero:
+        gaps.extend(
+            OffsetGap(p.topic, p.partition, 0, p.first_offset - 1)
+            for p in partitions
+            if p.first_offset > 0
+        )
+    if any(p.missing_inside for p in partitions):
+        gaps.extend(_gaps_inside(copies, SAMPLE_SIZE))
+    duplicates = _duplicated(copies, SAMPLE_SIZE) if any(p.duplicates for p in partitions) else ()
+    return LakeSummary(tuple(partitions), tuple(gaps[:SAMPLE_SIZE]), tuple(duplicates))
+
+
+def _copies_per_offset(spark: SparkSession, lake: str) -> DataFrame:
+    """One row per landed (topic, partition, offset) with how many times it landed."""
+    rows = spark.read.schema(AUDITED_COLUMNS).parquet(lake)
+    return rows.groupBy("topic", "partition", "offset").agg(F.count("*").alias("copies"))
+
+
+def _partition_landings(copies: DataFrame) -> list[PartitionLanding]:
+    per_partition = copies.groupBy("topic", "partition").agg(
+        F.sum("copies").alias("rows"),
+        F.count("*").alias("distinct_offsets"),
+        F.min("offset").alias("first_offset"),
+        F.max("offset").alias("last_offset"),
+    )
+    return [
+        PartitionLanding(
+            topic=row["topic"],
+            partition=row["partition"],
+            rows=row["rows"],
+            distinct_offsets=row["distinct_offsets"],
+            first_offset=row["first_offset"],
+            last_offset=row["last_offset"],
+        )
+        for row in per_partition.orderBy("topic", "partition").collect()
+    ]
+
+
+def _gaps_inside(copies: DataFrame, limit: int) -> list[OffsetGap]:
+    """The first ``limit`` runs of offsets missing between landed ones."""
+    in_partition = Window.partitionBy("topic", "partition").orderBy("offset")
+    gaps = (
+        copies.select("topic", "partition", "offset")
+        .withColumn("previous", F.lag("offset").over(in_partition))
+        .where(F.col("offset") - F.col("previous") > 1)
+        .orderBy("topic", "partition", "offset")
+        .limit(limit)
+    )
+    return [
+        OffsetGap(row["topic"], row["partition"], row["previous"] + 1, row["offset"] - 1)
+        for row in gaps.collect()
+    ]
+
+
+def _duplicated(copies: DataFrame, limit: int) -> list[DuplicateOffset]:
+    """The first ``limit`` offsets that landed more than once."""
+    repeated = (
+        copies.where(F.col("copies") > 1).orderBy("topic", "partition", "offset").limit(limit)
+    )
+    return [
+        DuplicateOffset(row["topic"], row["partition"], row["offset"], row["copies"])
+        for row in repeated.collect()
+    ]
+
+
+# --- the books --------------------------------------------------------------------------------
+
+
+def fetch_books(status_url: str, timeout_s: float = _HTTP_TIMEOUT_S) -> dict[str, Any]:
+    """GET ``STATUS_URL/books/json`` from a running daemon; raises :class:`BooksUnavailable`."""
+    url = status_url.rstrip("/") + "/books/json"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            document: dict[str, Any] = json.load(response)
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+        raise BooksUnavailable(f"cannot read the daemon's books at {url}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise BooksUnavailable(f"{url} did not answer JSON: {error}") from None
+    return document
+
+
+def load_books(*, status_url: str | None = None, books_file: str | None = None) -> DaemonBooks:
+    """The daemon's books from its status server or from a saved ``/books/json`` file."""
+    if books_file is not None:
+        try:
+            document = json.loads(Path(books_file).read_text(encoding="utf-8"))
+        except OSError as error:
+            raise BooksUnavailable(
+                f"cannot read saved books {books_file}: {error.strerror}"
+            ) from None
+        except json.JSONDecodeError as error:
+            raise BooksUnavailable(f"{books_file} is not JSON: {error}") from None
+        return DaemonBooks.from_json(document)
+    if status_url is None:
+        raise ValueError("give status_url or books_file")
+    return DaemonBooks.from_json(fetch_books(status_url))
+
+
+# --- the job ----------------------------------------------------------------------------------
+
+
+def audit(
+    spark: SparkSession,
+    lake: str | os.PathLike[str],
+    books: DaemonBooks,
+    *,
+    topics: list[str] | None = None,
+    from_offset_zero: bool = False,
+    books_source: str = "",
+) -> AuditReport:
+    """Reconcile the lake at ``lake`` with ``books``; see :func:`reconcile.reconcile`."""
+    summary = summarize_lake(spark, lake, from_offset_zero=from_offset_zero)
+    return reconcile(
+        books,
+        summary.partitions,
+        topics=topics,
+        from_offset_zero=from_offset_zero,
+        gaps=summary.gaps,
+        duplicate_offsets=summary.duplicate_offsets,
+        sources={"lake": str(lake), "books": books_source},
+    )

@@ -1,0 +1,107 @@
+"""`pydory pipeline audit`: the command line of :mod:`pydory.pipeline.audit`.
+
+Kept apart from the job so that building the CLI parser does not import PySpark.
+Exit status: 0 the lake reconciles with the books, 1 it does not, 2 the audit could not
+run (no lake at that path, books unreadable or not given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+# The same default as pydory.pipeline.spark.DEFAULT_MASTER, without importing PySpark.
+DEFAULT_MASTER = "local[*]"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``audit`` to the ``pydory pipeline`` subcommands."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "audit",
+        help="reconcile the lake with the daemon's books",
+        description=(
+            "Read the lake the landing job wrote (through the file sink's commit log) and "
+            "the daemon's books, and print per topic: accepted, delivered, discarded by "
+            "reason, landed, duplicate rows and missing offsets. Exits 0 when every topic "
+            "landed exactly what the daemon delivered, once; 1 when not; 2 when the audit "
+            "cannot run."
+        ),
+    )
+    parser.add_argument(
+        "--lake", required=True, metavar="DIR", help="the landing job's --lake directory"
+    )
+    parser.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a daemon's status server, e.g. http://127.0.0.1:9090 (reads URL/books/json); "
+        "repeat it for every daemon (host) that feeds the topics",
+    )
+    parser.add_argument(
+        "--books",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a saved copy of a daemon's /books/json (for a daemon that has exited); "
+        "repeatable, and combinable with --status",
+    )
+    parser.add_argument(
+        "--master", default=DEFAULT_MASTER, help=f"Spark master URL (default: {DEFAULT_MASTER})"
+    )
+    parser.add_argument(
+        "--topics",
+        type=_topic_list,
+        metavar="A,B",
+        help="audit only these topics (default: every topic in the books or the lake)",
+    )
+    parser.add_argument(
+        "--from-offset-zero",
+        action="store_true",
+        help="the lake should hold every partition from offset 0 (fresh topics, nothing "
+        "aged out): count offsets below a partition's first landed one as missing",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the audit and print the report; see the module docstring for the exit status."""
+    from pydory.pipeline.audit import BooksUnavailable, NotALake, audit, load_books
+    from pydory.pipeline.reconcile import BooksFormatError, DaemonBooks
+    from pydory.pipeline.spark import spark_session
+
+    if not args.status and not args.books:
+        print(
+            "pydory pipeline audit: give the daemon's books: --status URL or --books FILE",
+            file=sys.stderr,
+        )
+        return 2
+    sources = [f"{url.rstrip('/')}/books/json" for url in args.status] + args.books
+    try:
+        books = DaemonBooks.combined(
+            [load_books(status_url=url) for url in args.status]
+            + [load_books(books_file=path) for path in args.books]
+        )
+        spark = spark_session(master=args.master, app_name="pydory-audit")
+        report = audit(
+            spark,
+            args.lake,
+            books,
+            topics=args.topics,
+            from_offset_zero=args.from_offset_zero,
+            books_source=", ".join(sources),
+        )
+    except (NotALake, BooksUnavailable, BooksFormatError) as error:
+        print(f"pydory pipeline audit: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(report.to_json() if args.json else report.render())
+    return 0 if report.balanced else 1
+
+
+def _topic_list(text: str) -> list[str]:
+    topics = [name.strip() for name in text.split(",") if name.strip()]
+    if not topics:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of topics")
+    return topics

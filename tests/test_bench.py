@@ -1,0 +1,193 @@
+"""pydory bench: the workload, the settings, the figures' arithmetic, and one tiny real run.
+
+No test here asserts a speed: the harness's figures are for BENCHMARKS.md, not for CI.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pydory import wire
+from pydory.bench import workload
+from pydory.bench.child import BenchError, ChildProcess
+from pydory.bench.cli import main as bench_main
+from pydory.bench.daemon_config import BenchDaemonConfig
+from pydory.bench.harness import round_order
+from pydory.bench.latency import percentile, summarize
+from pydory.bench.report import Spread
+from pydory.bench.settings import TOPIC, BenchSettings
+from pydory.config import parse_config
+
+# --- workload ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_bytes", [8, 100, 1000, 10_000])
+def test_values_have_exactly_the_requested_size(value_bytes: int) -> None:
+    values = workload.make_values(value_bytes, 50, seed=1)
+    assert {len(v) for v in values} == {value_bytes}
+    assert len(set(values)) == 50
+
+
+def test_encoded_messages_decode_to_the_bench_topic_with_the_settings_size() -> None:
+    settings = BenchSettings(value_bytes=100)
+    messages = workload.encoded_messages(TOPIC, 100, seed=0, count=20)
+    for data in messages:
+        assert len(data) == settings.message_size
+        message = wire.decode(data)
+        assert message.topic == TOPIC
+        assert len(message.value) == 100
+        assert message.partition_key is None
+
+
+def test_stream_writes_hold_whole_batches_of_the_pool() -> None:
+    messages = [bytes([i]) * 3 for i in range(10)]
+    writes = workload.stream_writes(messages, 4)
+    assert len(writes) == 3
+    assert all(len(w) == 12 for w in writes)
+    assert writes[2] == messages[8] + messages[9] + messages[0] + messages[1]
+
+
+def test_a_probe_carries_its_send_time_and_the_value_size() -> None:
+    data = workload.encode_probe("bench.probe", 100, send_time_ns=1_700_000_000_123_456_789)
+    message = wire.decode(data)
+    assert len(message.value) == 100
+    assert workload.probe_send_time_ns(message.value) == 1_700_000_000_123_456_789
+    assert message.timestamp_ms == 1_700_000_000_123
+
+
+def test_split_gives_every_message_to_one_process_and_counts_probes() -> None:
+    shares = workload.split_messages(1003, 4, probe_every=100)
+    assert [s.messages for s in shares] == [251, 251, 251, 250]
+    assert [s.probes for s in shares] == [2, 2, 2, 2]
+    assert workload.split_messages(50, 1, probe_every=0)[0].probes == 0
+
+
+# --- settings and config -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "complaint"),
+    [
+        ({"transport": "carrier-pigeon"}, "transport must be one of"),
+        ({"compression": "brotli"}, "compression must be one of"),
+        ({"messages": 0}, "messages must be at least 1"),
+        ({"value_bytes": 4}, "value_bytes must be at least 8"),
+        ({"transport": "dgram", "batch": 8}, "batch must be 1"),
+        ({"transport": "dgram", "value_bytes": 70_000}, "use a stream transport"),
+        ({"processes": 5, "messages": 4}, "more generator processes than messages"),
+        ({"daemon_source": Path("/nonexistent")}, "holds no pydory package"),
+    ],
+)
+def test_inconsistent_settings_are_refused(kwargs: dict[str, object], complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        BenchSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_probes_stay_under_one_percent_of_the_load() -> None:
+    assert BenchSettings(messages=2_000_000).probe_every == 2000
+    assert BenchSettings(messages=1000).probe_every == 100
+
+
+@pytest.mark.parametrize("transport", ["dgram", "stream", "tcp"])
+def test_the_daemon_config_is_valid_and_enables_only_the_transport(
+    transport: str, tmp_path: Path
+) -> None:
+    config = BenchDaemonConfig(
+        "127.0.0.1:9092,127.0.0.1:9093",
+        tmp_path,
+        transport,
+        http_port=9999,
+        tcp_port=19092 if transport == "tcp" else None,
+        compression="lz4",
+    )
+    parsed = parse_config(config.render(), source="<bench>")
+    sources = parsed.inputs
+    assert (sources.unix_datagram.path is not None) == (transport == "dgram")
+    assert (sources.unix_stream.path is not None) == (transport == "stream")
+    assert (sources.tcp.port is not None) == (transport == "tcp")
+    assert parsed.compression_for(TOPIC).type == "lz4"
+
+
+# --- arithmetic ----------------------------------------------------------------------------
+
+
+def test_nearest_rank_percentiles() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.50) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile([7.0], 0.99) == 7.0
+    summary = summarize([3.0, 1.0, 2.0])
+    assert (summary.samples, summary.p50_ms, summary.max_ms) == (3, 2.0, 3.0)
+    assert summarize([]).p50_ms is None
+
+
+def test_spread_ignores_rounds_without_the_figure() -> None:
+    assert Spread.of([3.0, None, 1.0, 2.0]) == Spread(1.0, 2.0, 3.0)
+    assert Spread.of([None]) == Spread(None, None, None)
+
+
+def test_every_kind_takes_every_position_across_rounds() -> None:
+    orders = [round_order(r, baselines=True) for r in range(3)]
+    for position in range(3):
+        assert {order[position] for order in orders} == {"raw", "pydory", "direct"}
+    assert round_order(1, baselines=False) == ["pydory"]
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def test_a_child_that_fails_is_reported_with_its_reason(tmp_path: Path) -> None:
+    job = {
+        "transport": "dgram",
+        "address": str(tmp_path / "nobody-listens.sock"),
+        "messages": 10,
+        "value_bytes": 100,
+        "batch": 1,
+        "topic": TOPIC,
+        "probe_topic": "bench.probe",
+        "probe_every": 0,
+        "seed": 0,
+        "deadline_s": 10,
+    }
+    child = ChildProcess("pydory.bench.generator", job, tmp_path, "generator-0")
+    try:
+        with pytest.raises(BenchError, match="generator-0: FileNotFoundError"):
+            child.wait_ready(30)
+    finally:
+        child.stop()
+
+
+@pytest.mark.slow
+def test_a_tiny_run_delivers_everything_and_reports_issue_6_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = bench_main(["--transport", "dgram", "-n", "2000", "--rounds", "1", "--json"])
+    assert status == 0
+    report = json.loads(capsys.readouterr().out)
+    required = {
+        "transport",
+        "messages",
+        "value_bytes",
+        "rounds",
+        "pydory_msgs_per_s",
+        "generator_msgs_per_s",
+        "raw_msgs_per_s",
+        "direct_msgs_per_s",
+        "pydory_cpu_us_per_msg",
+        "pydory_rss_mb_peak",
+        "p50_ms",
+        "p99_ms",
+        "delivered",
+        "discarded",
+    }
+    assert required <= report.keys()
+    assert (report["transport"], report["messages"], report["rounds"]) == ("dgram", 2000, 1)
+    assert report["delivered"] == 2000
+    assert report["discarded"] == 0
+    for figure in ("pydory_msgs_per_s", "raw_msgs_per_s", "direct_msgs_per_s"):
+        assert report[figure] > 0
+    assert report["p50_ms"] <= report["p99_ms"]
+    assert report["environment"]["max_dgram_qlen"] is not None

@@ -1,0 +1,404 @@
+"""The landing job end to end: mock cluster → pydory-kafka → Spark file sink → the lake.
+
+One SparkSession serves the whole module (starting one takes about ten seconds);
+every test uses fresh topics, lake and checkpoint directories.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from pydory.cli import main as cli_main
+from pydory.pipeline.land import (
+    DATA_COLUMNS,
+    PARTITION_COLUMNS,
+    LandSettings,
+    run_landing,
+    start_landing,
+    utc_date,
+)
+from pydory.pipeline.spark import spark_session
+from pydory.testing.mock_cluster import MockCluster
+
+# 2024-03-01 23:59:59.500 UTC and half a second later, the next UTC day.
+LATE_EVENING_MS = 1_709_337_599_500
+NEXT_DAY_MS = LATE_EVENING_MS + 1_000
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(master="local[2]", app_name="pydory-test-land")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def lake_paths(tmp_path: Path) -> tuple[str, str]:
+    return str(tmp_path / "lake"), str(tmp_path / "checkpoint")
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    counts: dict[int, int],
+    timestamp_ms: int | None = None,
+    value: bytes | None = None,
+) -> None:
+    """Produce ``counts[p]`` records to partition ``p`` (value ``p:i`` unless given)."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    extra = {} if timestamp_ms is None else {"timestamp": timestamp_ms}
+    for partition, count in counts.items():
+        for index in range(count):
+            payload = value if value is not None else f"{partition}:{index}".encode()
+            producer.produce(topic, value=payload, partition=partition, **extra)
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def settings(
+    bootstrap: str, topics: tuple[str, ...], paths: tuple[str, str], **kw: Any
+) -> LandSettings:
+    lake, checkpoint = paths
+    return LandSettings(
+        bootstrap_servers=bootstrap, topics=topics, lake=lake, checkpoint=checkpoint, **kw
+    )
+
+
+def landed_offsets(spark: SparkSession, lake: str) -> dict[tuple[str, int], list[int]]:
+    """Every landed offset per (topic, partition), sorted, duplicates kept.
+
+    Collecting offsets is fine in a test of a few thousand records.
+    """
+    rows = spark.read.parquet(lake).select("topic", "partition", "offset").collect()
+    offsets: dict[tuple[str, int], list[int]] = {}
+    for row in rows:
+        offsets.setdefault((row.topic, row.partition), []).append(row.offset)
+    return {key: sorted(values) for key, values in offsets.items()}
+
+
+class BatchWatcher(StreamingQueryListener):
+    """Sets ``reached`` (and calls ``on_reached``) after ``batches`` non-empty batches."""
+
+    def __init__(self, batches: int, on_reached: Callable[[], object] = lambda: None) -> None:
+        self._batches = batches
+        self._seen = 0
+        self._on_reached = on_reached
+        self.reached = threading.Event()
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        if event.progress.numInputRows > 0:
+            self._seen += 1
+            if self._seen == self._batches:
+                self.reached.set()
+                self._on_reached()
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self.reached.set()
+
+
+@pytest.mark.slow
+def test_lands_every_record_once_partitioned_by_topic_and_utc_date(
+    spark: SparkSession,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    lake_paths: tuple[str, str],
+) -> None:
+    uneven, single = unique_topic("land-a"), unique_topic("land-b")
+    mock_cluster.create_topic(uneven, 4)
+    mock_cluster.create_topic(single, 1)
+    produce(mock_cluster.bootstrap_servers, uneven, {0: 400, 1: 30, 2: 0, 3: 1}, LATE_EVENING_MS)
+    produce(mock_cluster.bootstrap_servers, single, {0: 20}, NEXT_DAY_MS)
+    out = io.StringIO()
+
+    status = run_landing(
+        settings(mock_cluster.bootstrap_servers, (uneven, single), lake_paths, available_now=True),
+        out=out,
+    )
+
+    assert status == 0, out.getvalue()
+    lake = Path(lake_paths[0])
+    assert (lake / "_spark_metadata").is_dir()
+    assert {path.relative_to(lake).as_posix() for path in lake.glob("topic=*/date=*")} == {
+        f"topic={uneven}/date=2024-03-01",
+        f"topic={single}/date=2024-03-02",
+    }
+    offsets = landed_offsets(spark, lake_paths[0])
+    assert offsets == {
+        (uneven, 0): list(range(400)),
+        (uneven, 1): list(range(30)),
+        (uneven, 3): [0],
+        (single, 0): list(range(20)),
+    }
+    columns = spark.read.parquet(lake_paths[0]).columns
+    assert columns == [*DATA_COLUMNS, *PARTITION_COLUMNS]
+    assert DATA_COLUMNS == ("key", "value", "partition", "offset", "timestamp", "timestampType")
+    assert PARTITION_COLUMNS == ("topic", "date")
+    assert "landing finished: 451 records" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_stop_and_restart_mid_stream_lands_no_duplicate_and_no_gap(
+    spark: SparkSession,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    lake_paths: tuple[str, str],
+) -> None:
+    topic = unique_topic("restart")
+    mock_cluster.create_topic(topic, 3)
+    produce(mock_cluster.bootstrap_servers, topic, {0: 1200, 1: 600, 2: 200})
+    capped = settings(
+        mock_cluster.bootstrap_servers,
+        (topic,),
+        lake_paths,
+        trigger_interval_s=0.1,
+        max_offsets_per_trigger=250,
+    )
+    watcher = BatchWatcher(batches=2)
+    spark.streams.addListener(watcher)
+    try:
+        query = start_landing(spark, capped)
+        assert watcher.reached.wait(timeout=120), "the landing query made no progress"
+        query.stop()  # usually in the middle of the next batch
+    finally:
+        spark.streams.removeListener(watcher)
+    assert query.exception() is None
+    first_run = sum(len(offsets) for offsets in landed_offsets(spark, lake_paths[0]).values())
+    assert 0 < first_run < 2000
+
+    produce(mock_cluster.bootstrap_servers, topic, {0: 100, 1: 100, 2: 100})
+    status = run_landing(
+        settings(mock_cluster.bootstrap_servers, (topic,), lake_paths, available_now=True),
+        out=io.StringIO(),
+    )
+
+    assert status == 0
+    assert landed_offsets(spark, lake_paths[0]) == {
+        (topic, 0): list(range(1300)),
+        (topic, 1): list(range(700)),
+        (topic, 2): list(range(300)),
+    }
+
+
+@pytest.mark.slow
+def test_max_offsets_per_trigger_caps_every_batch(
+    spark: SparkSession,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    lake_paths: tuple[str, str],
+) -> None:
+    topic = unique_topic("capped")
+    mock_cluster.create_topic(topic, 3)
+    produce(mock_cluster.bootstrap_servers, topic, {0: 700, 1: 250, 2: 50})
+
+    query = start_landing(
+        spark,
+        settings(
+            mock_cluster.bootstrap_servers,
+            (topic,),
+            lake_paths,
+            available_now=True,
+            max_offsets_per_trigger=300,
+        ),
+    )
+    query.awaitTermination()
+
+    batch_rows = [progress.numInputRows for progress in query.recentProgress]
+    assert [rows for rows in batch_rows if rows] == [300, 300, 300, 100]
+    assert spark.read.parquet(lake_paths[0]).count() == 1000
+
+
+def earliest_offset(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-earliest"})
+    try:
+        low, _high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    return int(low)
+
+
+@pytest.mark.slow
+def test_offsets_aged_out_before_landing_fail_the_job_unless_loss_is_allowed(
+    spark: SparkSession,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    lake_paths: tuple[str, str],
+) -> None:
+    topic = unique_topic("aged")
+    mock_cluster.create_topic(topic, 1)
+    bootstrap = mock_cluster.bootstrap_servers
+    produce(bootstrap, topic, {0: 10})
+    assert (
+        run_landing(settings(bootstrap, (topic,), lake_paths, available_now=True), io.StringIO())
+        == 0
+    )
+    # About 5 MB stay per mock partition: 1,500 records of 10 kB push out the oldest,
+    # including offsets 10 on that the lake has not seen yet.
+    produce(bootstrap, topic, {0: 1_500}, value=b"x" * 10_000)
+    earliest = earliest_offset(bootstrap, topic)
+    assert earliest > 10
+    out = io.StringIO()
+
+    strict = run_landing(settings(bootstrap, (topic,), lake_paths, available_now=True), out)
+
+    assert strict == 1
+    assert f"{topic}/0: offset 10 aged out of retention" in out.getvalue()
+    assert f"({earliest - 10} offsets lost)" in out.getvalue()
+
+    # The operator accepts the loss and runs the same job again.
+    lenient = run_landing(
+        settings(bootstrap, (topic,), lake_paths, available_now=True, fail_on_data_loss=False),
+        io.StringIO(),
+    )
+
+    assert lenient == 0
+    assert landed_offsets(spark, lake_paths[0]) == {
+        (topic, 0): list(range(10)) + list(range(earliest, 1_510))
+    }
+
+
+@pytest.mark.slow
+def test_native_connector_without_its_jar_fails_clearly(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = cli_main(
+        [
+            "pipeline",
+            "land",
+            "--bootstrap",
+            "127.0.0.1:9",
+            "--topics",
+            "t",
+            "--lake",
+            str(tmp_path / "lake"),
+            "--checkpoint",
+            str(tmp_path / "checkpoint"),
+            "--available-now",
+            "--connector",
+            "native",
+        ]
+    )
+
+    assert status == 1
+    assert "spark-sql-kafka" in capsys.readouterr().out
+    assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--available-now", "--trigger-interval", "5"],
+        ["--trigger-interval", "0"],
+        ["--max-offsets-per-trigger", "0"],
+        ["--connector", "jvm"],
+    ],
+)
+def test_land_refuses_bad_arguments(
+    arguments: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["pipeline", "land", "--bootstrap", "b:1", "--topics", "t"]
+    paths = ["--lake", str(tmp_path / "l"), "--checkpoint", str(tmp_path / "c")]
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([*base, *paths, *arguments])
+
+    assert exit_info.value.code == 2
+    assert "usage: pydory pipeline land" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_lake_date_column_is_the_utc_day(spark: SparkSession) -> None:
+    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
+    try:
+        days = (
+            spark.createDataFrame([(LATE_EVENING_MS,), (NEXT_DAY_MS,)], "ms long")
+            .select(utc_date(F.timestamp_millis("ms")).alias("date"))
+            .collect()
+        )
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+
+    assert [row.date for row in days] == ["2024-03-01", "2024-03-02"]
+
+
+@pytest.mark.slow
+def test_an_interval_run_stops_on_sigterm_and_summarises(
+    spark: SparkSession,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    lake_paths: tuple[str, str],
+) -> None:
+    topic = unique_topic("sigterm")
+    mock_cluster.create_topic(topic, 2)
+    produce(mock_cluster.bootstrap_servers, topic, {0: 30, 1: 12})
+    # SIGTERM this process once the first batch has landed, as a supervisor would.
+    watcher = BatchWatcher(batches=1, on_reached=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    spark.streams.addListener(watcher)
+    out = io.StringIO()
+    try:
+        status = run_landing(
+            settings(mock_cluster.bootstrap_servers, (topic,), lake_paths, trigger_interval_s=0.5),
+            out=out,
+        )
+    finally:
+        spark.streams.removeListener(watcher)
+
+    assert status == 0
+    assert "batch 0: 42 records" in out.getvalue()
+    assert "landing stopped by signal: 42 records in 1 batches" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_spark_batch_read_through_the_source(
+    spark: SparkSession, mock_cluster: MockCluster, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("batch")
+    mock_cluster.create_topic(topic, 2)
+    produce(mock_cluster.bootstrap_servers, topic, {0: 50, 1: 20})
+
+    records = (
+        spark.read.format("pydory-kafka")
+        .option("kafka.bootstrap.servers", mock_cluster.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("endingOffsets", json.dumps({topic: {"0": 40}}))
+        .load()
+    )
+    per_partition = {
+        row.partition: (row["count"], row.first, row.last)
+        for row in records.groupBy("partition")
+        .agg(
+            F.count("*").alias("count"),
+            F.min("offset").alias("first"),
+            F.max("offset").alias("last"),
+        )
+        .collect()
+    }
+
+    assert records.columns == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+    ]
+    assert per_partition == {0: (40, 0, 39), 1: (20, 0, 19)}
