@@ -173,11 +173,17 @@ class _TopicLedger:
     accepted: int = 0
     delivered: int = 0
     discarded: Counter[DiscardReason] = field(default_factory=Counter)
+    # Kept alongside ``discarded`` so that in_flight, checked on every delivery, is O(1).
+    discarded_after_acceptance: int = 0
 
     @property
     def in_flight(self) -> int:
-        after = sum(self.discarded[reason] for reason in AFTER_ACCEPTANCE)
-        return self.accepted - self.delivered - after
+        return self.accepted - self.delivered - self.discarded_after_acceptance
+
+    def discard(self, reason: DiscardReason) -> None:
+        self.discarded[reason] += 1
+        if reason in AFTER_ACCEPTANCE:
+            self.discarded_after_acceptance += 1
 
     def totals(self) -> TopicTotals:
         return TopicTotals(
@@ -556,8 +562,11 @@ class Books:
 
     def delivered(self, topic: str, n: int = 1) -> None:
         """Kafka acknowledged ``n`` accepted messages of ``topic``."""
-        self._require_in_flight(topic, n, "delivered")
-        self._ledger(topic).delivered += n
+        ledger = self._topics.get(topic)
+        if ledger is None or n > ledger.in_flight:
+            self._require_in_flight(topic, n, "delivered")  # raises, naming the mistake
+        else:
+            ledger.delivered += n
         self.counters.inc("delivered", n)
 
     def discarded(
@@ -688,7 +697,7 @@ class Books:
         """A discard of a message with a topic: per-topic books, then Dory's report."""
         if reason in AFTER_ACCEPTANCE:
             self._require_in_flight(topic, 1, f"discarded ({reason})")
-        self._ledger(topic).discarded[reason] += 1
+        self._ledger(topic).discard(reason)
         period = self._current
         _widen(period.discard_topics, topic, timestamp_ms)
         if reason is DiscardReason.TOO_LONG:
