@@ -30,7 +30,7 @@ import pytest
 from helpers import assert_balanced, settled, wait_until
 from pydory.accounting import AFTER_ACCEPTANCE, DiscardReason
 from pydory.client import UnixStreamSender
-from pydory.dispatch import DeliverySettings, Dispatcher, ProducerProfile
+from pydory.dispatch import Delivered, DeliverySettings, Dispatcher, ProducerProfile
 from pydory.errors import DaemonUnavailable
 from pydory.router import MetadataSnapshot, Router
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
@@ -545,8 +545,8 @@ class RecordingLedger:
         self.outcomes: list[str] = []
         self.first_delivery: asyncio.Event | None = None
 
-    def delivered(self, topic: str, cost: int, token: int) -> None:
-        self.outcomes.append("delivered")
+    def delivered(self, batch: Delivered) -> None:
+        self.outcomes += ["delivered"] * sum(batch.by_topic.values())
         if self.first_delivery is not None:
             self.first_delivery.set()
 

@@ -115,11 +115,22 @@ def test_wait_fails_while_the_brokers_are_down_and_passes_once_they_are_back(
 
 class OrderedSender(threading.Thread):
     """Sends numbered messages to one partition over one stream, in order, until told to
-    stop or ``limit`` is reached; ``sent`` counts those handed to the daemon's socket."""
+    stop or ``limit`` is reached; ``sent`` counts those handed to the daemon's socket.
 
-    def __init__(self, path: str, topic: str, limit: int = 200_000, slice_size: int = 100):
+    Paced (``slice_size`` messages per ``pause_s``, at most ~50k/s): the load must still be
+    running when the test's last wait starts, however fast the machine is."""
+
+    def __init__(
+        self,
+        path: str,
+        topic: str,
+        limit: int = 200_000,
+        slice_size: int = 100,
+        pause_s: float = 0.002,
+    ):
         super().__init__(daemon=True)
         self.path, self.topic, self.limit, self.slice_size = path, topic, limit, slice_size
+        self.pause_s = pause_s
         self.sent = 0
         self.stop = threading.Event()
         self.sent_some = threading.Event()
@@ -135,6 +146,7 @@ class OrderedSender(threading.Thread):
                 self.sent = first + self.slice_size
                 if self.sent >= 1000:
                     self.sent_some.set()
+                self.stop.wait(self.pause_s)
 
 
 @pytest.mark.slow

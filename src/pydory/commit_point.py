@@ -200,12 +200,15 @@ class CommitPoint:
             self._sweep_scheduled = self._schedule(0.0, self._scheduled_sweep)
         return generation.id
 
-    def close(self, token: int) -> None:
-        """The message counted under ``token`` is settled (delivered or discarded)."""
+    def close(self, token: int, n: int = 1) -> None:
+        """``n`` messages counted under ``token`` are settled (delivered or discarded)."""
         generation = self._live.get(token)
-        if generation is None:
-            raise AccountingError(f"commit point: no unsettled message under token {token}")
-        generation.open -= 1
+        if generation is None or n > generation.open:
+            raise AccountingError(
+                f"commit point: {n} message(s) settled under token {token}, "
+                f"but only {0 if generation is None else generation.open} unsettled"
+            )
+        generation.open -= n
         if generation.open:
             return
         del self._live[token]

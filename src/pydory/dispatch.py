@@ -6,18 +6,24 @@ retry. This module only decides *which* producer a message goes to, maps Dory's 
 onto librdkafka properties (docs/librdkafka-mapping.md), and turns each delivery report
 into one outcome on the ``Ledger``: delivered, rerouted, or discarded with a reason.
 
-Threads: ``send`` runs on the event-loop thread. Each producer has one poller thread that
-blocks in ``poll()`` (librdkafka wakes it when reports are ready); its delivery callback
-only appends to an inbox and asks the loop to drain it, so every decision and every
-counter update still happens on the loop thread, without locks. The same thread receives
-the producer's statistics (``kafka_stats``), which also tell the router which brokers it
-cannot reach, and notices a fatal error, after which the producer is replaced.
+Threads: everything runs on the event-loop thread, librdkafka's own C threads aside.
+The loop serves each producer's callbacks with ``poll(0)``, which never blocks: once after
+every burst of sends (``call_soon``), then every BUSY_POLL_INTERVAL_S while librdkafka
+holds messages, and every IDLE_POLL_INTERVAL_S otherwise (statistics, librdkafka's log
+lines and fatal errors also arrive through ``poll``). A delivery callback only appends to
+a queue; the loop then settles the queue in one batch: acknowledgements counted per topic
+and per commit-point token, failures one by one (reroute or discard). The statistics
+(``kafka_stats``) also tell the router which brokers it cannot reach; a fatal error
+retires the producer and a new one replaces it. Only a producer being closed (shutdown,
+or after a fatal error) is served by a thread of its own: it flushes, purges, and hands
+its reports to the loop in batches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import threading
@@ -52,8 +58,12 @@ DISABLED_TIME_LINGER_MS = 10_000
 REQUEST_OVERHEAD_BYTES = 64 * 1024
 #: Bytes charged to the memory pool for a message besides its topic, key and value.
 POOL_OVERHEAD_BYTES = 32
-#: How long a poller blocks in poll() before it looks at its stop flag.
-POLL_INTERVAL_S = 0.2
+#: While librdkafka holds messages, the longest the loop goes without serving their
+#: reports (besides the poll after every burst of sends).
+BUSY_POLL_INTERVAL_S = 0.005
+#: With nothing held, the loop still polls this often: statistics (broker liveness),
+#: librdkafka's log lines and a fatal error arrive only through poll().
+IDLE_POLL_INTERVAL_S = STATS_INTERVAL_MS / 1000
 #: At shutdown, how often the flush looks again at its deadline.
 FLUSH_STEP_S = 0.1
 #: At shutdown, the time it takes to report one message still held (the poller serving its
@@ -102,10 +112,20 @@ class EnqueueRefused(PydoryError):
         self.detail = detail
 
 
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A batch of messages Kafka acknowledged: how many per topic and per token (the
+    caller's opaque int given to ``send``), and the pool bytes they held in all."""
+
+    by_topic: Mapping[str, int]
+    by_token: Mapping[int, int]
+    cost: int
+
+
 class Ledger(Protocol):
     """Where dispatch reports each message's final outcome (the daemon's books and pool)."""
 
-    def delivered(self, topic: str, cost: int, token: int) -> None: ...
+    def delivered(self, batch: Delivered) -> None: ...
 
     def discarded(
         self,
@@ -178,28 +198,58 @@ class DeliverySettings:
         return props
 
 
-# One delivery report waiting for the loop: the message, its PartitionKey (None for
-# AnyPartition), how many times it has been sent, the caller's token (an opaque int given
-# to ``send``, returned to the ledger with the outcome: the commit point's epoch), and the
-# producer that reported it.
-_Report = tuple[Any, "int | None", int, int, "_ProducerHandle"]
+# A failed delivery report waiting for the loop: the error, the message, its PartitionKey
+# (None for AnyPartition), how many times it has been sent, the caller's token (an opaque
+# int given to ``send``, returned to the ledger with the outcome: the commit point's
+# epoch), and the producer that reported it.
+_Failure = tuple[Any, Any, "int | None", int, int, "_ProducerHandle"]
+# A successful delivery report: the message and its token.
+_Ack = tuple[Any, int]
+
+
+class _Reports:
+    """Delivery reports waiting for the loop to settle them.
+
+    librdkafka's delivery callbacks only append here, on whichever thread serves them (the
+    loop while the daemon runs, a closing thread at shutdown): appends to a deque are
+    atomic, and every decision is taken later, on the loop, a batch at a time.
+    """
+
+    __slots__ = ("acks", "failures")
+
+    def __init__(self) -> None:
+        self.acks: collections.deque[_Ack] = collections.deque()
+        self.failures: collections.deque[_Failure] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self.acks) + len(self.failures)
 
 
 class _ProducerHandle:
-    """One librdkafka producer and the thread that serves its callbacks."""
+    """One librdkafka producer, served on the loop until it is stopped.
+
+    While the daemon runs, the dispatcher serves this producer's callbacks on the loop
+    thread with :meth:`serve` (``poll(0)``: never blocks). :meth:`request_stop` hands the
+    producer to a closing thread of its own, which flushes it until a deadline, purges
+    what is left, collects those reports and destroys the instance; ``finished`` is then
+    set on the loop.
+    """
 
     def __init__(
         self,
         name: str,
         profile: ProducerProfile,
         properties: dict[str, Any],
-        inbox: Callable[[_Report], None],
+        reports: _Reports,
+        on_reports: Callable[[], None],
         on_statistics: Callable[[_ProducerHandle, ProducerStats], None] | None,
         on_fatal: Callable[[_ProducerHandle], None],
     ):
         self.name = name
         self.profile = profile
-        self._inbox = inbox
+        self._ack = reports.acks.append
+        self._fail = reports.failures.append
+        self._on_reports = on_reports
         self._on_statistics = on_statistics
         self._on_fatal = on_fatal
         if on_statistics is not None:
@@ -209,22 +259,20 @@ class _ProducerHandle:
                 "stats_cb": self._statistics,
             }
         self.producer: Producer | None = Producer(properties)
-        # Set (once, by the poller thread) when librdkafka reports a fatal error: the
-        # instance is unusable and everything it still holds fails.
+        # Set (once) when librdkafka reports a fatal error: the instance is unusable and
+        # everything it still holds fails.
         self.fatal_error: str | None = None
         self.retired = False  # the dispatcher no longer sends through it
+        self.stopping = False  # handed to its closing thread: the loop no longer serves it
         # One callback per token for first-attempt AnyPartition messages (the hot path):
         # tokens are coarse epochs, so this stays small and saves a partial per message.
         self._first_attempt_callbacks: dict[int, Callable[[Any, Any], None]] = {}
-        self._stop = threading.Event()
-        self._flush_until: Callable[[], float] | None = None
-        self._thread = threading.Thread(target=self._serve, name=f"pydory-dr-{name}", daemon=True)
+        self._flush_until: Callable[[], float] = time.monotonic
         self.finished: asyncio.Future[None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.finished = loop.create_future()
         self._loop = loop
-        self._thread.start()
 
     def first_attempt_callback(self, token: int) -> Callable[[Any, Any], None]:
         callback = self._first_attempt_callbacks.get(token)
@@ -235,18 +283,20 @@ class _ProducerHandle:
             self._first_attempt_callbacks[token] = callback
         return callback
 
-    # -- the poller thread ----------------------------------------------------------------
+    # -- callbacks: on the loop thread while running, on the closing thread after ----------
 
-    # librdkafka calls this from poll(), on this handle's thread.
+    # librdkafka calls this from poll() or flush(), once per message.
     def on_delivery(
         self, partition_key: int | None, attempt: int, token: int, err: Any, msg: Any
     ) -> None:
-        self._inbox((msg, partition_key, attempt, token, self))
+        if err is None:
+            self._ack((msg, token))
+        else:
+            self._fail((err, msg, partition_key, attempt, token, self))
 
     def _statistics(self, raw: str) -> None:
-        # Parsed here, not on the loop: the loop thread is the daemon's hot path, and this
-        # way it only ever receives a small frozen ProducerStats, never the raw document
-        # (tens of KB per producer per second) or a parse error.
+        # About once a second per producer: parsed where it arrives, so that the loop
+        # only ever receives a small frozen ProducerStats (or nothing, if unreadable).
         try:
             report = parse_statistics(raw)
         except ValueError as exc:
@@ -255,15 +305,10 @@ class _ProducerHandle:
         assert self._on_statistics is not None
         self._loop.call_soon_threadsafe(self._on_statistics, self, report)
 
-    def _serve(self) -> None:
-        assert self.producer is not None
-        try:
-            while not self._stop.is_set():
-                self._serve_callbacks(self.producer.poll, POLL_INTERVAL_S)
-            self._drain(self.producer)
-        finally:
-            self._destroy_producer()
-            self._loop.call_soon_threadsafe(self._set_finished)
+    def serve(self) -> None:
+        """Loop thread: serve the callbacks librdkafka has ready, without waiting."""
+        if not self.stopping and self.producer is not None:
+            self._serve_callbacks(self.producer.poll, 0)
 
     def _serve_callbacks(self, serve: Callable[[float], object], timeout_s: float) -> None:
         """``producer.poll`` or ``producer.flush``: both serve callbacks, and both raise
@@ -281,12 +326,33 @@ class _ProducerHandle:
             log.error("producer %s: fatal librdkafka error: %s", self.name, error.str())
             self._loop.call_soon_threadsafe(self._on_fatal, self)
 
+    # -- the closing thread -----------------------------------------------------------------
+
+    def request_stop(self, flush_until: Callable[[], float]) -> None:
+        """Loop thread: stop serving this producer on the loop and close it on a thread of
+        its own: flush until ``flush_until()`` (a monotonic time, asked again as the flush
+        goes on), purge what is left, destroy it. Its reports reach the loop in batches."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self._flush_until = flush_until
+        threading.Thread(target=self._close, name=f"pydory-close-{self.name}", daemon=True).start()
+
+    def _close(self) -> None:
+        try:
+            if self.producer is not None:
+                self._drain(self.producer)
+        finally:
+            self._destroy_producer()
+            self._on_reports()
+            self._loop.call_soon_threadsafe(self._set_finished)
+
     def _drain(self, producer: Producer) -> None:
         """Deliver what can be delivered until the flush deadline, then purge the rest
         (their reports come back as _PURGE_QUEUE / _PURGE_INFLIGHT and become discards)."""
-        flush_until = self._flush_until or time.monotonic
-        while len(producer) and (left := flush_until() - time.monotonic()) > 0:
+        while len(producer) and (left := self._flush_until() - time.monotonic()) > 0:
             self._serve_callbacks(producer.flush, min(left, FLUSH_STEP_S))
+            self._on_reports()
         if not len(producer):
             return
         log.warning("producer %s: %d messages undelivered at shutdown", self.name, len(producer))
@@ -304,7 +370,7 @@ class _ProducerHandle:
             )
 
     def _destroy_producer(self) -> None:
-        """Destroy the librdkafka instance here, on the poller thread, so that several
+        """Destroy the librdkafka instance here, on the closing thread, so that several
         producers tear down in parallel and the event loop never waits for one."""
         started = time.monotonic()
         self.producer = None  # the last reference: rd_kafka_destroy() runs now
@@ -314,13 +380,7 @@ class _ProducerHandle:
         if self.finished is not None and not self.finished.done():
             self.finished.set_result(None)
 
-    # -- the loop thread --------------------------------------------------------------------
-
-    def request_stop(self, flush_until: Callable[[], float]) -> None:
-        """Stop polling; flush until ``flush_until()`` (a monotonic time, asked again as
-        the flush goes on), then purge what is left."""
-        self._flush_until = flush_until
-        self._stop.set()
+    # -- any thread -----------------------------------------------------------------------
 
     def queue_length(self) -> int:
         producer = self.producer
@@ -352,8 +412,10 @@ class Dispatcher:
         self._by_topic: dict[str, _ProducerHandle] = {}
         self._retired: set[_ProducerHandle] = set()  # replaced, still settling what they held
         self._handles_created = 0
-        self._reports: collections.deque[_Report] = collections.deque()
-        self._drain_scheduled = False
+        self._reports = _Reports()
+        self._drain_scheduled = False  # a closing thread asked the loop to settle reports
+        self._poll_scheduled = False  # a poll runs once the callbacks in progress are done
+        self._poll_timer: asyncio.TimerHandle | None = None
         # Per topic, messages handed to librdkafka and not yet reported (for kafka_stats).
         self._held: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -364,6 +426,7 @@ class Dispatcher:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._arm_poll_timer(IDLE_POLL_INTERVAL_S)
 
     # -- sending (loop thread) ---------------------------------------------------------
 
@@ -386,7 +449,7 @@ class Dispatcher:
         """
         handle = self._by_topic.get(topic) or self._handle_for(topic)
         if handle is not None and handle.fatal_error is not None:
-            # Its poller saw a fatal error that the loop has not handled yet.
+            # A poll saw a fatal error that the loop has not handled yet.
             self._replace(handle)
             handle = self._by_topic.get(topic) or self._handle_for(topic)
         producer = handle.producer if handle is not None else None
@@ -408,6 +471,10 @@ class Dispatcher:
                 raise EnqueueRefused(DiscardReason.TOO_LONG, err.name()) from None
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, err.name()) from None
         self._held[topic] = self._held.get(topic, 0) + 1
+        if not self._poll_scheduled:
+            self._poll_scheduled = True
+            assert self._loop is not None, "Dispatcher.start() was not called"
+            self._loop.call_soon(self._poll)
 
     def prepare(self, topics: Iterable[str]) -> None:
         """Create the producers these topics need now, so that a librdkafka property it
@@ -443,7 +510,8 @@ class Dispatcher:
             name,
             profile,
             properties,
-            self._post_report,
+            self._reports,
+            self._reports_waiting,
             self._take_statistics if self._stats is not None else None,
             self._replace,
         )
@@ -511,34 +579,82 @@ class Dispatcher:
             log.info("brokers %s reachable again", sorted(back))
         self._on_partition_trouble()
 
-    # -- delivery reports (poller threads -> loop thread) ------------------------------
+    # -- delivery reports (served and settled on the loop thread) ----------------------
 
-    def _post_report(self, report: _Report) -> None:
-        self._reports.append(report)
+    def _poll(self) -> None:
+        """Serve every running producer's ready callbacks, settle the reports, and come
+        back soon if librdkafka still holds messages (else at the idle pace)."""
+        self._poll_scheduled = False
+        for handle in list(self._by_profile.values()):
+            handle.serve()
+        self._drain_reports()
+        held = any(self._held.values())
+        self._arm_poll_timer(BUSY_POLL_INTERVAL_S if held else IDLE_POLL_INTERVAL_S)
+
+    def _arm_poll_timer(self, delay_s: float) -> None:
+        """Make sure a poll happens within ``delay_s`` (one timer, moved earlier if need be)."""
+        loop = self._loop
+        if loop is None or self._closing:
+            return
+        due = loop.time() + delay_s
+        timer = self._poll_timer
+        if timer is not None:
+            if timer.when() <= due:
+                return
+            timer.cancel()
+        self._poll_timer = loop.call_at(due, self._on_poll_timer)
+
+    def _on_poll_timer(self) -> None:
+        self._poll_timer = None
+        self._poll()
+
+    def _reports_waiting(self) -> None:
+        """Any thread (a closing producer's): have the loop settle the reports waiting."""
         if not self._drain_scheduled and self._loop is not None:
             self._drain_scheduled = True
-            self._loop.call_soon_threadsafe(self._drain_reports)
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to settle
+                self._loop.call_soon_threadsafe(self._drain_reports)
 
     def _drain_reports(self) -> None:
+        """Settle every report waiting: acknowledgements as one batch, per topic and per
+        token, then failures one by one (each needs its own decision)."""
         self._drain_scheduled = False
-        reports = self._reports
-        while reports:
-            self._settle(*reports.popleft())
+        acks = self._reports.acks
+        if acks:
+            self._settle_acks(acks)
+        failures = self._reports.failures
+        while failures:
+            self._settle_failure(*failures.popleft())
 
-    def _settle(
+    def _settle_acks(self, acks: collections.deque[_Ack]) -> None:
+        by_topic: dict[str, int] = {}
+        by_token: dict[int, int] = {}
+        cost = 0
+        pop = acks.popleft
+        while acks:
+            msg, token = pop()
+            topic = msg.topic()
+            key = msg.key()
+            by_topic[topic] = by_topic.get(topic, 0) + 1
+            by_token[token] = by_token.get(token, 0) + 1
+            # len(msg) is the value's length, without copying it out.
+            cost += len(topic) + len(msg) + (len(key) if key else 0) + POOL_OVERHEAD_BYTES
+        held = self._held
+        for topic, n in by_topic.items():
+            held[topic] -= n
+        self._ledger.delivered(Delivered(by_topic, by_token, cost))
+
+    def _settle_failure(
         self,
+        err: Any,
         msg: Any,
         partition_key: int | None,
         attempt: int,
         token: int,
         handle: _ProducerHandle,
     ) -> None:
-        err = msg.error()
         topic: str = msg.topic()
         self._held[topic] -= 1
-        if err is None:
-            self._ledger.delivered(topic, pool_cost(topic, msg.key(), msg.value()), token)
-            return
         code = err.code()
         if handle.fatal_error is not None:
             # Whatever the failed producer still held: its fatal error is the verdict.
@@ -611,13 +727,16 @@ class Dispatcher:
         reason shutdown_delay. Returns when every report is settled.
 
         The flush stops early enough to report what is left within ``max_delay_s`` (see
-        SETTLE_TIME_PER_MESSAGE_S). Every producer drains, purges and is destroyed on its
-        own poller thread, all at once, so shutdown costs one producer's teardown, not
+        SETTLE_TIME_PER_MESSAGE_S). Every producer drains, purges and is destroyed on a
+        closing thread of its own, all at once, so shutdown costs one producer's teardown, not
         the sum of them."""
         start = time.monotonic() if requested_at is None else requested_at
         deadline = start + max_delay_s
         latest_reserve = max_delay_s * (1 - MIN_FLUSH_SHARE)
         self._closing = True
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
         handles = [*self._by_profile.values(), *self._retired]
 
         def flush_until() -> float:

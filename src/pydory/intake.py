@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from pydory.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
 from pydory.commit_point import CommitPoint
-from pydory.dispatch import Dispatcher, EnqueueRefused, pool_cost
+from pydory.dispatch import Delivered, Dispatcher, EnqueueRefused, pool_cost
 from pydory.errors import (
     BadTopic,
     ClientProtocolError,
@@ -61,10 +61,13 @@ class DeliveryLedger:
         self._pool = pool
         self._commit_point = commit_point
 
-    def delivered(self, topic: str, cost: int, token: int) -> None:
-        self._books.delivered(topic)
-        self._pool.release(cost)
-        self._commit_point.close(token)
+    def delivered(self, batch: Delivered) -> None:
+        books, close = self._books, self._commit_point.close
+        for topic, n in batch.by_topic.items():
+            books.delivered(topic, n)
+        self._pool.release(batch.cost)
+        for token, n in batch.by_token.items():
+            close(token, n)
 
     def discarded(
         self,

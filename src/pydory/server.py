@@ -104,6 +104,9 @@ class Server:
         self.ready = threading.Event()  # set once inputs are open (for tests and tools)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        # monotonic time of the first stop request: shutdownMaxDelay counts from here, not
+        # from when a busy loop got round to the shutdown sequence.
+        self._stop_requested_at: float | None = None
         self._tasks: asyncio.TaskGroup | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -149,7 +152,14 @@ class Server:
     def request_shutdown(self) -> None:
         """Thread-safe: begin a graceful shutdown."""
         if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            self._loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        """On the loop (signal handler or request_shutdown): note when, then stop."""
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
+        assert self._stop is not None
+        self._stop.set()
 
     def call_soon(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
         """Thread-safe: run ``fn`` on the server's loop and return its result (tests, tools)."""
@@ -205,7 +215,8 @@ class Server:
         max_delay_s = self.config.delivery.shutdown_max_delay_ms / 1000
         try:
             await asyncio.wait_for(
-                self.dispatcher.shutdown(max_delay_s), max_delay_s + SHUTDOWN_GRACE_S
+                self.dispatcher.shutdown(max_delay_s, requested_at=self._stop_requested_at),
+                max_delay_s + SHUTDOWN_GRACE_S,
             )
         except TimeoutError:
             log.exception(
@@ -255,7 +266,7 @@ class Server:
         assert self._stop is not None
         # SIGHUP too: a closed terminal must not kill the daemon without its flush.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._request_stop)
         loop.add_signal_handler(signal.SIGUSR1, self._reopen_log_files)
 
     def _reopen_log_files(self) -> None:
