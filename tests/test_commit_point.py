@@ -183,6 +183,20 @@ def test_settling_a_token_twice_is_an_accounting_error() -> None:
         commit_point.close(token)
 
 
+def test_settling_several_messages_of_a_token_at_once_counts_each() -> None:
+    commit_point = World().commit_point()
+    token = commit_point.open()
+    commit_point.open()
+    commit_point.open()
+    commit_point.close(token, 2)
+    assert commit_point.open_messages == 1
+    with pytest.raises(AccountingError):
+        commit_point.close(token, 2)  # only one is left
+    assert commit_point.open_messages == 1
+    commit_point.close(token)
+    assert commit_point.open_messages == 0
+
+
 def test_accepting_messages_sweeps_at_most_once_per_epoch() -> None:
     world = World(now=100.0)
     commit_point = world.commit_point()  # its creation counts as a sweep

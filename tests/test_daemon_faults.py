@@ -544,9 +544,17 @@ class RecordingLedger:
     def __init__(self) -> None:
         self.outcomes: list[str] = []
         self.first_delivery: asyncio.Event | None = None
+        self.threads: set[str] = set()  # where the outcomes were reported
+        self.tokens: Counter[int] = Counter()
+        self.expected = 0
+        self.all_delivered: asyncio.Event | None = None  # set at ``expected`` outcomes
 
     def delivered(self, batch: Delivered) -> None:
         self.outcomes += ["delivered"] * sum(batch.by_topic.values())
+        self.threads.add(threading.current_thread().name)
+        self.tokens.update(batch.by_token)
+        if self.all_delivered is not None and len(self.outcomes) >= self.expected:
+            self.all_delivered.set()
         if self.first_delivery is not None:
             self.first_delivery.set()
 
@@ -599,6 +607,38 @@ def test_the_shutdown_deadline_counts_from_when_shutdown_was_requested(
 
     asyncio.run(send_then_shut_down())
     assert ledger.outcomes == ["delivered", outcome]
+
+
+def test_delivery_reports_are_served_and_settled_on_the_loop_thread_in_batches(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("on-the-loop")
+    mock_cluster.create_topic(topic, 2)
+    router = Router(MetadataSnapshot.build({1: "b1"}, {topic: {0: 1, 1: 1}}))
+    ledger = RecordingLedger()
+    dispatcher = Dispatcher(
+        DeliverySettings(mock_cluster.bootstrap_servers),
+        lambda topic: ProducerProfile(linger_ms=5, batch_messages=100, batch_bytes=100_000),
+        router,
+        ledger,
+    )
+    threads_while_running: set[str] = set()
+
+    async def send_and_wait() -> None:
+        dispatcher.start(asyncio.get_running_loop())
+        ledger.expected, ledger.all_delivered = 200, asyncio.Event()
+        for i in range(200):
+            dispatcher.send(topic, i % 2, b"m%d" % i, None, 0, token=1 + i // 100)
+        await asyncio.wait_for(ledger.all_delivered.wait(), 30)
+        threads_while_running.update(t.name for t in threading.enumerate())
+        await dispatcher.shutdown(max_delay_s=5.0)
+
+    asyncio.run(send_and_wait())
+    assert ledger.outcomes == ["delivered"] * 200
+    assert ledger.threads == {threading.current_thread().name}  # asyncio.run's thread
+    assert ledger.tokens == {1: 100, 2: 100}
+    # No thread of pydory's own serves the producer while it runs.
+    assert not {name for name in threads_while_running if name.startswith("pydory-")}
 
 
 # --- the daemon as a process -------------------------------------------------------------

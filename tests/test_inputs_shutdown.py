@@ -13,7 +13,7 @@ import asyncio
 import os
 import socket
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,23 +38,23 @@ QUEUED_DATAGRAMS = 8
 class RecordingIntake:
     """The inputs' Intake: records everything, wakes whoever waits for a change."""
 
-    datagrams: list[bytes] = field(default_factory=list)
-    frames: list[tuple[bytes, Transport]] = field(default_factory=list)
+    received: list[bytes] = field(default_factory=list)  # datagrams, in order
+    framed: list[tuple[bytes, Transport]] = field(default_factory=list)
     unclean: list[tuple[bytes, Transport]] = field(default_factory=list)
     broken: list[ClientProtocolError] = field(default_factory=list)
     opened: int = 0
     closed: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def datagram(self, data: bytes) -> None:
-        self.datagrams.append(data)
+    def datagrams(self, burst: Sequence[bytes]) -> None:
+        self.received += burst
         self.changed.set()
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None:
         raise AssertionError("no datagram in these tests is too large")
 
-    def frame(self, data: bytes, transport: Transport) -> None:
-        self.frames.append((data, transport))
+    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+        self.framed += [(data, transport) for data in burst]
         self.changed.set()
 
     def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
@@ -115,7 +115,7 @@ def test_closing_the_datagram_input_reads_the_datagrams_already_queued(socket_di
             for data in sent:
                 client.send(data)
             datagram_input.close()
-            assert intake.datagrams == sent
+            assert intake.received == sent
             assert not os.path.exists(path)
             with pytest.raises(ConnectionError):  # refused, not silently lost
                 client.send(sent[0])
@@ -149,11 +149,11 @@ def test_closing_a_stream_input_reads_what_its_clients_already_sent(
         await stream_input.close()
         for client in (accepted, in_backlog):
             client.close()
-        frames = [frame for frame, _ in intake.frames]
+        frames = [frame for frame, _ in intake.framed]
         assert [frame for frame in frames if b"open-" in frame] == open_sent
         assert [frame for frame in frames if b"backlog-" in frame] == waiting_sent
         assert len(frames) == len(open_sent) + len(waiting_sent)
-        assert {transport for _, transport in intake.frames} == {kind}
+        assert {transport for _, transport in intake.framed} == {kind}
         assert intake.unclean == [(cut_short, kind)]
         assert intake.opened == intake.closed == 2
         assert stream_input.connection_count == 0
@@ -173,7 +173,7 @@ def test_a_unix_client_sending_after_the_drain_is_refused(socket_dir: str) -> No
         await stream_input.close()
         with client, pytest.raises(ConnectionError):
             client.sendall(messages("late", 1)[0])  # EPIPE or a reset: never a silent loss
-        assert intake.frames == []
+        assert intake.framed == []
 
     run(scenario())
 
@@ -197,7 +197,7 @@ def test_an_input_mark_is_reached_once_what_the_sockets_held_is_read(socket_dir:
             sender.sendto(messages("d", 1)[0], path)
             queued = mark()
             assert not queued.reached()
-            await intake.until(lambda: len(intake.datagrams) == 1)
+            await intake.until(lambda: len(intake.received) == 1)
             assert queued.reached()
 
         client = connect(Transport.TCP, tcp)
@@ -209,7 +209,7 @@ def test_an_input_mark_is_reached_once_what_the_sockets_held_is_read(socket_dir:
         client.sendall(messages("s", 1)[0])
         sent = mark()
         assert not sent.reached()  # bytes on an open connection
-        await intake.until(lambda: len(intake.frames) == 1)
+        await intake.until(lambda: len(intake.framed) == 1)
         assert sent.reached()
 
         client.close()

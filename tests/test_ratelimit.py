@@ -97,3 +97,13 @@ def test_a_limit_without_a_positive_interval_is_rejected() -> None:
     limiter = limiter_with({"t": Limit(0, 5)})
     with pytest.raises(ValueError, match="interval_ms=0"):
         limiter.admit("t", now=0.0)
+
+
+def test_a_topic_is_known_unlimited_only_once_its_first_message_looked_its_limit_up() -> None:
+    limiter = limiter_with({"limited": Limit(interval_ms=1000, max_count=5)})
+    assert not limiter.is_unlimited("free")  # not seen yet: admit() must look it up
+    assert not limiter.is_unlimited("limited")
+    limiter.admit("free")
+    limiter.admit("limited")
+    assert limiter.is_unlimited("free")
+    assert not limiter.is_unlimited("limited")

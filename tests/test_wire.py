@@ -398,6 +398,18 @@ def test_any_partition_round_trip(topic: str, value: bytes, key: bytes, timestam
     data = wire.encode_any_partition(topic, value, key, timestamp_ms)
     assert len(data) == wire.encoded_size(len(topic), len(key), len(value), partition_key=False)
     assert wire.decode(data) == wire.Message(topic, value, key, timestamp_ms)
+    # Once decode has seen the topic, the daemon's hot path reads the same fields.
+    assert wire.parse_any_partition(data) == (topic, key, value, timestamp_ms)
+
+
+def test_the_hot_path_leaves_unseen_topics_and_partition_keys_to_decode() -> None:
+    topic = b"never-seen-before"  # built by hand: encoding would validate (and cache) it
+    head = struct.pack(">ihhhh", wire.ANY_PARTITION_OVERHEAD + len(topic) + 1, 256, 0, 0, 17)
+    unseen = head + topic + struct.pack(">qi", 0, 0) + struct.pack(">i", 1) + b"v"
+    assert wire.parse_any_partition(unseen) is None
+    assert wire.decode(unseen) == wire.Message("never-seen-before", b"v")
+    assert wire.parse_any_partition(unseen) == ("never-seen-before", b"", b"v", 0)
+    assert wire.parse_any_partition(wire.encode_partition_key(topic, b"v", 7)) is None
 
 
 @given(
@@ -424,15 +436,21 @@ def decode_outcome(data: bytes) -> str:
     """Decode; return the outcome's name. Any exception but ClientProtocolError escapes.
 
     The wire format leaves no freedom (flags 0, every size implied), so whatever
-    decodes must re-encode to the very same bytes.
+    decodes must re-encode to the very same bytes. The daemon's hot path,
+    ``parse_any_partition``, must agree with decode whenever it answers at all.
     """
+    hot_path = wire.parse_any_partition(data)
     try:
         message = wire.decode(data)
     except ClientProtocolError as error:
         rejection = error
     else:
         assert wire.encode(message) == data
+        if hot_path is not None:
+            assert message.partition_key is None
+            assert hot_path == (message.topic, message.key, message.value, message.timestamp_ms)
         return "Message"
+    assert hot_path is None, f"the hot path accepted what decode refuses: {rejection!r}"
     assert data.startswith(rejection.prefix)
     return type(rejection).__name__
 

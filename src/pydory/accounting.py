@@ -115,6 +115,9 @@ _TOPIC_DISCARDS: frozenset[DiscardReason] = frozenset(
 )
 
 _STREAM_TRANSPORTS = frozenset({Transport.UNIX_STREAM, Transport.TCP})
+# Counter names, formatted once rather than per message.
+_RECEIVED_COUNTER = {transport: f"received_{transport}" for transport in Transport}
+_DISCARDED_COUNTER = {reason: f"discarded_{reason}" for reason in DiscardReason}
 
 
 class AccountingError(PydoryError):
@@ -253,8 +256,10 @@ class _Period:
         self.recent_bad_topics: _RecentItems[str] = _RecentItems(recent_limit)
         self.recent_too_long: _RecentItems[bytes] = _RecentItems(recent_limit)
         self.rate_limit_discards: Counter[str] = Counter()
-        self.discard_topics: dict[str, TopicInterval] = {}
-        self.duplicate_topics: dict[str, TopicInterval] = {}
+        # topic -> [min timestamp, max timestamp, count]: updated in place on every
+        # discard (a flood costs no object per message), frozen in snapshot().
+        self.discard_topics: dict[str, list[int]] = {}
+        self.duplicate_topics: dict[str, list[int]] = {}
         self.discards_by_reason: Counter[DiscardReason] = Counter()
         self.kafka_errors: Counter[str] = Counter()
 
@@ -279,8 +284,8 @@ class _Period:
             recent_bad_topic=self.recent_bad_topics.newest_first(),
             recent_too_long_msg=self.recent_too_long.newest_first(),
             rate_limit_discard=tuple(sorted(self.rate_limit_discards.items())),
-            discard_topic=tuple(sorted(self.discard_topics.items())),
-            possible_duplicate_topic=tuple(sorted(self.duplicate_topics.items())),
+            discard_topic=_frozen_intervals(self.discard_topics),
+            possible_duplicate_topic=_frozen_intervals(self.duplicate_topics),
             discards_by_reason=MappingProxyType(
                 {reason: self.discards_by_reason[reason] for reason in DiscardReason}
             ),
@@ -553,7 +558,7 @@ class Books:
     def received(self, transport: Transport, n: int = 1) -> None:
         """``n`` messages arrived on ``transport`` and were framed (not yet admitted)."""
         self._received[transport] += n
-        self.counters.inc(f"received_{transport}", n)
+        self.counters.inc(_RECEIVED_COUNTER[transport], n)
 
     def accepted(self, topic: str, n: int = 1) -> None:
         """``n`` messages of ``topic`` passed admission: the daemon now answers for them."""
@@ -611,7 +616,7 @@ class Books:
             self._record_input_discard(reason, topic, prefix, transport, api_version)
         self._lifetime_discards[reason] += 1
         self._current.discards_by_reason[reason] += 1
-        self.counters.inc(f"discarded_{reason}")
+        self.counters.inc(_DISCARDED_COUNTER[reason])
         if self._discard_sink is not None:
             event = DiscardEvent(
                 reason, topic, client_timestamp_ms, key, prefix, detail, transport, api_version
@@ -695,9 +700,12 @@ class Books:
         self, reason: DiscardReason, topic: str, timestamp_ms: int, prefix: bytes, detail: str
     ) -> None:
         """A discard of a message with a topic: per-topic books, then Dory's report."""
-        if reason in AFTER_ACCEPTANCE:
-            self._require_in_flight(topic, 1, f"discarded ({reason})")
-        self._ledger(topic).discard(reason)
+        ledger = self._topics.get(topic)
+        if reason in AFTER_ACCEPTANCE and (ledger is None or ledger.in_flight < 1):
+            self._require_in_flight(topic, 1, f"discarded ({reason})")  # raises
+        if ledger is None:
+            ledger = self._topics[topic] = _TopicLedger()
+        ledger.discard(reason)
         period = self._current
         _widen(period.discard_topics, topic, timestamp_ms)
         if reason is DiscardReason.TOO_LONG:
@@ -745,10 +753,22 @@ class Books:
         return bytes(data[: self._prefix_size])
 
 
-def _widen(intervals: dict[str, TopicInterval], topic: str, timestamp_ms: int) -> None:
+def _widen(intervals: dict[str, list[int]], topic: str, timestamp_ms: int) -> None:
     """Count one event of ``topic`` at ``timestamp_ms`` in a per-topic interval map."""
     known = intervals.get(topic)
     if known is None:
-        intervals[topic] = TopicInterval(timestamp_ms, timestamp_ms, 1)
-    else:
-        intervals[topic] = known.including(timestamp_ms)
+        intervals[topic] = [timestamp_ms, timestamp_ms, 1]
+        return
+    if timestamp_ms < known[0]:
+        known[0] = timestamp_ms
+    elif timestamp_ms > known[1]:
+        known[1] = timestamp_ms
+    known[2] += 1
+
+
+def _frozen_intervals(intervals: dict[str, list[int]]) -> tuple[tuple[str, TopicInterval], ...]:
+    """A period's per-topic intervals as the report shows them, sorted by topic."""
+    return tuple(
+        (topic, TopicInterval(low, high, count))
+        for topic, (low, high, count) in sorted(intervals.items())
+    )

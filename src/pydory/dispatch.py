@@ -66,8 +66,9 @@ BUSY_POLL_INTERVAL_S = 0.005
 IDLE_POLL_INTERVAL_S = STATS_INTERVAL_MS / 1000
 #: At shutdown, how often the flush looks again at its deadline.
 FLUSH_STEP_S = 0.1
-#: At shutdown, the time it takes to report one message still held (the poller serving its
-#: report and the loop settling it in the books): 15-25 us measured here. The flush stops
+#: At shutdown, the time it takes to report one message still held (the closing thread
+#: serving its report and the loop settling it in the books): 7-8 us measured here for a
+#: purge of 50,000 messages, more on a loaded machine. The flush stops
 #: early by that much per message held, so that shutdownMaxDelay bounds the reporting too,
 #: not only the flush ...
 SETTLE_TIME_PER_MESSAGE_S = 30e-6
@@ -266,7 +267,7 @@ class _ProducerHandle:
         self.stopping = False  # handed to its closing thread: the loop no longer serves it
         # One callback per token for first-attempt AnyPartition messages (the hot path):
         # tokens are coarse epochs, so this stays small and saves a partial per message.
-        self._first_attempt_callbacks: dict[int, Callable[[Any, Any], None]] = {}
+        self.first_attempt_callbacks: dict[int, Callable[[Any, Any], None]] = {}
         self._flush_until: Callable[[], float] = time.monotonic
         self.finished: asyncio.Future[None] | None = None
 
@@ -275,12 +276,14 @@ class _ProducerHandle:
         self._loop = loop
 
     def first_attempt_callback(self, token: int) -> Callable[[Any, Any], None]:
-        callback = self._first_attempt_callbacks.get(token)
+        """The delivery callback of a first-attempt AnyPartition message under ``token``
+        (cached in ``first_attempt_callbacks``, which ``send`` reads first)."""
+        callback = self.first_attempt_callbacks.get(token)
         if callback is None:
-            if len(self._first_attempt_callbacks) > 1024:
-                self._first_attempt_callbacks.clear()
+            if len(self.first_attempt_callbacks) > 1024:
+                self.first_attempt_callbacks.clear()
             callback = functools.partial(self.on_delivery, None, 1, token)
-            self._first_attempt_callbacks[token] = callback
+            self.first_attempt_callbacks[token] = callback
         return callback
 
     # -- callbacks: on the loop thread while running, on the closing thread after ----------
@@ -457,7 +460,9 @@ class Dispatcher:
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "producer unavailable")
         try:
             if partition_key is None and attempt == 1:
-                callback = handle.first_attempt_callback(token)
+                callback = handle.first_attempt_callbacks.get(
+                    token
+                ) or handle.first_attempt_callback(token)
             else:
                 callback = functools.partial(handle.on_delivery, partition_key, attempt, token)
             producer.produce(

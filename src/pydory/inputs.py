@@ -37,7 +37,7 @@ import struct
 import termios
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
 from pydory.accounting import Transport
@@ -64,11 +64,11 @@ MAX_DGRAM_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
 class Intake(Protocol):
     """What the input agents hand their bytes to (implemented by pydory.intake)."""
 
-    def datagram(self, data: bytes) -> None: ...
+    def datagrams(self, burst: Sequence[bytes]) -> None: ...
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None: ...
 
-    def frame(self, data: bytes, transport: Transport) -> None: ...
+    def frames(self, burst: Sequence[bytes], transport: Transport) -> None: ...
 
     def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None: ...
 
@@ -352,20 +352,35 @@ class DatagramInput:
         """Read up to ``limit`` datagrams into the intake; True if the queue ran empty."""
         recv_into = sock.recv_into
         buffer, view, max_size = self._buffer, self._view, self._max
+        capacity = len(buffer)
         intake = self._intake
-        for count in range(limit):
-            try:
-                size = recv_into(buffer, len(buffer), socket.MSG_TRUNC)
-            except (BlockingIOError, InterruptedError):
-                self.datagrams_read += count
-                self.times_drained += 1
-                return True
-            if size > max_size:
+        burst: list[bytes] = []
+        keep = burst.append
+        read = 0
+        drained = False
+        try:
+            while read < limit:
+                try:
+                    size = recv_into(buffer, capacity, socket.MSG_TRUNC)
+                except (BlockingIOError, InterruptedError):
+                    drained = True
+                    break
+                read += 1
+                if size <= max_size:
+                    keep(bytes(view[:size]))
+                    continue
+                if burst:  # the ones before it first, in order
+                    intake.datagrams(burst)
+                    burst.clear()
                 intake.datagram_too_large(size, bytes(view[: min(size, 64)]))
-            else:
-                intake.datagram(bytes(view[:size]))
-        self.datagrams_read += limit
-        return False
+        finally:
+            # Handed over as one burst: the intake counts and books once per burst.
+            if burst:
+                intake.datagrams(burst)
+            self.datagrams_read += read
+            if drained:
+                self.times_drained += 1
+        return drained
 
     def close(self) -> None:
         """Stop reading, hand the intake the datagrams already queued, close the socket and
@@ -407,19 +422,22 @@ class _FrameReader:
             return False
         framer = self._framer
         framer.feed(data)
-        frame_to_intake = self._intake.frame
-        kind = self._kind
+        frames: list[bytes] = []
+        keep = frames.append
         try:
-            while True:
-                frame = framer.next_frame()
-                if frame is NEED_DATA:
-                    return True
-                frame_to_intake(frame, kind)
+            while (frame := framer.next_frame()) is not NEED_DATA:
+                keep(frame)
         except ClientProtocolError as error:
             # An oversized or nonsensical Size: a buggy client.
             self.broken = True
-            self._intake.broken_stream(error, kind)
+            if frames:
+                self._intake.frames(frames, self._kind)  # those before it, first
+            self._intake.broken_stream(error, self._kind)
             return False
+        if frames:
+            # Handed over as one burst: the intake counts and books once per burst.
+            self._intake.frames(frames, self._kind)
+        return True
 
     def finish(self) -> None:
         """The connection ended: a message left incomplete is an unclean disconnect."""

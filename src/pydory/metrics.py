@@ -158,7 +158,8 @@ class DaemonCollector(Collector):
         queued = GaugeMetricFamily(
             "pydory_queue_messages",
             "Messages in librdkafka per topic and stage: batch (not yet in a request), "
-            "send_wait (in the transmit queue), ack_wait (sent, awaiting the broker's ack).",
+            "send_wait (in a produce request not yet sent), "
+            "ack_wait (sent, awaiting the broker's ack).",
             labels=["topic", "stage"],
         )
         for topic, queues in sorted(snapshot.topics.items()):

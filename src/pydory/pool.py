@@ -95,12 +95,14 @@ class MemoryPool:
         """
         if size <= 0:
             raise ValueError(f"allocation size must be positive, got {size}")
-        if self.is_depleted:
+        used = self._used
+        if used >= self._budget:
             self._refused_count += 1
             return False
-        self._used += size
+        used = self._used = used + size
         self._granted_count += 1
-        self._note_depletion_state()
+        if used >= self._budget:  # on the hot path: the depletion check, inlined
+            self._note_depletion_state()
         return True
 
     def release(self, size: int) -> None:
@@ -113,7 +115,8 @@ class MemoryPool:
                 "(a double release or a release without allocation)"
             )
         self._used -= size
-        self._note_depletion_state()
+        if self._depleted_since is not None:
+            self._note_depletion_state()
 
     def depleted_seconds(self) -> float:
         """Total seconds the pool has spent depleted since it was created."""

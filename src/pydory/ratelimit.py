@@ -55,6 +55,9 @@ class _TopicWindow:
     count: int = 0
 
 
+_UNSEEN = _TopicWindow(interval_ms=1, max_count=0, start_ms=0)  # a sentinel, never used
+
+
 class TopicRateLimiter:
     """Admits or refuses each message of a topic according to that topic's rate limit."""
 
@@ -72,6 +75,12 @@ class TopicRateLimiter:
         self._clock = clock
         # None marks a topic known to be unlimited, so it costs one dict lookup per message.
         self._windows: dict[str, _TopicWindow | None] = {}
+
+    def is_unlimited(self, topic: str) -> bool:
+        """True if ``topic`` is known to have no limit: :meth:`admit` would admit its
+        messages without counting them, so a caller may skip it. False for a topic not
+        seen yet (its first :meth:`admit` looks its limit up)."""
+        return self._windows.get(topic, _UNSEEN) is None
 
     def admit(self, topic: str, now: float | None = None) -> bool:
         """Count one message of ``topic``; True if it is within the limit, False to discard.

@@ -113,7 +113,8 @@ class Router:
         self._unavailable_partitions: frozenset[tuple[str, int]] = frozenset()
         # topic -> the partitions to route to now (never empty: see _routable)
         self._routable: dict[str, tuple[int, ...]] = {}
-        # topic -> [index into routable partitions, messages left in the current run]
+        # topic -> [index into routable partitions, messages left in the current run,
+        #           the partition of the current run]
         self._cursor: dict[str, list[int]] = {}
 
     @property
@@ -194,14 +195,20 @@ class Router:
     def any_partition(self, topic: str, avoid: int | None = None) -> int:
         """Next partition for an AnyPartition message; ``avoid`` skips one partition (a
         reroute away from a partition that just failed) when another is available."""
+        cursor = self._cursor.get(topic)
+        if cursor is not None and cursor[1] > 0 and avoid is None:
+            cursor[1] -= 1  # the hot path: the run goes on
+            return cursor[2]
         choices = self._routable_partitions(topic)
         if avoid is not None and len(choices) > 1 and avoid in choices:
             choices = tuple(p for p in choices if p != avoid)
-        cursor = self._cursor.get(topic)
         if cursor is None:
-            cursor = self._cursor[topic] = [0, ANY_PARTITION_RUN]
+            cursor = self._cursor[topic] = [0, ANY_PARTITION_RUN, NO_LEADER]
         if cursor[1] <= 0:
             cursor[0] += 1
             cursor[1] = ANY_PARTITION_RUN
         cursor[1] -= 1
+        # The run's partition among every routable one: what the hot path returns.
+        routable = self._routable_partitions(topic)
+        cursor[2] = routable[cursor[0] % len(routable)]
         return choices[cursor[0] % len(choices)]

@@ -61,6 +61,7 @@ __all__ = [
     "encode_any_partition",
     "encode_partition_key",
     "encoded_size",
+    "parse_any_partition",
     "validate_topic",
 ]
 
@@ -85,7 +86,7 @@ _ANY_PARTITION_START = struct.Struct(">hh")  # Flags TopicSize
 _PARTITION_KEY_START = struct.Struct(">hIh")  # Flags PartitionKey TopicSize
 _TIMESTAMP_KEY_SIZE = struct.Struct(">qi")  # Timestamp KeySize (right after the topic)
 _VALUE_SIZE = struct.Struct(">i")
-_ANY_PARTITION_HEAD = struct.Struct(">ihhhh")  # header + Flags TopicSize, for encoding
+_ANY_PARTITION_HEAD = struct.Struct(">ihhhh")  # header + Flags TopicSize
 _PARTITION_KEY_HEAD = struct.Struct(">ihhhIh")  # header + Flags PartitionKey TopicSize
 
 _HEADER_SIZE: Final = _HEADER.size  # 8
@@ -377,6 +378,48 @@ def _decoded_topic(buf: bytes, start: int, end: int, prefix_size: int) -> str:
             raise BadTopic(problem, prefix=buf[:prefix_size], topic=raw_topic)
         topic = _remember_topic(raw_topic)
     return topic
+
+
+def parse_any_partition(data: bytes) -> tuple[str, bytes, bytes, int] | None:
+    """The daemon's hot path: ``(topic, key, value, timestamp_ms)`` of a well-formed
+    AnyPartition message whose topic is already known to be legal; None for any other
+    bytes, which :func:`decode` must then judge (it gives the exact discard reason).
+
+    Whenever this returns fields, ``decode(data)`` returns a Message with the same ones:
+    the checks are the same, done with fewer steps and no Message object.
+    """
+    length = len(data)
+    if length < ANY_PARTITION_OVERHEAD:
+        return None
+    size, api_key, api_version, flags, topic_size = _ANY_PARTITION_HEAD_UNPACK(data)
+    if (
+        size != length
+        or api_key != ANY_PARTITION_API_KEY
+        or api_version != API_VERSION
+        or flags != 0
+        or topic_size <= 0
+    ):
+        return None
+    topic_end = _ANY_PARTITION_TOPIC_OFFSET + topic_size
+    key_start = topic_end + _AFTER_TOPIC_SIZE
+    if key_start > length:
+        return None
+    timestamp_ms, key_size = _TIMESTAMP_KEY_SIZE_UNPACK(data, topic_end)
+    key_end = key_start + key_size
+    if key_size < 0 or key_end + 4 > length:
+        return None
+    (value_size,) = _VALUE_SIZE_UNPACK(data, key_end)
+    if key_end + 4 + value_size != length:  # so value_size >= 0 too
+        return None
+    topic = _topic_by_bytes.get(data[_ANY_PARTITION_TOPIC_OFFSET:topic_end])
+    if topic is None:
+        return None
+    return topic, data[key_start:key_end], data[key_end + 4 :], timestamp_ms
+
+
+_ANY_PARTITION_HEAD_UNPACK = _ANY_PARTITION_HEAD.unpack_from
+_TIMESTAMP_KEY_SIZE_UNPACK = _TIMESTAMP_KEY_SIZE.unpack_from
+_VALUE_SIZE_UNPACK = _VALUE_SIZE.unpack_from
 
 
 # --- stream framing ----------------------------------------------------------------------
