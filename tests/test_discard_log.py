@@ -645,7 +645,9 @@ def test_a_daemon_writes_each_discard_to_the_file_and_the_log(
     assert by_info["VERSION(7)"].message == malformed
     assert by_info["MALFORMED"].message == b"\x00\x00\x00\x05!"
     assert (by_info["RATE_LIMIT"].topic, by_info["RATE_LIMIT"].timestamp_ms) == (topic, TS_MS + 1)
+    assert by_info["RATE_LIMIT"].message == b"second: rate limited"
     assert by_info["BAD_TOPIC"].topic == "no-such-topic"
+    assert by_info["BAD_TOPIC"].message == b"nowhere"
     assert by_info["LONG_MSG"].message == b"L" * 64  # maxMsgPrefixSize
     assert all(line.event == "DISC" for line in by_info.values())
     assert any(r.startswith("discarded a message (rate_limit)") for r in discard_records())

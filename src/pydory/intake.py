@@ -168,7 +168,10 @@ class Intake:
                     continue
                 cost = len(topic) + size + POOL_OVERHEAD_BYTES
                 if not pool.try_allocate(cost):
-                    books.discarded(DiscardReason.NO_MEMORY, topic, timestamp_ms)
+                    # The message goes to the discard log (if enabled); the report ignores it.
+                    books.discarded(
+                        DiscardReason.NO_MEMORY, topic, timestamp_ms, prefix=value, key=key
+                    )
                     continue
                 token = open_token()
                 try:
@@ -266,11 +269,23 @@ class Intake:
             return
         cost = pool_cost(topic, message.key, message.value)
         if not self._pool.try_allocate(cost):
-            books.discarded(DiscardReason.NO_MEMORY, topic, message.timestamp_ms)
+            books.discarded(
+                DiscardReason.NO_MEMORY,
+                topic,
+                message.timestamp_ms,
+                prefix=message.value,
+                key=message.key,
+            )
             return
         if not self._limiter.admit(topic):
             self._pool.release(cost)
-            books.discarded(DiscardReason.RATE_LIMIT, topic, message.timestamp_ms)
+            books.discarded(
+                DiscardReason.RATE_LIMIT,
+                topic,
+                message.timestamp_ms,
+                prefix=message.value,
+                key=message.key,
+            )
             return
         if not self._router.knows(topic):
             self._unknown_topic(message, cost)
@@ -327,7 +342,13 @@ class Intake:
         topic = message.topic
         if self._autocreate is None:
             self._pool.release(cost)
-            self._books.discarded(DiscardReason.BAD_TOPIC, topic, message.timestamp_ms)
+            self._books.discarded(
+                DiscardReason.BAD_TOPIC,
+                topic,
+                message.timestamp_ms,
+                prefix=message.value,
+                key=message.key,
+            )
             self._on_unknown_topic(topic)
             return
         pending = self._pending.get(topic)
@@ -348,7 +369,13 @@ class Intake:
             else:
                 self._pool.release(cost)
                 self._commit_point.close(token)
-                self._books.discarded(DiscardReason.BAD_TOPIC, topic, message.timestamp_ms)
+                self._books.discarded(
+                    DiscardReason.BAD_TOPIC,
+                    topic,
+                    message.timestamp_ms,
+                    prefix=message.value,
+                    key=message.key,
+                )
 
     @property
     def pending_topic_messages(self) -> int:
