@@ -737,11 +737,20 @@ class StreamingClient(threading.Thread):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("pause_s", "limit"),
+    [
+        pytest.param(0.005, 100_000, id="steady"),  # about 10,000 messages a second
+        pytest.param(0.0, 1_000_000, id="flood"),  # as fast as the daemon takes them
+    ],
+)
 def test_sigterm_under_load_with_slow_brokers_exits_in_time_with_every_message_reported(
     mock_cluster: MockCluster,
     unique_topic: Callable[[str], str],
     socket_dir: str,
     tmp_path: Path,
+    pause_s: float,
+    limit: int,
 ) -> None:
     topic = unique_topic("sigterm")
     mock_cluster.create_topic(topic, 4)
@@ -757,8 +766,7 @@ def test_sigterm_under_load_with_slow_brokers_exits_in_time_with_every_message_r
     try:
         assert daemon.ready.wait(30), daemon.output()
         assert stat.S_ISSOCK(os.stat(config.stream_path).st_mode)
-        # About 10,000 messages a second, steadily.
-        client = StreamingClient(config.stream_path, topic, pause_s=0.005)
+        client = StreamingClient(config.stream_path, topic, limit=limit, pause_s=pause_s)
         client.start()
         assert client.wait_for(2000)
         # Every broker now answers after 2.5 s: more than shutdownMaxDelay, so whatever

@@ -382,6 +382,12 @@ class DatagramInput:
                 self.times_drained += 1
         return drained
 
+    def pause(self) -> None:
+        """Stop reading for now (a shutdown was requested): what clients send meanwhile
+        waits in the socket, for :meth:`close` to read, and the loop is free to shut down."""
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+
     def close(self) -> None:
         """Stop reading, hand the intake the datagrams already queued, close the socket and
         remove its file."""
@@ -519,6 +525,11 @@ class StreamInputProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def pause(self) -> None:
+        """Stop reading for now; :meth:`drain_and_close` reads what waits meanwhile."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
     def drain_and_close(self, deadline: float) -> None:
         """Shutdown: hand the intake what the kernel holds for this connection, then close."""
         transport = self._transport
@@ -631,6 +642,13 @@ class StreamInput:
         else:
             self._servers.append(v6)
         log.info("listening for TCP connections on loopback port %d", bound_port)
+
+    def pause(self) -> None:
+        """Stop reading the open connections for now (a shutdown was requested), so that a
+        flooding client cannot keep the loop from shutting down; :meth:`close` then reads
+        what they sent meanwhile."""
+        for connection in self._connections.ready:
+            connection.pause()
 
     async def close(self) -> None:
         """Stop accepting; hand the intake everything clients already sent, connections

@@ -158,6 +158,12 @@ class Server:
         """On the loop (signal handler or request_shutdown): note when, then stop."""
         if self._stop_requested_at is None:
             self._stop_requested_at = time.monotonic()
+            # Under a flood the loop would keep reading input and reach the shutdown late;
+            # paused, the inputs leave it in the kernel for the shutdown read.
+            if self.datagram_input is not None:
+                self.datagram_input.pause()
+            for stream_input in self.stream_inputs:
+                stream_input.pause()
         assert self._stop is not None
         self._stop.set()
 
