@@ -14,10 +14,10 @@ from pydory import wire
 from pydory.bench import workload
 from pydory.bench.child import BenchError, ChildProcess
 from pydory.bench.cli import main as bench_main
-from pydory.bench.daemon_config import BenchDaemonConfig
 from pydory.bench.harness import round_order
 from pydory.bench.latency import percentile, summarize
 from pydory.bench.report import Spread
+from pydory.bench.runs import daemon_config, generator_address
 from pydory.bench.settings import TOPIC, BenchSettings
 from pydory.config import parse_config
 
@@ -95,20 +95,17 @@ def test_probes_stay_under_one_percent_of_the_load() -> None:
 def test_the_daemon_config_is_valid_and_enables_only_the_transport(
     transport: str, tmp_path: Path
 ) -> None:
-    config = BenchDaemonConfig(
-        "127.0.0.1:9092,127.0.0.1:9093",
-        tmp_path,
-        transport,
-        http_port=9999,
-        tcp_port=19092 if transport == "tcp" else None,
-        compression="lz4",
-    )
+    settings = BenchSettings(transport=transport, compression="lz4")
+    config = daemon_config(settings, "127.0.0.1:9092,127.0.0.1:9093", tmp_path)
     parsed = parse_config(config.render(), source="<bench>")
     sources = parsed.inputs
     assert (sources.unix_datagram.path is not None) == (transport == "dgram")
     assert (sources.unix_stream.path is not None) == (transport == "stream")
     assert (sources.tcp.port is not None) == (transport == "tcp")
     assert parsed.compression_for(TOPIC).type == "lz4"
+    address = generator_address(config, transport)
+    expected = {"dgram": config.datagram_path, "stream": config.stream_path}
+    assert address == expected.get(transport, config.tcp_port)
 
 
 # --- arithmetic ----------------------------------------------------------------------------

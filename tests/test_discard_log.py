@@ -588,23 +588,6 @@ def test_both_outputs_receive_each_discard(
 # --- through a running daemon --------------------------------------------------------------
 
 
-@dataclass
-class DiscardLoggingDaemon(DaemonConfig):
-    """A test daemon whose config enables the discard log file."""
-
-    discard_log_path: str = ""
-
-    def render(self) -> str:
-        section = f"""    <discardLogging enable="true">
-        <path value="{self.discard_log_path}" />
-        <maxFileSize value="1m" />
-        <maxArchiveSize value="4m" />
-        <maxMsgPrefixSize value="64" />
-    </discardLogging>
-"""
-        return super().render().replace("    <kafkaConfig>", section + "    <kafkaConfig>", 1)
-
-
 @pytest.fixture
 def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     # UNIX socket paths are limited to ~108 bytes: keep them short.
@@ -621,7 +604,7 @@ def test_a_daemon_writes_each_discard_to_the_file_and_the_log(
     topic = unique_topic("dlog")
     mock_cluster.create_topic(topic, 2)
     path = tmp_path / "logs" / "discard.log"  # the directory is created
-    config = DiscardLoggingDaemon(
+    config = DaemonConfig(
         mock_cluster.bootstrap_servers,
         socket_dir,
         message_max_bytes=2000,
@@ -676,7 +659,7 @@ def test_sigusr1_makes_a_serving_daemon_reopen_its_discard_log(
     mock_cluster: MockCluster, socket_dir: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "discard.log"
-    config = DiscardLoggingDaemon(
+    config = DaemonConfig(
         mock_cluster.bootstrap_servers, socket_dir, tcp_port=None, discard_log_path=str(path)
     )
     config_path = tmp_path / "dory_conf.xml"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pydory.bench.child import BenchError, stop_process
-from pydory.bench.daemon_config import BenchDaemonConfig
+from pydory.testing.daemon_config import DaemonConfig
 
 #: Between two looks at the status interface while the daemon starts.
 STARTUP_POLL_S = 0.05
@@ -51,9 +51,7 @@ class DaemonProcess:
     one (put first on the daemon's PYTHONPATH), e.g. ``src`` of another checkout.
     """
 
-    def __init__(
-        self, config: BenchDaemonConfig, workdir: Path, source: Path | None = None
-    ) -> None:
+    def __init__(self, config: DaemonConfig, workdir: Path, source: Path | None = None) -> None:
         self.config = config
         self._source = source
         self._config_path = workdir / "pydory.xml"

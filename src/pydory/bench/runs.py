@@ -21,11 +21,11 @@ from typing import Any
 from pydory.bench import procfs
 from pydory.bench.child import BenchError, ChildProcess, stop_process
 from pydory.bench.daemon import DaemonProcess
-from pydory.bench.daemon_config import BenchDaemonConfig
 from pydory.bench.latency import ProbeConsumer
 from pydory.bench.report import DirectRun, PydoryRun, RawRun
 from pydory.bench.settings import BROKERS, PARTITIONS, PROBE_TOPIC, TOPIC, BenchSettings
 from pydory.bench.workload import split_messages
+from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.mock_cluster import MockCluster
 from pydory.testing.ports import free_loopback_port
 
@@ -133,22 +133,34 @@ def _mock_cluster() -> MockCluster:
     return cluster
 
 
-def daemon_config(
-    settings: BenchSettings, bootstrap_servers: str, workdir: Path
-) -> BenchDaemonConfig:
+def daemon_config(settings: BenchSettings, bootstrap_servers: str, workdir: Path) -> DaemonConfig:
     """The daemon's config for a run: only the input under test, the run's batching and
     compression, and a maxBuffer like Dory's anchor (128m)."""
-    return BenchDaemonConfig(
+    transport = settings.transport
+    return DaemonConfig(
         bootstrap_servers=bootstrap_servers,
-        socket_dir=workdir,
-        transport=settings.transport,
-        http_port=free_loopback_port(),
-        tcp_port=free_loopback_port() if settings.transport == "tcp" else None,
+        socket_dir=str(workdir),
+        tcp_port=free_loopback_port() if transport == "tcp" else None,
+        unix_stream=transport == "stream",
+        unix_datagram=transport == "dgram",
         max_buffer=settings.max_buffer,
-        linger_ms=settings.linger_ms,
+        batching_time_ms=settings.linger_ms,
         compression=settings.compression,
         shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
+        log_level="WARNING",
+        log_to_stdout=True,
     )
+
+
+def generator_address(config: DaemonConfig, transport: str) -> str | int:
+    """Where the generators write: the input's socket path, or its TCP port."""
+    if transport == "dgram":
+        return config.datagram_path
+    if transport == "stream":
+        return config.stream_path
+    if config.tcp_port is None:
+        raise ValueError("the tcp transport needs a tcp_port")
+    return config.tcp_port
 
 
 def run_pydory(settings: BenchSettings, workdir: Path, profile: Path | None = None) -> PydoryRun:
@@ -163,7 +175,8 @@ def run_pydory(settings: BenchSettings, workdir: Path, profile: Path | None = No
         probes = ProbeConsumer(cluster.bootstrap_servers, PROBE_TOPIC)
         probes.start()
         stack.callback(probes.stop)
-        generators = start_generators(settings, config.address, workdir, stack, probes=True)
+        address = generator_address(config, settings.transport)
+        generators = start_generators(settings, address, workdir, stack, probes=True)
         if profile is not None:
             stack.enter_context(_py_spy(daemon.pid, profile, workdir))
         cpu_before = procfs.cpu_seconds(daemon.pid)

@@ -29,10 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydory.accounting import AFTER_ACCEPTANCE, DiscardReason
-from pydory.config import load_config
+from pydory.commands.daemon_url import DEFAULT_URL, daemon_url
 from pydory.errors import ConfigError, PydoryError
 
-DEFAULT_URL = "http://127.0.0.1:9090"  # Dory's default httpInterface port
 DEFAULT_TIMEOUT_S = 5.0
 EXIT_UNREACHABLE = 2
 
@@ -98,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     """Handler of `pydory status`."""
     try:
-        base_url = _base_url(args)
+        base_url = daemon_url(args.url, args.config_path)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 1
@@ -126,13 +125,6 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def _base_url(args: argparse.Namespace) -> str:
-    if args.config_path is not None:
-        return f"http://127.0.0.1:{load_config(args.config_path).http.port}"
-    url = str(args.url or DEFAULT_URL).rstrip("/")
-    return url if "://" in url else f"http://{url}"  # "localhost:9090" means HTTP
 
 
 # --- fetching ------------------------------------------------------------------------------

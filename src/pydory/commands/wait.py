@@ -22,12 +22,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from pydory.commands.daemon_url import DEFAULT_URL, daemon_url
 from pydory.commit_point import LONG_POLL_MAX_S
-from pydory.config import load_config
 from pydory.errors import ConfigError
 
-#: Dory's default httpInterface port, on loopback.
-DEFAULT_URL = "http://127.0.0.1:9090"
 DEFAULT_TIMEOUT_S = 60.0
 #: How much longer than its long-poll an HTTP request may take before the daemon counts
 #: as unreachable.
@@ -145,20 +143,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _base_url(args: argparse.Namespace) -> str:
-    if args.url is not None:
-        url = str(args.url).rstrip("/")
-        return url if "://" in url else f"http://{url}"  # "localhost:9090" means HTTP
-    if args.config_path is None:
-        return DEFAULT_URL
     try:
-        config = load_config(args.config_path)
+        return daemon_url(args.url, args.config_path)
     except ConfigError as error:
         raise _Unreachable(str(error)) from None
     except OSError as error:
         raise _Unreachable(
             f"cannot read config file {args.config_path}: {error.strerror}"
         ) from None
-    return f"http://127.0.0.1:{config.http.port}"
 
 
 def _ask(base_url: str, after: str, timeout_s: float) -> _Answer:

@@ -7,161 +7,20 @@ uvloop loop in a background thread and stops it gracefully.
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from xml.sax.saxutils import quoteattr
 
 import uvloop
 
 from pydory.config import parse_config
 from pydory.server import Server
-from pydory.testing.ports import free_loopback_port
+from pydory.testing.daemon_config import DaemonConfig
 
 T = TypeVar("T")
 
-
-@dataclass
-class DaemonConfig:
-    """The knobs tests turn; everything else is a sensible default."""
-
-    bootstrap_servers: str
-    socket_dir: str
-    tcp_port: int | None = field(default_factory=free_loopback_port)  # None = TCP input off
-    unix_stream: bool = True
-    unix_datagram: bool = True
-    max_buffer: str = "64m"
-    max_stream_msg_size: str = "1m"
-    max_datagram_msg_size: str = "64k"
-    message_max_bytes: int = 1_000_000
-    batching_time_ms: int = 20
-    compression: str = "none"
-    topic_autocreate: bool = False
-    max_failed_delivery_attempts: int = 5
-    shutdown_max_delay_ms: int = 10_000
-    discard_report_interval_s: int = 600
-    http_port: int = field(default_factory=free_loopback_port)
-    rate_limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # topic -> (ms, n)
-    librdkafka: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def datagram_path(self) -> str:
-        return os.path.join(self.socket_dir, "dgram.sock")
-
-    @property
-    def stream_path(self) -> str:
-        return os.path.join(self.socket_dir, "stream.sock")
-
-    def render(self) -> str:
-        """The config as Dory XML."""
-        brokers = "\n".join(
-            f'        <broker host="{host}" port="{port}" />'
-            for host, port in (b.rsplit(":", 1) for b in self.bootstrap_servers.split(","))
-        )
-        rate_configs = "\n".join(
-            f'            <config name="rl_{i}" interval="{ms}" maxCount="{n}" />'
-            for i, (ms, n) in enumerate(self.rate_limits.values())
-        )
-        rate_topics = "\n".join(
-            f'            <topic name="{topic}" config="rl_{i}" />'
-            for i, topic in enumerate(self.rate_limits)
-        )
-        properties = "\n".join(
-            f"        <property name={quoteattr(k)} value={quoteattr(v)} />"
-            for k, v in self.librdkafka.items()
-        )
-        tcp_port = "" if self.tcp_port is None else str(self.tcp_port)
-        return f"""<?xml version="1.0" encoding="US-ASCII"?>
-<doryConfig>
-    <batching>
-        <namedConfigs>
-            <config name="fast">
-                <time value="{self.batching_time_ms}" />
-                <messages value="disable" />
-                <bytes value="256k" />
-            </config>
-        </namedConfigs>
-        <produceRequestDataLimit value="1024k" />
-        <messageMaxBytes value="{self.message_max_bytes}" />
-        <combinedTopics enable="true" config="fast" />
-        <defaultTopic action="combinedTopics" config="" />
-        <topicConfigs />
-    </batching>
-    <compression>
-        <namedConfigs>
-            <config name="chosen" type="{self.compression}" minSize="0" />
-        </namedConfigs>
-        <sizeThresholdPercent value="75" />
-        <defaultTopic config="chosen" />
-        <topicConfigs />
-    </compression>
-    <topicRateLimiting>
-        <namedConfigs>
-            <config name="infinity" interval="1" maxCount="unlimited" />
-{rate_configs}
-        </namedConfigs>
-        <defaultTopic config="infinity" />
-        <topicConfigs>
-{rate_topics}
-        </topicConfigs>
-    </topicRateLimiting>
-    <inputSources>
-        <unixDatagram enable="{str(self.unix_datagram).lower()}">
-            <path value="{self.datagram_path}" />
-            <mode value="0666" />
-        </unixDatagram>
-        <unixStream enable="{str(self.unix_stream).lower()}">
-            <path value="{self.stream_path}" />
-            <mode value="0666" />
-        </unixStream>
-        <tcp enable="{str(self.tcp_port is not None).lower()}">
-            <port value="{tcp_port}" />
-        </tcp>
-    </inputSources>
-    <inputConfig>
-        <maxBuffer value="{self.max_buffer}" />
-        <maxDatagramMsgSize value="{self.max_datagram_msg_size}" />
-        <allowLargeUnixDatagrams value="false" />
-        <maxStreamMsgSize value="{self.max_stream_msg_size}" />
-    </inputConfig>
-    <msgDelivery>
-        <topicAutocreate enable="{str(self.topic_autocreate).lower()}" />
-        <maxFailedDeliveryAttempts value="{self.max_failed_delivery_attempts}" />
-        <shutdownMaxDelay value="{self.shutdown_max_delay_ms}" />
-        <dispatcherRestartMaxDelay value="5000" />
-        <metadataRefreshInterval value="15" />
-        <compareMetadataOnRefresh value="true" />
-        <kafkaSocketTimeout value="60" />
-        <pauseRateLimitInitial value="500" />
-        <pauseRateLimitMaxDouble value="4" />
-        <minPauseDelay value="200" />
-    </msgDelivery>
-    <httpInterface>
-        <port value="{self.http_port}" />
-        <loopbackOnly value="true" />
-        <discardReportInterval value="{self.discard_report_interval_s}" />
-        <badMsgPrefixSize value="256" />
-    </httpInterface>
-    <kafkaConfig>
-        <clientId value="pydory-test" />
-        <replicationTimeout value="10000" />
-    </kafkaConfig>
-    <logging>
-        <level value="INFO" />
-        <stdoutStderr enable="false" />
-        <syslog enable="false" />
-    </logging>
-    <librdkafka>
-{properties}
-    </librdkafka>
-    <initialBrokers>
-{brokers}
-    </initialBrokers>
-</doryConfig>
-"""
+__all__ = ["DaemonConfig", "RunningDaemon", "running_daemon"]
 
 
 class RunningDaemon:

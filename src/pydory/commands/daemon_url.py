@@ -1,0 +1,22 @@
+"""Where the commands that talk to a running daemon (`status`, `wait`) find its status server."""
+
+from __future__ import annotations
+
+from pydory.config import load_config
+
+#: Dory's default httpInterface port, on loopback.
+DEFAULT_URL = "http://127.0.0.1:9090"
+
+
+def daemon_url(url: str | None, config_path: str | None) -> str:
+    """The status server's base URL: ``url`` (a bare ``host:port`` means HTTP), else the
+    httpInterface port of the config at ``config_path`` on 127.0.0.1, else DEFAULT_URL.
+
+    Raises ConfigError for an invalid config file and OSError for an unreadable one.
+    """
+    if url is not None:
+        url = url.rstrip("/")
+        return url if "://" in url else f"http://{url}"
+    if config_path is not None:
+        return f"http://127.0.0.1:{load_config(config_path).http.port}"
+    return DEFAULT_URL
