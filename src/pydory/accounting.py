@@ -637,6 +637,10 @@ class Books:
         """Lifetime totals of every topic seen (accepted, or discarded with a topic)."""
         return {topic: ledger.totals() for topic, ledger in self._topics.items()}
 
+    def in_flight_by_topic(self) -> dict[str, int]:
+        """Per topic, accepted messages not yet delivered or discarded."""
+        return {topic: ledger.in_flight for topic, ledger in self._topics.items()}
+
     def received_by_transport(self) -> dict[Transport, int]:
         """Lifetime count of framed messages per transport."""
         return {transport: self._received[transport] for transport in Transport}

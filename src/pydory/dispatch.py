@@ -402,7 +402,10 @@ class Dispatcher:
         on_partition_trouble: Callable[[], None] = lambda: None,
         stats: KafkaStats | None = None,
         counters: Counters | None = None,
+        in_flight_by_topic: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
+        """``in_flight_by_topic`` (the books' count of accepted, unsettled messages per
+        topic) lets the statistics tell how many messages wait for a produce request."""
         self._settings = settings
         self._profile_for = profile_for
         self._router = router
@@ -419,8 +422,7 @@ class Dispatcher:
         self._drain_scheduled = False  # a closing thread asked the loop to settle reports
         self._poll_scheduled = False  # a poll runs once the callbacks in progress are done
         self._poll_timer: asyncio.TimerHandle | None = None
-        # Per topic, messages handed to librdkafka and not yet reported (for kafka_stats).
-        self._held: dict[str, int] = {}
+        self._in_flight_by_topic = in_flight_by_topic
         self._loop: asyncio.AbstractEventLoop | None = None
         self.rerouted = 0
         self._closing = False
@@ -475,7 +477,6 @@ class Dispatcher:
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 raise EnqueueRefused(DiscardReason.TOO_LONG, err.name()) from None
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, err.name()) from None
-        self._held[topic] = self._held.get(topic, 0) + 1
         if not self._poll_scheduled:
             self._poll_scheduled = True
             assert self._loop is not None, "Dispatcher.start() was not called"
@@ -568,7 +569,8 @@ class Dispatcher:
 
     def _take_statistics(self, handle: _ProducerHandle, report: ProducerStats) -> None:
         if self._stats is not None and not handle.retired:
-            self._stats.update(handle.name, report, self._held)
+            in_flight = self._in_flight_by_topic() if self._in_flight_by_topic else None
+            self._stats.update(handle.name, report, in_flight)
 
     def _apply_liveness(self, snapshot: StatsSnapshot) -> None:
         """Route around brokers librdkafka cannot reach and partitions it has no broker
@@ -593,8 +595,8 @@ class Dispatcher:
         for handle in list(self._by_profile.values()):
             handle.serve()
         self._drain_reports()
-        held = any(self._held.values())
-        self._arm_poll_timer(BUSY_POLL_INTERVAL_S if held else IDLE_POLL_INTERVAL_S)
+        busy = self.in_librdkafka() > 0
+        self._arm_poll_timer(BUSY_POLL_INTERVAL_S if busy else IDLE_POLL_INTERVAL_S)
 
     def _arm_poll_timer(self, delay_s: float) -> None:
         """Make sure a poll happens within ``delay_s`` (one timer, moved earlier if need be)."""
@@ -644,9 +646,6 @@ class Dispatcher:
             by_token[token] = by_token.get(token, 0) + 1
             # len(msg) is the value's length, without copying it out.
             cost += len(topic) + len(msg) + (len(key) if key else 0) + POOL_OVERHEAD_BYTES
-        held = self._held
-        for topic, n in by_topic.items():
-            held[topic] -= n
         self._ledger.delivered(Delivered(by_topic, by_token, cost))
 
     def _settle_failure(
@@ -659,7 +658,6 @@ class Dispatcher:
         handle: _ProducerHandle,
     ) -> None:
         topic: str = msg.topic()
-        self._held[topic] -= 1
         code = err.code()
         if handle.fatal_error is not None:
             # Whatever the failed producer still held: its fatal error is the verdict.

@@ -11,7 +11,8 @@ Where librdkafka's numbers come from (STATISTICS.md, src/rdkafka.c ``rd_kafka_st
 - a partition's ``msgq_cnt`` is its produce queue; ``xmit_msgq_cnt`` is always 0 (librdkafka
   moves messages to a broker-thread-local transmit queue it does not report), so messages
   lingering there are invisible per topic. When the caller knows how many messages of each
-  topic it handed to librdkafka (``held_by_topic``), ``batch`` is derived from that instead.
+  topic librdkafka holds (``held_by_topic``: the daemon passes its books' in-flight count),
+  ``batch`` is derived from that instead.
 - a partition's ``msgs_inflight`` counts messages in produce requests, both those still in
   the broker's output buffer and those sent and waiting for a response; the broker's
   ``outbuf_msg_cnt`` / ``waitresp_msg_cnt`` give that split per broker, and it is applied to

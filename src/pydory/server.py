@@ -85,6 +85,7 @@ class Server:
             on_partition_trouble=self.metadata.request_refresh,
             stats=self.kafka_stats,
             counters=self.counters,
+            in_flight_by_topic=self.books.in_flight_by_topic,
         )
         self.intake = Intake(
             books=self.books,
