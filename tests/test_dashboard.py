@@ -143,8 +143,9 @@ class Traffic:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
 def test_the_dashboard_is_live_in_chromium(daemon: RunningDaemon, topics: list[str]) -> None:
+    # A missing browser fails the test rather than skipping it: `./dev test` installs it.
+    assert CHROMIUM.exists(), "Debian's chromium is missing: `./dev test` installs it"
     from playwright.sync_api import expect, sync_playwright
 
     port = port_of(daemon)
