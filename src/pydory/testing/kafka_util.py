@@ -91,11 +91,16 @@ def admin_create_topic(
     partitions: int,
     replication_factor: int = 1,
     timeout_s: float = 10.0,
+    config: Mapping[str, str] | None = None,
 ) -> None:
-    """Create ``name`` through the Kafka Admin API and wait until the broker confirms."""
+    """Create ``name`` through the Kafka Admin API and wait until the broker confirms.
+
+    ``config`` sets topic-level properties (``min.insync.replicas``, ``max.message.bytes``...).
+    """
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     futures = admin.create_topics(
-        [NewTopic(name, partitions, replication_factor)], operation_timeout=timeout_s
+        [NewTopic(name, partitions, replication_factor, config=dict(config or {}))],
+        operation_timeout=timeout_s,
     )
     futures[name].result(timeout=timeout_s)
 

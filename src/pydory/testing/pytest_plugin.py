@@ -2,6 +2,10 @@
 
 - ``mock_cluster``: a fresh 3-broker librdkafka mock cluster per test.
 - ``mock_cluster_factory``: ``make(brokers=3) -> MockCluster``, all stopped after the test.
+- ``kafka_broker``: one Apache Kafka broker (KRaft) per session, with PLAINTEXT,
+  SASL_PLAINTEXT (users ``alice`` and ``mallory``, ACLs on) and SSL listeners.
+- ``kafka_cluster``: three Apache Kafka nodes per session, for replication and broker
+  faults; brokers a test stopped or killed are started again after it.
 - ``tansu_broker``: one Tansu broker per session; isolate tests by unique topic names.
 - ``unique_topic``: ``make(prefix="test") -> str``, a topic name no other test uses.
 
@@ -16,6 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from pydory.testing import kafka_util
+from pydory.testing.kafka_broker import KafkaCluster, SaslUser
 from pydory.testing.mock_cluster import MockCluster
 from pydory.testing.tansu import TansuBroker
 
@@ -40,6 +45,33 @@ def mock_cluster_factory() -> Iterator[Callable[..., MockCluster]]:
     yield make
     for cluster in started:
         cluster.stop()
+
+
+# SASL users of the session broker: alice is granted what a test grants her, mallory nothing.
+KAFKA_SASL_USERS = (SaslUser("alice", "alice-secret"), SaslUser("mallory", "mallory-secret"))
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """One Apache Kafka broker for the whole session; its logs stay in pytest's tmp dir."""
+    with KafkaCluster(
+        1, sasl_users=KAFKA_SASL_USERS, tls=True, base_dir=tmp_path_factory.mktemp("kafka")
+    ) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def _kafka_cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    with KafkaCluster(3, base_dir=tmp_path_factory.mktemp("kafka-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_cluster(_kafka_cluster_session: KafkaCluster) -> Iterator[KafkaCluster]:
+    """Three Apache Kafka nodes shared by the session, all running when a test starts."""
+    _kafka_cluster_session.restart_stopped_brokers()
+    yield _kafka_cluster_session
+    _kafka_cluster_session.restart_stopped_brokers()
 
 
 @pytest.fixture(scope="session")
