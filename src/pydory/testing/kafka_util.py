@@ -131,9 +131,11 @@ def produce_all(
 
 
 def _record_delivery(reports: list[Delivered], error: KafkaError | None, message: Message) -> None:
+    partition = message.partition()
     reports.append(
         Delivered(
-            partition=_required(message.partition()),
+            # A message that failed before a partition was chosen (no metadata) has none.
+            partition=-1 if partition is None else partition,
             offset=-1 if error is not None else _required(message.offset()),
             key=message.key(),
             value=message.value(),

@@ -1,0 +1,231 @@
+"""The Apache Kafka launcher: start-up, listeners, faults, teardown, the command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaException
+
+from pydory.testing.kafka_broker import (
+    KafkaBrokerError,
+    KafkaCluster,
+    find_kafka_jars,
+    kafka_version,
+)
+from pydory.testing.kafka_util import DeliveryFailed, consume_all, produce_all, unique_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+SASL_PLAIN = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}
+# Fail fast where a test expects a refusal: librdkafka would otherwise retry for minutes.
+REFUSAL_TIMEOUTS = {"message.timeout.ms": 5000, "socket.timeout.ms": 5000}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def java_processes_under(directory: Path) -> list[int]:
+    """PIDs of processes whose command line names ``directory`` (our brokers' configs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(directory).encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_jars_are_apache_kafka_4() -> None:
+    version = kafka_version(find_kafka_jars())
+    assert version.split(".")[0] == "4", version
+
+
+def test_missing_jars_are_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYDORY_KAFKA_JARS", str(tmp_path))
+    with pytest.raises(KafkaBrokerError, match=r"no Apache Kafka jars in .*\./dev setup"):
+        KafkaCluster(1)
+
+
+def test_a_broker_stores_and_serves_records(kafka_broker: KafkaCluster) -> None:
+    topic = unique_topic("launcher")
+    kafka_broker.create_topic(topic, 2)
+    sent = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(50)]
+    reports = produce_all(kafka_broker.bootstrap_servers, topic, sent)
+    assert {r.partition for r in reports} <= {0, 1}
+    records = consume_all(kafka_broker.bootstrap_servers, topic, expected=50)
+    assert sorted((r.key, r.value) for r in records) == sorted(sent)
+    assert kafka_broker.describe().startswith(
+        f"Apache Kafka {kafka_broker.version} (KRaft), 1 broker at 127.0.0.1:"
+    )
+
+
+def test_topic_settings_reach_the_broker(kafka_broker: KafkaCluster) -> None:
+    topic = unique_topic("launcher-limit")
+    kafka_broker.create_topic(topic, 1, config={"max.message.bytes": "1000"})
+    produce_all(kafka_broker.bootstrap_servers, topic, [(None, b"x" * 100)])
+    with pytest.raises(DeliveryFailed, match="MSG_SIZE_TOO_LARGE"):
+        produce_all(
+            kafka_broker.bootstrap_servers,
+            topic,
+            [(None, b"x" * 5000)],
+            {"compression.type": "none", **REFUSAL_TIMEOUTS},
+        )
+
+
+def test_sasl_plain_authenticates_known_users_only(kafka_broker: KafkaCluster) -> None:
+    topic = unique_topic("launcher-sasl")
+    kafka_broker.create_topic(topic, 1)
+    alice = {**SASL_PLAIN, "sasl.username": "alice", "sasl.password": "alice-secret"}
+    produce_all(kafka_broker.sasl_bootstrap_servers, topic, [(None, b"from alice")], alice)
+    impostor = {**SASL_PLAIN, "sasl.username": "alice", "sasl.password": "wrong"}
+    with pytest.raises(DeliveryFailed):
+        produce_all(
+            kafka_broker.sasl_bootstrap_servers,
+            topic,
+            [(None, b"not stored")],
+            {**impostor, **REFUSAL_TIMEOUTS},
+            timeout_s=15,
+        )
+    values = [r.value for r in consume_all(kafka_broker.bootstrap_servers, topic, expected=1)]
+    assert values == [b"from alice"]
+
+
+def test_tls_listener_is_verified_with_the_test_ca(kafka_broker: KafkaCluster) -> None:
+    topic = unique_topic("launcher-tls")
+    kafka_broker.create_topic(topic, 1)
+    assert kafka_broker.ca_path is not None
+    tls = {"security.protocol": "SSL", "ssl.ca.location": str(kafka_broker.ca_path)}
+    produce_all(kafka_broker.ssl_bootstrap_servers, topic, [(None, b"over tls")], tls)
+    # Without the test CA, librdkafka refuses the broker's certificate.
+    with pytest.raises(DeliveryFailed):
+        produce_all(
+            kafka_broker.ssl_bootstrap_servers,
+            topic,
+            [(None, b"not stored")],
+            {"security.protocol": "SSL", **REFUSAL_TIMEOUTS},
+            timeout_s=15,
+        )
+    values = [r.value for r in consume_all(kafka_broker.bootstrap_servers, topic, expected=1)]
+    assert values == [b"over tls"]
+
+
+def test_a_listener_that_was_not_asked_for_is_an_error(tmp_path: Path) -> None:
+    with KafkaCluster(1, base_dir=tmp_path) as plain:
+        with pytest.raises(KafkaBrokerError, match="without sasl_users"):
+            _ = plain.sasl_bootstrap_servers
+        with pytest.raises(KafkaBrokerError, match="without tls"):
+            _ = plain.ssl_bootstrap_servers
+        pid = plain.pid(1)
+        assert pid is not None
+        assert alive(pid)
+    # Leaving the block ends the broker: no process is left behind.
+    assert not alive(pid)
+    assert java_processes_under(tmp_path) == []
+
+
+def test_a_killed_leader_is_replaced_and_rejoins(kafka_cluster: KafkaCluster) -> None:
+    topic = unique_topic("launcher-kill")
+    kafka_cluster.create_topic(topic, 1, replication_factor=3, config={"min.insync.replicas": "2"})
+    leader = kafka_cluster.leaders(topic)[0]
+    old_pid = kafka_cluster.pid(leader)
+    assert old_pid is not None
+
+    kafka_cluster.kill_broker(leader)
+    assert kafka_cluster.pid(leader) is None
+    assert not alive(old_pid)
+    new_leader = wait_for(lambda: _leader_other_than(kafka_cluster, topic, leader), 30)
+    # Two replicas are still in sync: acks=all writes succeed while one node is down.
+    produce_all(kafka_cluster.bootstrap_servers, topic, [(None, b"while down")], {"acks": "all"})
+
+    kafka_cluster.start_broker(leader)
+    kafka_cluster.wait_until_fully_replicated(topic)
+    assert leader in kafka_cluster.in_sync_replicas(topic)[0]
+    assert new_leader != leader
+
+
+def test_a_controlled_shutdown_moves_leadership_first(kafka_cluster: KafkaCluster) -> None:
+    topic = unique_topic("launcher-stop")
+    kafka_cluster.create_topic(topic, 3, replication_factor=3)
+    leaders = kafka_cluster.leaders(topic)
+    stopped = leaders[0]
+    kafka_cluster.stop_broker(stopped)
+    # A clean shutdown hands leadership over before the process exits.
+    after = kafka_cluster.leaders(topic)
+    assert stopped not in after.values(), after
+    assert all(leader >= 0 for leader in after.values())
+
+
+def _leader_other_than(cluster: KafkaCluster, topic: str, old: int) -> int | None:
+    try:
+        leader = cluster.leaders(topic)[0]
+    except KafkaException:
+        return None
+    return leader if leader not in (old, -1) else None
+
+
+def wait_for(probe: object, timeout_s: float) -> int:
+    assert callable(probe)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return int(value)
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s")
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pydory.testing.kafka_broker",
+            "--topic",
+            "cli:2",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_command_line_prints_the_bootstrap_string_first_and_stops_on_sigterm(
+    broker_process: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    assert broker_process.stdout is not None
+    bootstrap = broker_process.stdout.readline().strip()
+    assert bootstrap.startswith("127.0.0.1:"), bootstrap
+    produce_all(bootstrap, "cli", [(None, b"hello")])
+    assert [r.value for r in consume_all(bootstrap, "cli", expected=1)] == [b"hello"]
+    assert java_processes_under(tmp_path) != []
+
+    broker_process.send_signal(signal.SIGTERM)
+    assert broker_process.wait(timeout=60) == 0
+    assert broker_process.stderr is not None
+    assert "Apache Kafka" in broker_process.stderr.read()
+    assert java_processes_under(tmp_path) == []
