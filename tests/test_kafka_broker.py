@@ -229,3 +229,18 @@ def test_command_line_prints_the_bootstrap_string_first_and_stops_on_sigterm(
     assert broker_process.stderr is not None
     assert "Apache Kafka" in broker_process.stderr.read()
     assert java_processes_under(tmp_path) == []
+
+
+def test_brokers_die_with_a_killed_launcher(
+    broker_process: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    assert broker_process.stdout is not None
+    assert broker_process.stdout.readline().startswith("127.0.0.1:")
+    assert java_processes_under(tmp_path) != []
+
+    broker_process.kill()  # no chance to clean up: the OOM killer, a crashed test run
+    broker_process.wait()
+    deadline = time.monotonic() + 30
+    while java_processes_under(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert java_processes_under(tmp_path) == []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ctypes
 import os
 import re
 import shutil
@@ -59,6 +60,7 @@ __all__ = [
 ]
 
 _JARS_ENV = "PYDORY_KAFKA_JARS"
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _LOG_TAIL_BYTES = 4000
 _POLL_INTERVAL_S = 0.05
 # A broker on this 2-core machine serves the tests well in a small heap; Serial GC
@@ -524,13 +526,15 @@ class KafkaCluster:
     def _spawn(self, node: _Node) -> None:
         command = [*self._java_command(node), "kafka.Kafka", str(node.config_path)]
         with (node.directory / "stdout.log").open("ab") as output:
-            # Its own session, so a Ctrl-C aimed at the test run does not race our stop().
+            # Its own session, so a Ctrl-C aimed at the test run does not race our stop();
+            # and killed with us, so a crashed or SIGKILLed test run leaves no broker.
             node.process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
 
     def _wait_for_port(self, node: _Node, deadline: float) -> None:
@@ -566,6 +570,16 @@ class KafkaCluster:
         if any(port is None for port in ports):
             raise KafkaBrokerError(f"this cluster was started without {needs}")
         return ",".join(f"{LOOPBACK}:{port}" for port in ports)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the thread that started it exits.
+
+    Linux's PR_SET_PDEATHSIG follows the creating *thread*, so clusters are started and
+    restarted from the thread that owns them (the main thread in tests and the demo).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _find_java() -> str:
