@@ -41,6 +41,8 @@ def test_the_demo_balances_and_says_so(
     assert done.returncode == 0, done.stdout + done.stderr
     stages = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("[")]
     assert stages == ["kafka", "daemon", "clients", "settle", "books", "land", "audit"]
+    kafka_line = next(line for line in done.stdout.splitlines() if line.startswith("[1/7]"))
+    assert "Apache Kafka 4." in kafka_line, kafka_line  # the real broker is the default
     assert "topic         accepted  delivered  landed  dup  missing  discarded" in done.stdout
     assert "AUDIT BALANCED:" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1].startswith("demo: OK")

@@ -2,8 +2,8 @@
 
 What a user would run, in order, each stage timed on one line:
 
-1. an embedded Kafka (librdkafka's mock cluster, Tansu, or the user's cluster) and the
-   demo topics;
+1. a Kafka and the demo topics: Apache Kafka itself (KRaft, from the jars ``./dev``
+   fetched, by default), librdkafka's mock cluster, Tansu, or the user's cluster;
 2. the daemon, as its own process (``pydory serve``) on a generated Dory config;
 3. client processes sending over all three transports at once: AnyPartition and
    PartitionKey messages, a flood on a rate-limited topic, oversized messages, messages
@@ -45,6 +45,7 @@ from pydory.client import encode_message
 from pydory.errors import PydoryError
 from pydory.pipeline.reconcile import AuditReport
 from pydory.testing.daemon import DaemonConfig
+from pydory.testing.kafka_broker import KafkaBrokerError, KafkaCluster
 from pydory.testing.kafka_util import admin_create_topic
 from pydory.testing.mock_cluster import MockCluster
 from pydory.testing.tansu import TansuBroker
@@ -155,10 +156,16 @@ class Progress:
 
 
 @contextlib.contextmanager
-def embedded_kafka(kind: str, brokers: int) -> Iterator[tuple[str, str, DemoTopics]]:
+def embedded_kafka(
+    kind: str, brokers: int | None, workdir: Path
+) -> Iterator[tuple[str, str, DemoTopics]]:
     """Start the chosen Kafka; yield (bootstrap, description, topics) with the topics created."""
-    if kind == "mock":
+    if kind == "kafka":
+        with _apache_kafka(brokers or 1, workdir / "kafka") as found:
+            yield found
+    elif kind == "mock":
         topics = DemoTopics.named("demo.")
+        brokers = brokers or 3
         with MockCluster(brokers) as cluster:
             for name, partitions in topics.partitions.items():
                 cluster.create_topic(name, partitions)
@@ -182,6 +189,23 @@ def embedded_kafka(kind: str, brokers: int) -> Iterator[tuple[str, str, DemoTopi
                     "(the demo needs the Admin API's CreateTopics)"
                 ) from None
         yield kind, "your cluster", topics
+
+
+@contextlib.contextmanager
+def _apache_kafka(brokers: int, base_dir: Path) -> Iterator[tuple[str, str, DemoTopics]]:
+    """Apache Kafka on loopback, its directories (and broker logs) kept in the work directory."""
+    topics = DemoTopics.named("demo.")
+    try:
+        cluster = KafkaCluster(brokers, base_dir=base_dir)
+    except KafkaBrokerError as error:
+        raise DemoFailed(f"cannot start Apache Kafka: {error}") from None
+    with cluster:
+        for name, partitions in topics.partitions.items():
+            cluster.create_topic(name, partitions, replication_factor=min(brokers, 3))
+        pids = ", ".join(str(cluster.pid(node)) for node in cluster.broker_ids)
+        noun = "broker" if brokers == 1 else "brokers"
+        described = f"Apache Kafka {cluster.version} (KRaft), {brokers} {noun} (pid {pids})"
+        yield cluster.bootstrap_servers, described, topics
 
 
 # --- 2. the daemon ----------------------------------------------------------------------------
@@ -446,8 +470,8 @@ def prepare_workdir(workdir: str | None) -> DemoPaths:
 
 
 def run_demo(
-    kafka: str = "mock",
-    brokers: int = 3,
+    kafka: str = "kafka",
+    brokers: int | None = None,
     count: int = 2000,
     workdir: str | None = None,
     master: str = "local[2]",
@@ -468,6 +492,8 @@ def run_demo(
     print(f"reports: {paths.report_text}, {paths.report_json}")
     print(f"daemon:  {paths.books} (its books), {paths.daemon_log}, {paths.config}")
     print(f"spark:   {paths.spark_log}")
+    if (paths.workdir / "kafka").is_dir():
+        print(f"kafka:   {paths.workdir / 'kafka'} (the broker's data and broker.log)")
     if report.balanced:
         outcome = "OK, the lake holds exactly what the daemon delivered"
     else:
@@ -477,12 +503,14 @@ def run_demo(
 
 
 def _run_stages(
-    progress: Progress, paths: DemoPaths, kafka: str, brokers: int, count: int, master: str
+    progress: Progress, paths: DemoPaths, kafka: str, brokers: int | None, count: int, master: str
 ) -> AuditReport:
     # Everything started is stopped on the way out, in reverse order, even on failure.
     with contextlib.ExitStack() as running:
         with progress.stage("kafka") as result:
-            bootstrap, described, topics = running.enter_context(embedded_kafka(kafka, brokers))
+            bootstrap, described, topics = running.enter_context(
+                embedded_kafka(kafka, brokers, paths.workdir)
+            )
             listed = ", ".join(f"{name}:{n}" for name, n in topics.partitions.items())
             result.append(f"{described} at {bootstrap}; topics {listed}")
         with progress.stage("daemon") as result:

@@ -13,7 +13,8 @@ def register(subparsers: Any) -> None:
         "demo",
         help="run the demo: clients, the daemon, Kafka, the Spark lake and its audit",
         description=(
-            "Start an embedded Kafka (librdkafka's mock cluster by default) and a pydory "
+            "Start Apache Kafka on loopback (or the mock cluster, Tansu, or your cluster) and "
+            "a pydory "
             "daemon on a generated config; run client processes over UNIX datagram, UNIX "
             "stream and TCP (some sending messages the daemon must discard); land the topics "
             "in a Parquet lake with Spark; audit the lake against the daemon's books. "
@@ -22,11 +23,16 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--kafka",
-        default="mock",
-        help="'mock' (librdkafka's mock cluster), 'tansu' (the Tansu broker), "
-        "or HOST:PORT[,HOST:PORT...] of your own cluster (default: mock)",
+        default="kafka",
+        help="'kafka' (Apache Kafka in KRaft mode, from the jars ./dev fetched), 'mock' "
+        "(librdkafka's mock cluster), 'tansu' (the Tansu broker), or HOST:PORT[,HOST:PORT...] "
+        "of your own cluster (default: kafka)",
     )
-    parser.add_argument("--brokers", type=int, default=3, help="mock cluster size (default: 3)")
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        help="brokers to start for 'kafka' (default 1) or 'mock' (default 3)",
+    )
     parser.add_argument(
         "--count", type=int, default=2000, help="messages per well-behaved client (default: 2000)"
     )

@@ -97,7 +97,9 @@ def admin_create_topic(
 
     ``config`` sets topic-level properties (``min.insync.replicas``, ``max.message.bytes``...).
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    # log_level 4 (warning): the client's destruction logs an info line about its
+    # background queue that would land in the middle of the demo's progress line.
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 4})
     futures = admin.create_topics(
         [NewTopic(name, partitions, replication_factor, config=dict(config or {}))],
         operation_timeout=timeout_s,
