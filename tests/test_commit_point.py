@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydory.accounting import AccountingError
-from pydory.commit_point import EPOCH_S, CommitPoint, commit_point_routes
+from pydory.commit_point import EPOCH_S, CommitPoint
+from pydory.status.commit_point import commit_point_routes
 
 T = TypeVar("T")
 WALL_OFFSET = 1_700_000_000.0  # the fake wall clock = the fake monotonic clock + this
@@ -392,7 +393,7 @@ class FakeServer:
 
 async def http_get(server: FakeServer, path: str) -> tuple[int, str, Any]:
     app = web.Application()
-    app.add_routes(commit_point_routes(server))  # type: ignore[arg-type]
+    app.add_routes(commit_point_routes(server))  # type: ignore[arg-type]  # a partial view
     async with TestClient(TestServer(app)) as client:
         response = await client.get(path)
         text = await response.text()

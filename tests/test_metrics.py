@@ -19,9 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydory.accounting import Books, Counters, DiscardReason, Transport
 from pydory.client import DatagramSender, encode_message
 from pydory.commit_point import CommitPointView
+from pydory.config.model import HttpInterfaceConfig
 from pydory.kafka_stats import BrokerStats, StatsSnapshot, TopicQueues
-from pydory.metrics import DaemonCollector, build_registry
 from pydory.pool import MemoryPool
+from pydory.router import MetadataSnapshot
+from pydory.status.metrics import DaemonCollector, build_registry
+from pydory.status.view import DaemonView
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.mock_cluster import MockCluster
 from test_status import fetch, port_of, send_good_and_bad, wait_until
@@ -77,7 +80,7 @@ def broker(node_id: int, state: str = "UP", **overrides: Any) -> BrokerStats:
 
 
 @pytest.fixture
-def fake_server() -> SimpleNamespace:
+def fake_server() -> DaemonView:
     """The parts of a Server the collector reads, with known contents."""
     counters = Counters()
     books = Books(600, 64, wall_clock=lambda: NOW, counters=counters)
@@ -102,22 +105,25 @@ def fake_server() -> SimpleNamespace:
         last_modified_ms=int((NOW - 90) * 1000),
         fetch_failures=2,
     )
-    return SimpleNamespace(
+    return DaemonView(
         started_at=NOW - 100,
+        http=HttpInterfaceConfig(),
         books=books,
         counters=counters,
         pool=pool,
         kafka_stats=FixedStats(stats),
-        intake=SimpleNamespace(pending_topic_messages=3),
         metadata=metadata,
-        dispatcher=SimpleNamespace(rerouted=9),
         commit_point=SimpleNamespace(current=lambda: CommitPointView(NOW, NOW - 0.25, 4)),
+        layout=lambda: MetadataSnapshot({}, {}),
+        pending_topic_messages=lambda: 3,
+        rerouted=lambda: 9,
+        request_metadata_refresh=lambda: None,
     )
 
 
 @pytest.fixture
-def scraped(fake_server: SimpleNamespace) -> Samples:
-    collector = DaemonCollector(fake_server, clock=lambda: NOW)  # type: ignore[arg-type]
+def scraped(fake_server: DaemonView) -> Samples:
+    collector = DaemonCollector(fake_server, clock=lambda: NOW)
     return parse(generate_latest(collector).decode())
 
 
@@ -296,7 +302,7 @@ def test_librdkafkas_brokers_and_queues_appear(
 def test_each_server_has_a_registry_of_its_own(daemon: RunningDaemon) -> None:
     # A second registry for the same server: no collision with the first (the global
     # registry would raise on the duplicate process collector), and the same numbers.
-    other = build_registry(daemon.server)
+    other = build_registry(daemon.server.status_view())
     samples = parse(daemon.call(lambda: generate_latest(other)).decode())
     assert value(samples, "pydory_start_time_seconds") == daemon.server.started_at
     assert time.time() >= value(samples, "pydory_start_time_seconds")

@@ -27,7 +27,7 @@ from aiohttp import web
 from pydory import __version__
 from pydory.client import DatagramSender
 from pydory.errors import ConfigError
-from pydory.status import PORT_CONFIG_PATH, RequestPacer, listen_hosts, paced, reused_briefly
+from pydory.status.server import PORT_CONFIG_PATH, RequestPacer, listen_hosts, paced, reused_briefly
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition

@@ -29,7 +29,7 @@ reached. Settling the last message of the oldest generation wakes the waiters it
 satisfies: no timer.
 
 :class:`CommitPoint` is the logic (injectable clocks and input probe, no I/O of its own);
-:func:`commit_point_routes` serves it on the status server.
+:mod:`pydory.status.commit_point` serves it on the status server.
 """
 
 from __future__ import annotations
@@ -38,29 +38,17 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import json
-import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-from aiohttp import web
-
-from pydory import __version__
 from pydory.accounting import AccountingError
-
-if TYPE_CHECKING:
-    from pydory.server import Server
 
 __all__ = [
     "EPOCH_S",
-    "LONG_POLL_DEFAULT_S",
-    "LONG_POLL_MAX_S",
     "CommitPoint",
     "CommitPointView",
-    "commit_point_routes",
 ]
 
 #: The shortest generation: the commit point's granularity while messages flow, and the
@@ -69,10 +57,6 @@ EPOCH_S = 0.010
 #: Beyond this many generations with unsettled messages (a long outage), the current
 #: generation keeps growing instead: dispatch caches one callback per live token.
 MAX_LIVE_GENERATIONS = 1000
-#: ``/commit_point/json?after=T`` without ``timeout`` waits this long at most.
-LONG_POLL_DEFAULT_S = 30.0
-#: No long-poll request waits longer than this; ``pydory wait`` asks again if it must.
-LONG_POLL_MAX_S = 300.0
 
 #: ``schedule(delay_s, callback)`` runs ``callback`` after ``delay_s`` seconds (0: after the
 #: callbacks in progress); returns False if it cannot.
@@ -372,119 +356,3 @@ class CommitPoint:
         self._retry = None
         self.sweep()
         self._arm_retry()
-
-
-# --- serving it ------------------------------------------------------------------------------
-
-
-class _BadQuery(web.HTTPBadRequest):
-    def __init__(self, text: str) -> None:
-        super().__init__(text=text + "\n", content_type="text/plain")
-
-
-@dataclass(frozen=True, slots=True)
-class _LongPoll:
-    after: float | None  # wall-clock seconds, None: the daemon's now
-    timeout_s: float
-
-
-def _long_poll_of(request: web.Request) -> _LongPoll | None:
-    """``?after=<epoch seconds | now>&timeout=<seconds>``; None when ``after`` is absent."""
-    query = request.query
-    if "after" not in query:
-        return None
-    after_text = query["after"]
-    after = None if after_text == "now" else _number(after_text, "after")
-    timeout_s = _number(query["timeout"], "timeout") if "timeout" in query else LONG_POLL_DEFAULT_S
-    if timeout_s < 0:
-        raise _BadQuery("timeout must not be negative")
-    return _LongPoll(after, min(timeout_s, LONG_POLL_MAX_S))
-
-
-def _number(text: str, name: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadQuery(f"{name} must be a number of seconds, not {text!r}") from None
-    if not math.isfinite(value):
-        raise _BadQuery(f"{name} must be finite")
-    return value
-
-
-def _page(
-    server: Server, view: CommitPointView, after: float | None, passed: bool | None
-) -> dict[str, Any]:
-    page: dict[str, Any] = {
-        "pid": os.getpid(),
-        "version": __version__,
-        "since": int(server.started_at),
-        "now": int(view.now),
-        "commit_point": round(view.commit_point, 6),
-        "commit_point_ms": int(view.commit_point * 1000),
-        "lag_s": round(view.lag_s, 6),
-        "open_messages": view.open_messages,
-    }
-    if after is not None:
-        page["after"] = after
-        page["passed"] = passed
-        page["shutting_down"] = server.commit_point.shutting_down
-    return page
-
-
-async def _read(server: Server, request: web.Request) -> dict[str, Any]:
-    """The commit point, after waiting for it to pass ``after`` if the query asks."""
-    long_poll = _long_poll_of(request)
-    commit_point = server.commit_point
-    if long_poll is None:
-        return _page(server, commit_point.current(), None, None)
-    target = long_poll.after
-    if target is None:
-        # Echo a moment no earlier than the one waited for (rounded up to the next
-        # millisecond), so that a client repeating the request waits for at least as much.
-        target = math.ceil(commit_point.wall_now() * 1000 + 1) / 1000
-    passed = await commit_point.wait_past(target, long_poll.timeout_s)
-    return _page(server, commit_point.current(), target, passed)
-
-
-def _plain(page: dict[str, Any]) -> str:
-    lines = [
-        f"pid: {page['pid']}",
-        f"version: {page['version']}",
-        f"since: {page['since']} {time.ctime(page['since'])}",
-        f"now: {page['now']} {time.ctime(page['now'])}",
-        f"commit point (milliseconds since epoch): {page['commit_point_ms']} "
-        f"{time.ctime(page['commit_point_ms'] // 1000)}",
-        f"lag (seconds): {page['lag_s']:.3f}",
-        f"open messages: {page['open_messages']}",
-    ]
-    if "after" in page:
-        lines.append(f"after (seconds since epoch): {page['after']:.3f}")
-        lines.append(f"passed: {'yes' if page['passed'] else 'no'}")
-        if page["shutting_down"]:
-            lines.append("shutting down: yes")
-    return "".join(line + "\n" for line in lines)
-
-
-def commit_point_routes(server: Server) -> list[web.RouteDef]:
-    """``GET /commit_point/json`` and ``/commit_point/plain`` for the status server.
-
-    With ``?after=<epoch seconds | now>[&timeout=<s>]`` the request long-polls until the
-    commit point passes ``after`` (default timeout LONG_POLL_DEFAULT_S, at most
-    LONG_POLL_MAX_S) and says whether it did (``passed``).
-    """
-
-    async def as_json(request: web.Request) -> web.StreamResponse:
-        return web.json_response(await _read(server, request), dumps=_dumps)
-
-    async def as_plain(request: web.Request) -> web.StreamResponse:
-        text = _plain(await _read(server, request))
-        return web.Response(text=text, content_type="text/plain", charset="utf-8")
-
-    return [
-        web.get("/commit_point/plain", as_plain),
-        web.get("/commit_point/json", as_json),
-    ]
-
-
-def _dumps(document: Any) -> str:
-    return json.dumps(document, indent=4) + "\n"

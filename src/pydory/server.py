@@ -33,7 +33,7 @@ from pydory.metadata import MetadataService
 from pydory.pool import MemoryPool
 from pydory.ratelimit import TopicRateLimiter
 from pydory.router import Router
-from pydory.status import StatusServer
+from pydory.status import DaemonView, StatusServer
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Server:
             self.dispatcher.start(loop)
             self.dispatcher.prepare(self._configured_topics())
             await self._open_inputs(loop)
-            self.status = StatusServer(self)
+            self.status = StatusServer(self.status_view())
             await self.status.start()
             self.ready.set()
             log.log(25, "pydory ready; bootstrap %s", self.config.bootstrap_servers)
@@ -290,6 +290,27 @@ class Server:
                 loop.remove_signal_handler(sig)
 
     # -- views for status and tests -------------------------------------------------------
+
+    def status_view(self) -> DaemonView:
+        """What the status interface may read of this daemon (it never sees the server)."""
+        return DaemonView(
+            started_at=self.started_at,
+            http=self.config.http,
+            books=self.books,
+            pool=self.pool,
+            counters=self.counters,
+            kafka_stats=self.kafka_stats,
+            metadata=self.metadata,
+            commit_point=self.commit_point,
+            layout=lambda: self.router.snapshot,
+            pending_topic_messages=lambda: self.intake.pending_topic_messages,
+            rerouted=lambda: self.dispatcher.rerouted,
+            request_metadata_refresh=self._request_metadata_refresh,
+        )
+
+    def _request_metadata_refresh(self) -> None:
+        self.metadata.request_refresh()
+        self.counters.inc("metadata_update_requested")
 
     def snapshot(self) -> dict[str, Any]:
         """A plain summary of the books (the status interface renders richer views)."""

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydory.commands.daemon_url import DEFAULT_URL, daemon_url
-from pydory.commit_point import LONG_POLL_MAX_S
 from pydory.errors import ConfigError
+from pydory.status.commit_point import LONG_POLL_MAX_S
 
 DEFAULT_TIMEOUT_S = 60.0
 #: How much longer than its long-poll an HTTP request may take before the daemon counts

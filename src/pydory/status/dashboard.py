@@ -1,11 +1,12 @@
 """The live dashboard at ``/``: static assets shipped in the package, and its data feed.
 
-The page (``index.html``, ``app.js``, ``style.css`` next to this file; no CDN, no build
-step) asks ``/dashboard/json`` once a second and draws everything from that one document:
-per-topic rates (the browser differentiates successive totals), the memory pool, discards
-by reason, librdkafka's brokers and queues, metadata times and the commit point.
+The page (``index.html``, ``app.js``, ``style.css`` in ``static/`` beside this file; no
+CDN, no build step) asks ``/dashboard/json`` once a second and draws everything from that
+one document: per-topic rates (the browser differentiates successive totals), the memory
+pool, discards by reason, librdkafka's brokers and queues, metadata times and the commit
+point.
 
-:func:`dashboard_json` renders the feed from the live ``Server``; call it on the server's
+:func:`dashboard_json` renders the feed from the daemon's view; call it on the daemon's
 loop, like every status page.
 """
 
@@ -22,7 +23,7 @@ from pydory import __version__
 from pydory.kafka_stats import USABLE_STATES
 
 if TYPE_CHECKING:
-    from pydory.server import Server
+    from pydory.status.view import DaemonView
 
 __all__ = ["ASSETS", "Asset", "dashboard_json", "load_asset"]
 
@@ -46,42 +47,42 @@ ASSETS: Mapping[str, tuple[str, str]] = {
 
 def load_asset(file_name: str, content_type: str) -> Asset:
     """Read one of the dashboard's files from the installed package."""
-    body = resources.files(__name__).joinpath(file_name).read_bytes()
+    body = resources.files("pydory.status").joinpath("static", file_name).read_bytes()
     return Asset(body, content_type)
 
 
-def dashboard_json(server: Server, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+def dashboard_json(daemon: DaemonView, clock: Callable[[], float] = time.time) -> dict[str, Any]:
     """Everything the dashboard draws, in one document (one request per refresh)."""
     now = clock()
     return {
         "pid": os.getpid(),
         "version": __version__,
-        "since": server.started_at,
+        "since": daemon.started_at,
         "now": now,
-        "received": {str(t): n for t, n in server.books.received_by_transport().items()},
-        "discards": {str(r): n for r, n in server.books.lifetime_discards_by_reason().items()},
-        "topics": _topics(server),
+        "received": {str(t): n for t, n in daemon.books.received_by_transport().items()},
+        "discards": {str(r): n for r, n in daemon.books.lifetime_discards_by_reason().items()},
+        "topics": _topics(daemon),
         "pool": {
-            "budget": server.pool.budget,
-            "used": server.pool.used,
-            "available": server.pool.available,
-            "percent_time_depleted": server.pool.percent_time_depleted(),
+            "budget": daemon.pool.budget,
+            "used": daemon.pool.used,
+            "available": daemon.pool.available,
+            "percent_time_depleted": daemon.pool.percent_time_depleted(),
         },
-        "new": server.intake.pending_topic_messages,
-        "brokers": _brokers(server),
-        "stats_taken_at": server.kafka_stats.latest().taken_at,
+        "new": daemon.pending_topic_messages(),
+        "brokers": _brokers(daemon),
+        "stats_taken_at": daemon.kafka_stats.latest().taken_at,
         "metadata": {
-            "last_updated": server.metadata.last_updated_ms or 0,
-            "last_modified": server.metadata.last_modified_ms or 0,
-            "fetch_failures": server.metadata.fetch_failures,
-            "update_requests": server.counters.get("metadata_update_requested"),
+            "last_updated": daemon.metadata.last_updated_ms or 0,
+            "last_modified": daemon.metadata.last_modified_ms or 0,
+            "fetch_failures": daemon.metadata.fetch_failures,
+            "update_requests": daemon.counters.get("metadata_update_requested"),
         },
-        "commit_point": _commit_point(server),
+        "commit_point": _commit_point(daemon),
     }
 
 
-def _commit_point(server: Server) -> dict[str, Any]:
-    view = server.commit_point.current()
+def _commit_point(daemon: DaemonView) -> dict[str, Any]:
+    view = daemon.commit_point.current()
     return {
         "commit_point": view.commit_point,
         "commit_point_ms": int(view.commit_point * 1000),
@@ -90,12 +91,12 @@ def _commit_point(server: Server) -> dict[str, Any]:
     }
 
 
-def _topics(server: Server) -> list[dict[str, Any]]:
+def _topics(daemon: DaemonView) -> list[dict[str, Any]]:
     """Per topic: the books, librdkafka's queues, and which broker leads each partition."""
-    queues = server.kafka_stats.latest().topics
-    layouts = server.router.snapshot.topics
+    queues = daemon.kafka_stats.latest().topics
+    layouts = daemon.layout().topics
     rows = []
-    for topic, totals in sorted(server.books.per_topic().items()):
+    for topic, totals in sorted(daemon.books.per_topic().items()):
         queued = queues.get(topic)
         layout = layouts.get(topic)
         rows.append(
@@ -114,11 +115,11 @@ def _topics(server: Server) -> list[dict[str, Any]]:
     return rows
 
 
-def _brokers(server: Server) -> list[dict[str, Any]]:
+def _brokers(daemon: DaemonView) -> list[dict[str, Any]]:
     """Every broker the metadata names, with librdkafka's view of the connection to it."""
-    stats = {b.node_id: b for b in server.kafka_stats.latest().brokers}
+    stats = {b.node_id: b for b in daemon.kafka_stats.latest().brokers}
     rows = []
-    for node_id, address in sorted(server.router.snapshot.brokers.items()):
+    for node_id, address in sorted(daemon.layout().brokers.items()):
         broker = stats.get(node_id)
         rows.append(
             {

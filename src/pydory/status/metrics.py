@@ -5,7 +5,7 @@ pages read (``Books``, ``MemoryPool``, librdkafka's statistics, the metadata ser
 commit point) each time Prometheus scrapes, so the hot path pays nothing for metrics and
 the numbers can never drift from ``/books/json``.
 
-Each ``Server`` gets its own :class:`~prometheus_client.CollectorRegistry`
+Each daemon gets its own :class:`~prometheus_client.CollectorRegistry`
 (:func:`build_registry`) rather than the process-global one, so several daemons in one
 process (tests) never collide. The process metrics (CPU seconds, resident memory) come from
 prometheus-client's ``ProcessCollector`` under their standard ``process_*`` names, which
@@ -18,7 +18,7 @@ owns the books, so a scrape is a consistent snapshot without locks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -32,7 +32,7 @@ from pydory.kafka_stats import USABLE_STATES, BrokerStats
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from pydory.server import Server
+    from pydory.status.view import DaemonView
 
 __all__ = ["QUEUE_STAGES", "DaemonCollector", "build_registry"]
 
@@ -40,20 +40,20 @@ __all__ = ["QUEUE_STAGES", "DaemonCollector", "build_registry"]
 QUEUE_STAGES = ("batch", "send_wait", "ack_wait")
 
 
-def build_registry(server: Server) -> CollectorRegistry:
-    """A registry of its own for ``server``: the daemon's books and the process metrics."""
+def build_registry(view: DaemonView) -> CollectorRegistry:
+    """A registry of its own for one daemon: its books and the process metrics."""
     registry = CollectorRegistry()
-    registry.register(DaemonCollector(server))
+    registry.register(DaemonCollector(view))
     ProcessCollector(registry=registry)
     return registry
 
 
 class DaemonCollector(Collector):
-    """Reads a running ``Server`` into Prometheus metric families at scrape time."""
+    """Reads a running daemon's view into Prometheus metric families at scrape time."""
 
-    def __init__(self, server: Server, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, view: DaemonView, clock: Callable[[], float] = time.time) -> None:
         """``clock`` gives epoch seconds (ages are measured against it)."""
-        self._server = server
+        self._view = view
         self._clock = clock
 
     def collect(self) -> Iterable[Metric]:
@@ -77,13 +77,13 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily(
             "pydory_start_time_seconds",
             "When the daemon started, in seconds since the epoch.",
-            value=self._server.started_at,
+            value=self._view.started_at,
         )
 
     # -- messages -------------------------------------------------------------------------
 
     def _traffic(self) -> Iterator[Metric]:
-        books = self._server.books
+        books = self._view.books
         received = CounterMetricFamily(
             "pydory_received_messages",
             "Messages framed on each client transport (before admission checks).",
@@ -118,13 +118,13 @@ class DaemonCollector(Collector):
         yield CounterMetricFamily(
             "pydory_rerouted_messages",
             "Messages sent again to another partition after their partition failed.",
-            value=self._server.dispatcher.rerouted,
+            value=self._view.rerouted(),
         )
 
     # -- the memory pool (KIP-72 sensors) -------------------------------------------------
 
     def _pool(self) -> Iterator[Metric]:
-        pool = self._server.pool
+        pool = self._view.pool
         gauges = (
             (
                 "pydory_pool_budget_bytes",
@@ -154,7 +154,7 @@ class DaemonCollector(Collector):
     # -- librdkafka's queues and brokers --------------------------------------------------
 
     def _queues(self) -> Iterator[Metric]:
-        snapshot = self._server.kafka_stats.latest()
+        snapshot = self._view.kafka_stats.latest()
         queued = GaugeMetricFamily(
             "pydory_queue_messages",
             "Messages in librdkafka per topic and stage: batch (not yet in a request), "
@@ -170,7 +170,7 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily(
             "pydory_queue_new_messages",
             "Accepted messages not yet handed to librdkafka (waiting for topic creation).",
-            value=self._server.intake.pending_topic_messages,
+            value=self._view.pending_topic_messages(),
         )
         yield GaugeMetricFamily(
             "pydory_kafka_stats_age_seconds",
@@ -179,7 +179,7 @@ class DaemonCollector(Collector):
         )
 
     def _brokers(self, now: float) -> Iterator[Metric]:
-        brokers = [b for b in self._server.kafka_stats.latest().brokers if b.node_id >= 0]
+        brokers = [b for b in self._view.kafka_stats.latest().brokers if b.node_id >= 0]
         labels = ["broker", "node_id"]
         families = {
             name: family(name, documentation, labels=labels)
@@ -201,7 +201,7 @@ class DaemonCollector(Collector):
     # -- metadata -------------------------------------------------------------------------
 
     def _metadata(self, now: float) -> Iterator[Metric]:
-        metadata = self._server.metadata
+        metadata = self._view.metadata
         updated_ms, modified_ms = metadata.last_updated_ms, metadata.last_modified_ms
         if updated_ms is not None:
             yield GaugeMetricFamily(
@@ -231,7 +231,7 @@ class DaemonCollector(Collector):
     def _commit_point(self) -> Iterator[Metric]:
         # current() first looks whether the input sockets are empty (one poll(2)), so an
         # idle daemon reports a lag near zero rather than the time since the last reader.
-        view = self._server.commit_point.current()
+        view = self._view.commit_point.current()
         yield GaugeMetricFamily(
             "pydory_commit_point_timestamp_seconds",
             "The commit point: every message received before it is settled.",
@@ -256,13 +256,13 @@ class DaemonCollector(Collector):
             "Every internal event counter, as /counters lists them.",
             labels=["event"],
         )
-        for name, value in self._server.counters.snapshot().items():
+        for name, value in self._view.counters.snapshot().items():
             events.add_metric([name], value)
         yield events
 
 
 def _discards(
-    per_topic: dict[str, TopicTotals], lifetime: dict[DiscardReason, int]
+    per_topic: Mapping[str, TopicTotals], lifetime: Mapping[DiscardReason, int]
 ) -> CounterMetricFamily:
     """Discards by reason and topic; ``topic=""`` holds those with no usable topic
     (malformed, bad topic names, ...), so ``sum by (reason)`` gives every discard once."""

@@ -1,7 +1,6 @@
-"""The HTTP status interface: Dory's status pages (plain text and JSON) and pydory's books.
+"""The HTTP status interface: serves the pages on the daemon's own event loop.
 
-Dory's URLs keep Dory's output field for field, so existing monitoring scripts keep
-working (``spec/dory-compat.md`` section 3)::
+Dory's URLs keep Dory's output field for field (``spec/dory-compat.md`` section 3)::
 
     GET  /server_info/{plain,json}          pid, version, start time
     GET  /counters/{plain,json}             every event counter
@@ -13,19 +12,19 @@ working (``spec/dory-compat.md`` section 3)::
 and pydory's own::
 
     GET  /books/json                        per-topic accounting and the memory pool
-    GET  /commit_point/{plain,json}         the commit point (``pydory.commit_point``)
-    GET  /metrics                           Prometheus text (``pydory.metrics``)
-    GET  /                                  the live dashboard (``pydory.dashboard``)
+    GET  /commit_point/{plain,json}         the commit point (``pydory.status.commit_point``)
+    GET  /metrics                           Prometheus text (``pydory.status.metrics``)
+    GET  /                                  the live dashboard (``pydory.status.dashboard``)
     GET  /dashboard/json                    the dashboard's data, one document per refresh
 
 Any other URL answers 404 with the list of known URLs (Dory answers its index page).
-docs/status.md describes every page; docs/schemas/ holds a JSON Schema for each JSON one.
 
-:class:`StatusPages` renders the pages (no I/O); :class:`StatusServer` serves them with
-aiohttp on the daemon's own event loop. Handlers therefore run on the thread that owns
-the books, so every page is a consistent snapshot without locks, and every request takes
-loop time from ingestion: a rendered page is reused for PAGE_REUSE_S, and requests are
-paced (:class:`RequestPacer`), so a client polling in a tight loop cannot slow the daemon.
+:class:`~pydory.status.pages.StatusPages` renders the pages; :class:`StatusServer` serves
+them with aiohttp on the daemon's event loop. Handlers therefore run on the thread that
+owns the books, so every page is a consistent snapshot without locks, and every request
+takes loop time from ingestion: a rendered page is reused for PAGE_REUSE_S, and requests
+are paced (:class:`RequestPacer`), so a client polling in a tight loop cannot slow the
+daemon.
 """
 
 from __future__ import annotations
@@ -37,27 +36,22 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pydory import __version__
-from pydory.accounting import DiscardReport
-from pydory.commit_point import commit_point_routes
-from pydory.dashboard import ASSETS, Asset, dashboard_json, load_asset
 from pydory.errors import ConfigError
-from pydory.metrics import build_registry
-
-if TYPE_CHECKING:
-    from pydory.kafka_stats import TopicQueues
-    from pydory.server import Server
+from pydory.status.commit_point import commit_point_routes
+from pydory.status.dashboard import ASSETS, Asset, load_asset
+from pydory.status.metrics import build_registry
+from pydory.status.pages import StatusPages
+from pydory.status.view import DaemonView
 
 __all__ = [
     "PORT_CONFIG_PATH",
     "RequestPacer",
-    "StatusPages",
     "StatusServer",
     "listen_hosts",
     "paced",
@@ -97,224 +91,6 @@ PlainPage = Callable[[], str]
 def listen_hosts(loopback_only: bool) -> tuple[str, str]:
     """The IPv4 address to bind (required), then the IPv6 one (used if the host has it)."""
     return ("127.0.0.1", "::1") if loopback_only else ("0.0.0.0", "::")
-
-
-# --- rendering -----------------------------------------------------------------------------
-
-
-class StatusPages:
-    """Renders every status page from the live ``Server``; call on the server's loop."""
-
-    def __init__(
-        self,
-        server: Server,
-        clock: Callable[[], float] = time.time,
-        format_time: Callable[[float], str] = time.ctime,
-    ) -> None:
-        """``clock`` gives epoch seconds; ``format_time`` renders them like C's ctime()."""
-        self._server = server
-        self._clock = clock
-        self._format_time = format_time
-
-    # Dory's pages all start with the same four fields.
-
-    def _header(self, now_s: float) -> dict[str, Any]:
-        return {
-            "pid": os.getpid(),
-            "version": __version__,
-            "since": int(self._server.started_at),
-            "now": int(now_s),
-        }
-
-    def _header_lines(self, now_s: float) -> list[str]:
-        return [
-            f"pid: {os.getpid()}",
-            f"version: {__version__}",
-            f"since: {self._stamp(self._server.started_at)}",
-            f"now: {self._stamp(now_s)}",
-        ]
-
-    def _stamp(self, epoch_s: float) -> str:
-        """Dory's ``1795246742 Sat Nov 21 07:39:02 2026``: seconds, then ctime()."""
-        seconds = int(epoch_s)
-        return f"{seconds} {self._format_time(seconds)}"
-
-    def _stamp_ms(self, epoch_ms: int) -> str:
-        return f"{epoch_ms} {self._format_time(epoch_ms // 1000)}"
-
-    # /server_info
-
-    def server_info_json(self) -> dict[str, Any]:
-        """``/server_info/json``: pid, version, since, now."""
-        return self._header(self._clock())
-
-    def server_info_plain(self) -> str:
-        """``/server_info/plain``."""
-        return _text(self._header_lines(self._clock()))
-
-    # /counters: pydory's counters have no source location, so it is empty.
-
-    def counters_json(self) -> dict[str, Any]:
-        """``/counters/json``: the header, then every counter in order of first use."""
-        counters = [
-            {"location": "", "name": name, "value": value}
-            for name, value in self._server.counters.snapshot().items()
-        ]
-        return {**self._header(self._clock()), "counters": counters}
-
-    def counters_plain(self) -> str:
-        """``/counters/plain``: the header, a blank line, then ``location.name=value``."""
-        lines = [*self._header_lines(self._clock()), ""]
-        lines += [f".{name}={value}" for name, value in self._server.counters.snapshot().items()]
-        return _text(lines)
-
-    # /discards
-
-    def discards_json(self) -> dict[str, Any]:
-        """``/discards/json``: the header, ``interval``, then the report periods."""
-        report = self._discard_report()
-        header = self._header(self._clock())
-        return {**header, "interval": report.interval_s, **report.to_dory_json()}
-
-    def discards_plain(self) -> str:
-        """``/discards/plain``."""
-        report = self._discard_report()
-        lines = self._header_lines(self._clock())
-        lines += [f"report interval in seconds: {report.interval_s}", ""]
-        return _text(lines) + report.to_dory_plain(self._format_time)
-
-    def _discard_report(self) -> DiscardReport:
-        books = self._server.books
-        books.maybe_roll()  # a period that ended while nobody looked is reported as finished
-        return books.discard_report()
-
-    # /queues: librdkafka's queues per topic, from its latest statistics.
-
-    def queues_json(self) -> dict[str, Any]:
-        """``/queues/json``: per topic batch / send_wait / ack_wait, then ``new``."""
-        sending = [
-            {
-                "topic": topic,
-                "batch": queues.batch,
-                "send_wait": queues.send_wait,
-                "ack_wait": queues.ack_wait,
-            }
-            for topic, queues in self._queued_topics()
-        ]
-        header = self._header(self._clock())
-        return {**header, "sending": sending, "new": self._server.intake.pending_topic_messages}
-
-    def queues_plain(self) -> str:
-        """``/queues/plain``: one line per topic, then the totals per state."""
-        lines = [*self._header_lines(self._clock()), ""]
-        topics = self._queued_topics()
-        lines += [
-            f"batch: {q.batch:10d}  send_wait: {q.send_wait:10d}  "
-            f"ack_wait: {q.ack_wait:10d}  topic: [{topic}]"
-            for topic, q in topics
-        ]
-        if topics:
-            lines.append("")
-        new = self._server.intake.pending_topic_messages
-        batch = sum(q.batch for _, q in topics)
-        send_wait = sum(q.send_wait for _, q in topics)
-        ack_wait = sum(q.ack_wait for _, q in topics)
-        lines += [
-            f"{new:10d} total new",
-            f"{batch:10d} total batch",
-            f"{send_wait:10d} total send_wait",
-            f"{ack_wait:10d} total ack_wait",
-            f"{new + batch + send_wait + ack_wait:10d} total "
-            "(all states: new + batch + send_wait + ack_wait)",
-        ]
-        return _text(lines)
-
-    def _queued_topics(self) -> list[tuple[str, TopicQueues]]:
-        """librdkafka's queues by topic name, sorted as Dory's std::map iterates them."""
-        return sorted(self._server.kafka_stats.latest().topics.items())
-
-    # /metadata_fetch_time: Dory reports "now" in milliseconds on this page only.
-
-    def metadata_fetch_time_json(self) -> dict[str, Any]:
-        """``/metadata_fetch_time/json``: times in ms since the epoch (0 = never)."""
-        now_s = self._clock()
-        updated, modified = self._metadata_times()
-        return {
-            **self._header(now_s),
-            "now": int(now_s * 1000),
-            "last_updated": updated,
-            "last_modified": modified,
-        }
-
-    def metadata_fetch_time_plain(self) -> str:
-        """``/metadata_fetch_time/plain``."""
-        now_s = self._clock()
-        updated, modified = self._metadata_times()
-        lines = self._header_lines(now_s)[:3]
-        lines += [
-            f"now (milliseconds since epoch): {self._stamp_ms(int(now_s * 1000))}",
-            f"metadata last updated at (milliseconds since epoch): {self._stamp_ms(updated)}",
-            f"metadata last modified at (milliseconds since epoch): {self._stamp_ms(modified)}",
-        ]
-        return _text(lines)
-
-    def _metadata_times(self) -> tuple[int, int]:
-        metadata = self._server.metadata
-        return metadata.last_updated_ms or 0, metadata.last_modified_ms or 0
-
-    # POST /metadata_update
-
-    def metadata_update(self) -> str:
-        """Ask the metadata service for a refresh now; the answer says when it was asked.
-
-        The service spaces on-demand refreshes by minPauseDelay, so the refresh itself
-        may follow a moment later.
-        """
-        self._server.metadata.request_refresh()
-        self._server.counters.inc("metadata_update_requested")
-        return _text([f"Metadata update initiated at {self._stamp(self._clock())}"])
-
-    # /books/json (pydory's own)
-
-    def books_json(self) -> dict[str, Any]:
-        """``/books/json``: lifetime accounting per topic and per transport, and the pool.
-
-        Per topic, ``accepted == delivered + discarded_after_acceptance + in_flight``.
-        """
-        books, pool = self._server.books, self._server.pool
-        topics = [
-            {
-                "topic": topic,
-                "accepted": totals.accepted,
-                "delivered": totals.delivered,
-                "discarded": {str(r): n for r, n in totals.discarded_by_reason.items()},
-                "discarded_after_acceptance": totals.discarded_after_acceptance,
-                "in_flight": totals.in_flight,
-            }
-            for topic, totals in sorted(books.per_topic().items())
-        ]
-        return {
-            **self._header(self._clock()),
-            "topics": topics,
-            "received": {str(t): n for t, n in books.received_by_transport().items()},
-            "pool": {
-                "budget": pool.budget,
-                "used": pool.used,
-                "available": pool.available,
-                "percent_time_depleted": pool.percent_time_depleted(),
-            },
-        }
-
-    # /dashboard/json (pydory's own)
-
-    def dashboard_json(self) -> dict[str, Any]:
-        """``/dashboard/json``: everything the live dashboard draws, in one document."""
-        return dashboard_json(self._server, self._clock)
-
-
-def _text(lines: Sequence[str]) -> str:
-    """Dory's plain pages: every line newline-terminated."""
-    return "".join(line + "\n" for line in lines)
 
 
 # --- serving -------------------------------------------------------------------------------
@@ -450,11 +226,11 @@ def _not_found_lists(routes: Sequence[web.RouteDef]) -> Middleware:
 class StatusServer:
     """Serves :class:`StatusPages` on the httpInterface port, in the server's event loop."""
 
-    def __init__(self, server: Server) -> None:
-        """Prepare to serve ``server``'s pages; nothing listens until :meth:`start`."""
-        self._server = server
-        self._pages = StatusPages(server)
-        registry = build_registry(server)
+    def __init__(self, view: DaemonView) -> None:
+        """Prepare to serve the pages of ``view``; nothing listens until :meth:`start`."""
+        self._view = view
+        self._pages = StatusPages(view)
+        registry = build_registry(view)
         self._metrics = _page_handler(
             reused_briefly(lambda: generate_latest(registry)), CONTENT_TYPE_LATEST
         )
@@ -478,7 +254,7 @@ class StatusServer:
 
     async def start(self) -> None:
         """Listen on ``config.http``'s port; raises ConfigError if it cannot be bound."""
-        http = self._server.config.http
+        http = self._view.http
         routes = self._routes()
         pacer = RequestPacer(STATUS_REQUESTS_PER_S, STATUS_BURST)
         app = web.Application(
@@ -517,7 +293,7 @@ class StatusServer:
             web.get("/metadata_fetch_time/json", _json_handler(pages.metadata_fetch_time_json)),
             web.post("/metadata_update", _action_handler(pages.metadata_update)),
             web.get("/books/json", _json_handler(pages.books_json)),
-            *commit_point_routes(self._server),
+            *commit_point_routes(self._view),
             web.get("/metrics", self._metrics),
             web.get("/dashboard/json", _json_handler(pages.dashboard_json)),
             *(web.get(path, _asset_handler(asset)) for path, asset in self._assets.items()),

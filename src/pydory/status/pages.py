@@ -1,0 +1,237 @@
+"""Dory's status pages and pydory's books, rendered from the daemon's view (no I/O).
+
+Dory's URLs keep Dory's output field for field, so existing monitoring scripts keep
+working (``spec/dory-compat.md`` section 3); :mod:`pydory.status.server` lists the URLs
+and serves these pages. docs/status.md describes every page; docs/schemas/ holds a JSON
+Schema for each JSON one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydory import __version__
+from pydory.status.dashboard import dashboard_json
+
+if TYPE_CHECKING:
+    from pydory.accounting import DiscardReport
+    from pydory.kafka_stats import TopicQueues
+    from pydory.status.view import DaemonView
+
+__all__ = ["StatusPages"]
+
+
+class StatusPages:
+    """Renders every status page from the daemon's view; call on the daemon's loop."""
+
+    def __init__(
+        self,
+        view: DaemonView,
+        clock: Callable[[], float] = time.time,
+        format_time: Callable[[float], str] = time.ctime,
+    ) -> None:
+        """``clock`` gives epoch seconds; ``format_time`` renders them like C's ctime()."""
+        self._view = view
+        self._clock = clock
+        self._format_time = format_time
+
+    # Dory's pages all start with the same four fields.
+
+    def _header(self, now_s: float) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "version": __version__,
+            "since": int(self._view.started_at),
+            "now": int(now_s),
+        }
+
+    def _header_lines(self, now_s: float) -> list[str]:
+        return [
+            f"pid: {os.getpid()}",
+            f"version: {__version__}",
+            f"since: {self._stamp(self._view.started_at)}",
+            f"now: {self._stamp(now_s)}",
+        ]
+
+    def _stamp(self, epoch_s: float) -> str:
+        """Dory's ``1795246742 Sat Nov 21 07:39:02 2026``: seconds, then ctime()."""
+        seconds = int(epoch_s)
+        return f"{seconds} {self._format_time(seconds)}"
+
+    def _stamp_ms(self, epoch_ms: int) -> str:
+        return f"{epoch_ms} {self._format_time(epoch_ms // 1000)}"
+
+    # /server_info
+
+    def server_info_json(self) -> dict[str, Any]:
+        """``/server_info/json``: pid, version, since, now."""
+        return self._header(self._clock())
+
+    def server_info_plain(self) -> str:
+        """``/server_info/plain``."""
+        return _text(self._header_lines(self._clock()))
+
+    # /counters: pydory's counters have no source location, so it is empty.
+
+    def counters_json(self) -> dict[str, Any]:
+        """``/counters/json``: the header, then every counter in order of first use."""
+        counters = [
+            {"location": "", "name": name, "value": value}
+            for name, value in self._view.counters.snapshot().items()
+        ]
+        return {**self._header(self._clock()), "counters": counters}
+
+    def counters_plain(self) -> str:
+        """``/counters/plain``: the header, a blank line, then ``location.name=value``."""
+        lines = [*self._header_lines(self._clock()), ""]
+        lines += [f".{name}={value}" for name, value in self._view.counters.snapshot().items()]
+        return _text(lines)
+
+    # /discards
+
+    def discards_json(self) -> dict[str, Any]:
+        """``/discards/json``: the header, ``interval``, then the report periods."""
+        report = self._discard_report()
+        header = self._header(self._clock())
+        return {**header, "interval": report.interval_s, **report.to_dory_json()}
+
+    def discards_plain(self) -> str:
+        """``/discards/plain``."""
+        report = self._discard_report()
+        lines = self._header_lines(self._clock())
+        lines += [f"report interval in seconds: {report.interval_s}", ""]
+        return _text(lines) + report.to_dory_plain(self._format_time)
+
+    def _discard_report(self) -> DiscardReport:
+        # discard_report() first closes a period that ended while nobody looked.
+        return self._view.books.discard_report()
+
+    # /queues: librdkafka's queues per topic, from its latest statistics.
+
+    def queues_json(self) -> dict[str, Any]:
+        """``/queues/json``: per topic batch / send_wait / ack_wait, then ``new``."""
+        sending = [
+            {
+                "topic": topic,
+                "batch": queues.batch,
+                "send_wait": queues.send_wait,
+                "ack_wait": queues.ack_wait,
+            }
+            for topic, queues in self._queued_topics()
+        ]
+        header = self._header(self._clock())
+        return {**header, "sending": sending, "new": self._view.pending_topic_messages()}
+
+    def queues_plain(self) -> str:
+        """``/queues/plain``: one line per topic, then the totals per state."""
+        lines = [*self._header_lines(self._clock()), ""]
+        topics = self._queued_topics()
+        lines += [
+            f"batch: {q.batch:10d}  send_wait: {q.send_wait:10d}  "
+            f"ack_wait: {q.ack_wait:10d}  topic: [{topic}]"
+            for topic, q in topics
+        ]
+        if topics:
+            lines.append("")
+        new = self._view.pending_topic_messages()
+        batch = sum(q.batch for _, q in topics)
+        send_wait = sum(q.send_wait for _, q in topics)
+        ack_wait = sum(q.ack_wait for _, q in topics)
+        lines += [
+            f"{new:10d} total new",
+            f"{batch:10d} total batch",
+            f"{send_wait:10d} total send_wait",
+            f"{ack_wait:10d} total ack_wait",
+            f"{new + batch + send_wait + ack_wait:10d} total "
+            "(all states: new + batch + send_wait + ack_wait)",
+        ]
+        return _text(lines)
+
+    def _queued_topics(self) -> list[tuple[str, TopicQueues]]:
+        """librdkafka's queues by topic name, sorted as Dory's std::map iterates them."""
+        return sorted(self._view.kafka_stats.latest().topics.items())
+
+    # /metadata_fetch_time: Dory reports "now" in milliseconds on this page only.
+
+    def metadata_fetch_time_json(self) -> dict[str, Any]:
+        """``/metadata_fetch_time/json``: times in ms since the epoch (0 = never)."""
+        now_s = self._clock()
+        updated, modified = self._metadata_times()
+        return {
+            **self._header(now_s),
+            "now": int(now_s * 1000),
+            "last_updated": updated,
+            "last_modified": modified,
+        }
+
+    def metadata_fetch_time_plain(self) -> str:
+        """``/metadata_fetch_time/plain``."""
+        now_s = self._clock()
+        updated, modified = self._metadata_times()
+        lines = self._header_lines(now_s)[:3]
+        lines += [
+            f"now (milliseconds since epoch): {self._stamp_ms(int(now_s * 1000))}",
+            f"metadata last updated at (milliseconds since epoch): {self._stamp_ms(updated)}",
+            f"metadata last modified at (milliseconds since epoch): {self._stamp_ms(modified)}",
+        ]
+        return _text(lines)
+
+    def _metadata_times(self) -> tuple[int, int]:
+        metadata = self._view.metadata
+        return metadata.last_updated_ms or 0, metadata.last_modified_ms or 0
+
+    # POST /metadata_update
+
+    def metadata_update(self) -> str:
+        """Ask the metadata service for a refresh now; the answer says when it was asked.
+
+        The service spaces on-demand refreshes by minPauseDelay, so the refresh itself
+        may follow a moment later.
+        """
+        self._view.request_metadata_refresh()
+        return _text([f"Metadata update initiated at {self._stamp(self._clock())}"])
+
+    # /books/json (pydory's own)
+
+    def books_json(self) -> dict[str, Any]:
+        """``/books/json``: lifetime accounting per topic and per transport, and the pool.
+
+        Per topic, ``accepted == delivered + discarded_after_acceptance + in_flight``.
+        """
+        books, pool = self._view.books, self._view.pool
+        topics = [
+            {
+                "topic": topic,
+                "accepted": totals.accepted,
+                "delivered": totals.delivered,
+                "discarded": {str(r): n for r, n in totals.discarded_by_reason.items()},
+                "discarded_after_acceptance": totals.discarded_after_acceptance,
+                "in_flight": totals.in_flight,
+            }
+            for topic, totals in sorted(books.per_topic().items())
+        ]
+        return {
+            **self._header(self._clock()),
+            "topics": topics,
+            "received": {str(t): n for t, n in books.received_by_transport().items()},
+            "pool": {
+                "budget": pool.budget,
+                "used": pool.used,
+                "available": pool.available,
+                "percent_time_depleted": pool.percent_time_depleted(),
+            },
+        }
+
+    # /dashboard/json (pydory's own)
+
+    def dashboard_json(self) -> dict[str, Any]:
+        """``/dashboard/json``: everything the live dashboard draws, in one document."""
+        return dashboard_json(self._view, self._clock)
+
+
+def _text(lines: Sequence[str]) -> str:
+    """Dory's plain pages: every line newline-terminated."""
+    return "".join(line + "\n" for line in lines)

@@ -1,0 +1,113 @@
+"""What the status interface may read of a running daemon: one narrow, read-only view.
+
+The daemon's ``Server`` owns everything; the status pages, the Prometheus collector, the
+dashboard feed and the commit point's routes get a :class:`DaemonView` instead, built by
+the server (``Server.status_view()``). Each field is typed by a small Protocol naming
+only the reads a page makes, so a reader of this package sees exactly what it depends on,
+and nothing here imports the server. The two actions the interface offers (a metadata
+refresh, the commit point's long-poll) are in the view too, as plain callables.
+
+Every method is called on the daemon's event loop (aiohttp runs there), the thread that
+owns the books, so each page is a consistent snapshot without locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pydory.accounting import DiscardReason, DiscardReport, TopicTotals, Transport
+    from pydory.commit_point import CommitPointView
+    from pydory.config.model import HttpInterfaceConfig
+    from pydory.kafka_stats import StatsSnapshot
+    from pydory.router import MetadataSnapshot
+
+__all__ = [
+    "BooksReader",
+    "CommitPointReader",
+    "CounterReader",
+    "DaemonView",
+    "MetadataTimes",
+    "PoolSensors",
+    "StatsReader",
+]
+
+
+class BooksReader(Protocol):
+    """The accounting: lifetime totals and Dory's discard report."""
+
+    def per_topic(self) -> Mapping[str, TopicTotals]: ...
+    def received_by_transport(self) -> Mapping[Transport, int]: ...
+    def lifetime_discards_by_reason(self) -> Mapping[DiscardReason, int]: ...
+    def discard_report(self) -> DiscardReport: ...
+
+
+class PoolSensors(Protocol):
+    """KIP-72's memory pool sensors."""
+
+    @property
+    def budget(self) -> int: ...
+    @property
+    def used(self) -> int: ...
+    @property
+    def available(self) -> int: ...
+    def percent_time_depleted(self) -> float: ...
+    def depleted_seconds(self) -> float: ...
+
+
+class CounterReader(Protocol):
+    """The event counters (Dory's /counters)."""
+
+    def get(self, name: str) -> int: ...
+    def snapshot(self) -> Mapping[str, int]: ...
+
+
+class StatsReader(Protocol):
+    """librdkafka's latest statistics, merged over the producers."""
+
+    def latest(self) -> StatsSnapshot: ...
+
+
+class MetadataTimes(Protocol):
+    """When cluster metadata was last fetched and last changed (epoch ms; None = never)."""
+
+    @property
+    def last_updated_ms(self) -> int | None: ...
+    @property
+    def last_modified_ms(self) -> int | None: ...
+    @property
+    def fetch_failures(self) -> int: ...
+
+
+class CommitPointReader(Protocol):
+    """The commit point, and waiting for it to pass a moment (the long-poll)."""
+
+    @property
+    def shutting_down(self) -> bool: ...
+    def current(self, sweep: bool = True) -> CommitPointView: ...
+    def wall_now(self) -> float: ...
+    async def wait_past(self, wall_s: float | None, timeout_s: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class DaemonView:
+    """Everything the status interface reads, handed in by the server."""
+
+    started_at: float  # epoch seconds
+    http: HttpInterfaceConfig  # the <httpInterface> settings: port, loopback only
+    books: BooksReader
+    pool: PoolSensors
+    counters: CounterReader
+    kafka_stats: StatsReader
+    metadata: MetadataTimes
+    commit_point: CommitPointReader
+    #: The routing layout now: partitions and leaders per topic, brokers by node id.
+    layout: Callable[[], MetadataSnapshot]
+    #: Messages waiting for their topic's metadata (Dory's "new" queue).
+    pending_topic_messages: Callable[[], int]
+    #: Messages sent again to another partition after a delivery failure.
+    rerouted: Callable[[], int]
+    #: Ask for a metadata refresh now (``POST /metadata_update``, the dashboard's button).
+    request_metadata_refresh: Callable[[], None]
