@@ -6,6 +6,10 @@ once. Problems that stop the reading itself (unreadable file, XML that is not
 well-formed, unsafe XML, a wrong root element) raise a single ConfigError at once.
 Nothing is guessed: a value is either valid or an error, and an omitted optional
 element takes Dory's documented default.
+
+Sections made only of simple leaf elements (<msgDelivery>, <httpInterface>, ...) are read
+from a table per section (``MSG_DELIVERY``, ...) that lists each element as the element
+tables of docs/config.md do: its name, the model field it sets, and its kind of value.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydory.config.model import (
     DEFAULT_SOCKET_MODE,
@@ -60,6 +65,7 @@ from pydory.config.xmltree import Element, parse_xml
 from pydory.errors import ConfigError, ConfigErrors
 
 T = TypeVar("T")
+S = TypeVar("S")  # a section's model (a dataclass from model.py)
 
 ROOT_ELEMENTS = ("doryConfig", "bruceConfig")  # Dory still accepts its predecessor's name
 INT32_MAX = 2**31 - 1  # Kafka's protocol fields (sizes, timeouts) are signed 32-bit
@@ -208,6 +214,10 @@ class _Reader:
         self.leaf(element)
         return self.attributes(element, required=("value",)).get("value", "")
 
+    def text(self, element: Element | None, default: str) -> str:
+        """The free-text value of a leaf, as written, or ``default`` if it is omitted."""
+        return default if element is None else self.value(element)
+
     def name(self, element: Element, attribute: str = "name") -> str:
         """A required, non-empty name attribute (surrounding whitespace ignored)."""
         if attribute not in element.attributes:
@@ -273,6 +283,17 @@ class _Reader:
                 raise ConfigError(f"{exc.reason}, or {keyword}") from None
 
         return self.convert(element, attribute, text, parse)
+
+    def limit(
+        self, element: Element | None, default: int | None, keyword: str, *, suffixes: str
+    ) -> int | None:
+        """The number in <x value="..."/>, None (no limit) for ``keyword``, or ``default``
+        if the element is omitted."""
+        if element is None:
+            return default
+        self.leaf(element)
+        self.attributes(element, required=("value",))
+        return self.unsigned_or(element, "value", keyword, suffixes=suffixes)
 
     def boolean(self, element: Element | None, default: bool, attribute: str = "value") -> bool:
         """A true/false attribute of a leaf, or ``default`` if the element is omitted."""
@@ -373,6 +394,110 @@ def _topic_overrides(
     return MappingProxyType(overrides)
 
 
+# --- sections of leaf elements, read from a table ---------------------------------------------
+
+LeafReader = Callable[[_Reader, Element | None, Any], Any]
+"""Reads one leaf: (reader, the element or None if omitted, the default) -> its value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """One row of a section's table of elements, as Dory's docs list them."""
+
+    tag: str  # the child element, as Dory names it
+    field: str  # the field of the section's model that it sets; the model gives its default
+    read: LeafReader
+
+
+def unsigned(
+    *, suffixes: str = NO_SUFFIX, minimum: int = 0, maximum: int = MAX_UNSIGNED
+) -> LeafReader:
+    """A number in <x value="..."/> within [minimum, maximum], ``suffixes`` allowed."""
+    return partial(_Reader.unsigned, suffixes=suffixes, minimum=minimum, maximum=maximum)
+
+
+def limit(keyword: str, *, suffixes: str) -> LeafReader:
+    """A number in <x value="..."/>, or ``keyword`` (such as "unlimited") for None: no limit."""
+    return partial(_Reader.limit, keyword=keyword, suffixes=suffixes)
+
+
+def boolean(attribute: str = "value") -> LeafReader:
+    """A true/false in <x value="..."/>, or in ``attribute`` (Dory uses "enable" for some)."""
+    return partial(_Reader.boolean, attribute=attribute)
+
+
+# Kinds of value that recur in the tables.
+TEXT: LeafReader = _Reader.text  # free text, kept as written
+SIZE = unsigned(suffixes=SIZE_SUFFIXES)
+POSITIVE_SIZE = unsigned(suffixes=SIZE_SUFFIXES, minimum=1)
+INT32 = unsigned(maximum=INT32_MAX)
+POSITIVE_INT32 = unsigned(minimum=1, maximum=INT32_MAX)
+MILLIS = INT32  # a time in milliseconds
+# Times given in minutes or seconds must still fit 32 bits once converted to milliseconds.
+MINUTES_AS_MILLIS = unsigned(minimum=1, maximum=INT32_MAX // 60_000)
+SECONDS_AS_MILLIS = unsigned(minimum=1, maximum=INT32_MAX // 1000)
+
+
+def _read_leaf_section(
+    reader: _Reader, element: Element | None, model: Callable[..., S], table: tuple[Leaf, ...]
+) -> S:
+    """A section whose children are all optional leaves, read as ``table`` says.
+
+    An omitted element takes the model's default, and so does every element of an
+    omitted section.
+    """
+    default = model()
+    if element is None:
+        return default
+    reader.attributes(element)
+    parts = reader.children(element, optional=tuple(leaf.tag for leaf in table))
+    return model(**_leaf_values(reader, parts, default, table))
+
+
+def _leaf_values(
+    reader: _Reader, parts: Mapping[str, Element], default: object, table: tuple[Leaf, ...]
+) -> dict[str, Any]:
+    """The model fields that ``table`` sets, each read from its element in ``parts``.
+
+    The leaves are read in table order, which is the order of Dory's docs.
+    """
+    return {
+        leaf.field: leaf.read(reader, parts.get(leaf.tag), getattr(default, leaf.field))
+        for leaf in table
+    }
+
+
+def _read_path_section(
+    reader: _Reader,
+    element: Element | None,
+    model: Callable[..., S],
+    what: str,
+    table: tuple[Leaf, ...],
+) -> S:
+    """A section like <msgDebug enable="..."> that writes to a <path>, and optional leaves.
+
+    It is off (the model's path is None) when omitted, disabled, or given an empty path.
+    """
+    default = model()
+    if element is None:
+        return default
+    path, parts = _read_enabled_path(reader, element, what, tuple(leaf.tag for leaf in table))
+    return model(path=path, **_leaf_values(reader, parts, default, table))
+
+
+def _read_enabled_path(
+    reader: _Reader, element: Element, what: str, optional: tuple[str, ...]
+) -> tuple[str | None, dict[str, Element]]:
+    """The required enable attribute and <path> child of ``element``, and its children.
+
+    The path is None when disabled or empty, else absolute.
+    """
+    reader.attributes(element, required=("enable",))
+    enabled = reader.flag(element, "enable")
+    parts = reader.children(element, required=("path",), optional=optional)
+    return reader.absolute_path(parts.get("path"), enabled, what), parts
+
+
 # --- the document -----------------------------------------------------------------------------
 
 
@@ -470,18 +595,13 @@ def _read_thresholds(reader: _Reader, element: Element, name: str) -> BatchingTh
     reader.attributes(element, required=("name",))
     limits = reader.children(element, required=("time", "messages", "bytes"))
 
-    def limit(tag: str, suffixes: str) -> int | None:
-        if tag not in limits:
-            return None
-        limit_element = limits[tag]
-        reader.leaf(limit_element)
-        reader.attributes(limit_element, required=("value",))
-        return reader.unsigned_or(limit_element, "value", "disable", suffixes=suffixes)
+    def threshold(tag: str, suffixes: str) -> int | None:
+        return reader.limit(limits.get(tag), None, "disable", suffixes=suffixes)
 
     thresholds = BatchingThresholds(
-        time_ms=limit("time", NO_SUFFIX),
-        messages=limit("messages", COUNT_SUFFIXES),
-        bytes=limit("bytes", SIZE_SUFFIXES),
+        time_ms=threshold("time", NO_SUFFIX),
+        messages=threshold("messages", COUNT_SUFFIXES),
+        bytes=threshold("bytes", SIZE_SUFFIXES),
     )
     all_disabled = all(
         tag in limits and limits[tag].attributes.get("value", "").strip().lower() == "disable"
@@ -703,10 +823,7 @@ def _read_file_section(
     reader: _Reader, element: Element, what: str, default_mode: int | None
 ) -> tuple[str | None, int | None]:
     """An element like <unixDatagram enable="..."> with <path> and <mode> children."""
-    reader.attributes(element, required=("enable",))
-    enabled = reader.flag(element, "enable")
-    parts = reader.children(element, required=("path",), optional=("mode",))
-    path = reader.absolute_path(parts.get("path"), enabled, what)
+    path, parts = _read_enabled_path(reader, element, what, optional=("mode",))
     return path, reader.mode(parts.get("mode"), default_mode)
 
 
@@ -733,207 +850,86 @@ def _read_tcp(reader: _Reader, element: Element | None) -> TcpInput:
     return TcpInput(port if enabled else None)
 
 
+MSG_SIZE = unsigned(suffixes=SIZE_SUFFIXES, minimum=1, maximum=INT32_MAX)  # Kafka's size limit
+
+INPUT_CONFIG = (
+    Leaf("maxBuffer", "max_buffer", POSITIVE_SIZE),
+    Leaf("maxDatagramMsgSize", "max_datagram_msg_size", MSG_SIZE),
+    Leaf("allowLargeUnixDatagrams", "allow_large_unix_datagrams", boolean()),
+    Leaf("maxStreamMsgSize", "max_stream_msg_size", MSG_SIZE),
+)
+
+
 def _read_input_config(reader: _Reader, element: Element | None) -> InputConfig:
-    default = InputConfig()
-    if element is None:
-        return default
-    reader.attributes(element)
-    parts = reader.children(
-        element,
-        optional=(
-            "maxBuffer",
-            "maxDatagramMsgSize",
-            "allowLargeUnixDatagrams",
-            "maxStreamMsgSize",
-        ),
-    )
-    size = partial(reader.unsigned, suffixes=SIZE_SUFFIXES, minimum=1)
-    return InputConfig(
-        max_buffer=size(parts.get("maxBuffer"), default.max_buffer),
-        max_datagram_msg_size=size(
-            parts.get("maxDatagramMsgSize"), default.max_datagram_msg_size, maximum=INT32_MAX
-        ),
-        allow_large_unix_datagrams=reader.boolean(
-            parts.get("allowLargeUnixDatagrams"), default.allow_large_unix_datagrams
-        ),
-        max_stream_msg_size=size(
-            parts.get("maxStreamMsgSize"), default.max_stream_msg_size, maximum=INT32_MAX
-        ),
-    )
+    return _read_leaf_section(reader, element, InputConfig, INPUT_CONFIG)
 
 
 # --- delivery, HTTP, discard log, Kafka, debugging, logging -----------------------------------
 
 
+MSG_DELIVERY = (
+    Leaf("topicAutocreate", "topic_autocreate", boolean("enable")),
+    Leaf("maxFailedDeliveryAttempts", "max_failed_delivery_attempts", INT32),
+    Leaf("shutdownMaxDelay", "shutdown_max_delay_ms", MILLIS),
+    Leaf("dispatcherRestartMaxDelay", "dispatcher_restart_max_delay_ms", MILLIS),
+    Leaf("metadataRefreshInterval", "metadata_refresh_interval_min", MINUTES_AS_MILLIS),
+    Leaf("compareMetadataOnRefresh", "compare_metadata_on_refresh", boolean()),
+    Leaf("kafkaSocketTimeout", "kafka_socket_timeout_s", SECONDS_AS_MILLIS),
+    Leaf("pauseRateLimitInitial", "pause_rate_limit_initial_ms", MILLIS),
+    Leaf("pauseRateLimitMaxDouble", "pause_rate_limit_max_double", unsigned(maximum=31)),
+    Leaf("minPauseDelay", "min_pause_delay_ms", MILLIS),
+)
+
+
 def _read_msg_delivery(reader: _Reader, element: Element | None) -> MsgDeliveryConfig:
-    default = MsgDeliveryConfig()
-    if element is None:
-        return default
-    reader.attributes(element)
-    parts = reader.children(
-        element,
-        optional=(
-            "topicAutocreate",
-            "maxFailedDeliveryAttempts",
-            "shutdownMaxDelay",
-            "dispatcherRestartMaxDelay",
-            "metadataRefreshInterval",
-            "compareMetadataOnRefresh",
-            "kafkaSocketTimeout",
-            "pauseRateLimitInitial",
-            "pauseRateLimitMaxDouble",
-            "minPauseDelay",
-        ),
-    )
-    millis = partial(reader.unsigned, maximum=INT32_MAX)
-    return MsgDeliveryConfig(
-        topic_autocreate=reader.boolean(
-            parts.get("topicAutocreate"), default.topic_autocreate, attribute="enable"
-        ),
-        max_failed_delivery_attempts=reader.unsigned(
-            parts.get("maxFailedDeliveryAttempts"),
-            default.max_failed_delivery_attempts,
-            maximum=INT32_MAX,
-        ),
-        shutdown_max_delay_ms=millis(parts.get("shutdownMaxDelay"), default.shutdown_max_delay_ms),
-        dispatcher_restart_max_delay_ms=millis(
-            parts.get("dispatcherRestartMaxDelay"), default.dispatcher_restart_max_delay_ms
-        ),
-        metadata_refresh_interval_min=reader.unsigned(
-            parts.get("metadataRefreshInterval"),
-            default.metadata_refresh_interval_min,
-            minimum=1,
-            maximum=INT32_MAX // 60_000,
-        ),
-        compare_metadata_on_refresh=reader.boolean(
-            parts.get("compareMetadataOnRefresh"), default.compare_metadata_on_refresh
-        ),
-        kafka_socket_timeout_s=reader.unsigned(
-            parts.get("kafkaSocketTimeout"),
-            default.kafka_socket_timeout_s,
-            minimum=1,
-            maximum=INT32_MAX // 1000,
-        ),
-        pause_rate_limit_initial_ms=millis(
-            parts.get("pauseRateLimitInitial"), default.pause_rate_limit_initial_ms
-        ),
-        pause_rate_limit_max_double=reader.unsigned(
-            parts.get("pauseRateLimitMaxDouble"), default.pause_rate_limit_max_double, maximum=31
-        ),
-        min_pause_delay_ms=millis(parts.get("minPauseDelay"), default.min_pause_delay_ms),
-    )
+    return _read_leaf_section(reader, element, MsgDeliveryConfig, MSG_DELIVERY)
+
+
+PREFIX_SIZE = unsigned(suffixes=COUNT_SUFFIXES, maximum=INT32_MAX)  # bytes, given like a count
+
+HTTP_INTERFACE = (
+    Leaf("port", "port", unsigned(maximum=PORT_MAX)),
+    Leaf("loopbackOnly", "loopback_only", boolean()),
+    Leaf("discardReportInterval", "discard_report_interval_s", POSITIVE_INT32),
+    Leaf("badMsgPrefixSize", "bad_msg_prefix_size", PREFIX_SIZE),
+)
 
 
 def _read_http_interface(reader: _Reader, element: Element | None) -> HttpInterfaceConfig:
-    default = HttpInterfaceConfig()
-    if element is None:
-        return default
-    reader.attributes(element)
-    parts = reader.children(
-        element, optional=("port", "loopbackOnly", "discardReportInterval", "badMsgPrefixSize")
-    )
-    return HttpInterfaceConfig(
-        port=reader.unsigned(parts.get("port"), default.port, maximum=PORT_MAX),
-        loopback_only=reader.boolean(parts.get("loopbackOnly"), default.loopback_only),
-        discard_report_interval_s=reader.unsigned(
-            parts.get("discardReportInterval"),
-            default.discard_report_interval_s,
-            minimum=1,
-            maximum=INT32_MAX,
-        ),
-        bad_msg_prefix_size=reader.unsigned(
-            parts.get("badMsgPrefixSize"),
-            default.bad_msg_prefix_size,
-            suffixes=COUNT_SUFFIXES,
-            maximum=INT32_MAX,
-        ),
-    )
+    return _read_leaf_section(reader, element, HttpInterfaceConfig, HTTP_INTERFACE)
+
+
+DISCARD_LOGGING = (
+    Leaf("maxFileSize", "max_file_size", POSITIVE_SIZE),
+    Leaf("maxArchiveSize", "max_archive_size", SIZE),
+    Leaf("maxMsgPrefixSize", "max_msg_prefix_size", limit("unlimited", suffixes=COUNT_SUFFIXES)),
+)
 
 
 def _read_discard_logging(reader: _Reader, element: Element | None) -> DiscardLoggingConfig:
-    default = DiscardLoggingConfig()
-    if element is None:
-        return default
-    reader.attributes(element, required=("enable",))
-    enabled = reader.flag(element, "enable")
-    parts = reader.children(
-        element, required=("path",), optional=("maxFileSize", "maxArchiveSize", "maxMsgPrefixSize")
+    return _read_path_section(
+        reader, element, DiscardLoggingConfig, "Discard logging", DISCARD_LOGGING
     )
-    prefix_element = parts.get("maxMsgPrefixSize")
-    prefix_size = default.max_msg_prefix_size
-    if prefix_element is not None:
-        reader.leaf(prefix_element)
-        reader.attributes(prefix_element, required=("value",))
-        prefix_size = reader.unsigned_or(
-            prefix_element, "value", "unlimited", suffixes=COUNT_SUFFIXES
-        )
-    return DiscardLoggingConfig(
-        path=reader.absolute_path(parts.get("path"), enabled, "Discard logging"),
-        max_file_size=reader.unsigned(
-            parts.get("maxFileSize"), default.max_file_size, suffixes=SIZE_SUFFIXES, minimum=1
-        ),
-        max_archive_size=reader.unsigned(
-            parts.get("maxArchiveSize"), default.max_archive_size, suffixes=SIZE_SUFFIXES
-        ),
-        max_msg_prefix_size=prefix_size,
-    )
+
+
+KAFKA_CONFIG = (
+    Leaf("clientId", "client_id", TEXT),
+    Leaf("replicationTimeout", "replication_timeout_ms", POSITIVE_INT32),
+)
 
 
 def _read_kafka_config(reader: _Reader, element: Element | None) -> KafkaConfig:
-    default = KafkaConfig()
-    if element is None:
-        return default
-    reader.attributes(element)
-    parts = reader.children(element, optional=("clientId", "replicationTimeout"))
-    client_id_element = parts.get("clientId")
-    return KafkaConfig(
-        client_id=(
-            default.client_id if client_id_element is None else reader.value(client_id_element)
-        ),
-        replication_timeout_ms=reader.unsigned(
-            parts.get("replicationTimeout"),
-            default.replication_timeout_ms,
-            minimum=1,
-            maximum=INT32_MAX,
-        ),
-    )
+    return _read_leaf_section(reader, element, KafkaConfig, KAFKA_CONFIG)
+
+
+MSG_DEBUG = (
+    Leaf("timeLimit", "time_limit_s", unsigned()),
+    Leaf("byteLimit", "byte_limit", SIZE),
+)
 
 
 def _read_msg_debug(reader: _Reader, element: Element | None) -> MsgDebugConfig:
-    default = MsgDebugConfig()
-    if element is None:
-        return default
-    reader.attributes(element, required=("enable",))
-    enabled = reader.flag(element, "enable")
-    parts = reader.children(element, required=("path",), optional=("timeLimit", "byteLimit"))
-    return MsgDebugConfig(
-        path=reader.absolute_path(parts.get("path"), enabled, "Message debug"),
-        time_limit_s=reader.unsigned(parts.get("timeLimit"), default.time_limit_s),
-        byte_limit=reader.unsigned(
-            parts.get("byteLimit"), default.byte_limit, suffixes=SIZE_SUFFIXES
-        ),
-    )
-
-
-def _read_logging(reader: _Reader, element: Element | None) -> LoggingConfig:
-    default = LoggingConfig()
-    if element is None:
-        return default
-    reader.attributes(element)
-    parts = reader.children(
-        element, optional=("level", "stdoutStderr", "syslog", "file", "logDiscards")
-    )
-    file_path, file_mode = default.file_path, default.file_mode
-    if "file" in parts:
-        file_path, file_mode = _read_file_section(reader, parts["file"], "Logfile", None)
-    return LoggingConfig(
-        level=_read_log_level(reader, parts.get("level"), default.level),
-        stdout_stderr=reader.boolean(parts.get("stdoutStderr"), default.stdout_stderr, "enable"),
-        syslog=reader.boolean(parts.get("syslog"), default.syslog, "enable"),
-        file_path=file_path,
-        file_mode=file_mode,
-        log_discards=reader.boolean(parts.get("logDiscards"), default.log_discards, "enable"),
-    )
+    return _read_path_section(reader, element, MsgDebugConfig, "Message debug", MSG_DEBUG)
 
 
 def _read_log_level(reader: _Reader, element: Element | None, default: LogLevel) -> LogLevel:
@@ -949,6 +945,33 @@ def _read_log_level(reader: _Reader, element: Element | None, default: LogLevel)
             f"{_expected(tuple(LogLevel))}",
         )
         return default
+
+
+LOGGING_LEAVES = (
+    Leaf("level", "level", _read_log_level),
+    Leaf("stdoutStderr", "stdout_stderr", boolean("enable")),
+    Leaf("syslog", "syslog", boolean("enable")),
+    Leaf("logDiscards", "log_discards", boolean("enable")),
+)
+
+
+def _read_logging(reader: _Reader, element: Element | None) -> LoggingConfig:
+    default = LoggingConfig()
+    if element is None:
+        return default
+    reader.attributes(element)
+    # <file> is not in LOGGING_LEAVES: it is a section of its own that sets two fields.
+    parts = reader.children(
+        element, optional=("level", "stdoutStderr", "syslog", "file", "logDiscards")
+    )
+    file_path, file_mode = default.file_path, default.file_mode
+    if "file" in parts:
+        file_path, file_mode = _read_file_section(reader, parts["file"], "Logfile", None)
+    return LoggingConfig(
+        file_path=file_path,
+        file_mode=file_mode,
+        **_leaf_values(reader, parts, default, LOGGING_LEAVES),
+    )
 
 
 # --- brokers and librdkafka -------------------------------------------------------------------
