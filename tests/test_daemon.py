@@ -228,11 +228,14 @@ def test_retriable_errors_past_librdkafkas_retries_end_in_a_reroute_and_delivery
         stream.send(topic, b"warm-up")
         wait_until(settled(daemon, topic, 1))
         mock_cluster.push_request_errors(0, [19] * 4)  # Produce -> NOT_ENOUGH_REPLICAS x4
-        stream.send(topic, b"survivor")
+        stream.send(topic, b"survivor", timestamp_ms=1_700_000_000_123)
         wait_until(settled(daemon, topic, 2), timeout_s=60, what="the reroute to settle")
         snapshot = daemon.snapshot()
     assert snapshot["topics"][topic]["delivered"] == 2
     assert snapshot["rerouted"] == 1
+    # The resend keeps the client's timestamp (librdkafka's failure report has none).
+    by_value = {r.value: r for r in consume_all(mock_cluster.bootstrap_servers, topic, 2)}
+    assert by_value[b"survivor"].timestamp_ms == 1_700_000_000_123
 
 
 def test_retriable_errors_past_every_attempt_are_discarded_with_reason(

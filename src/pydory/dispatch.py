@@ -199,11 +199,12 @@ class DeliverySettings:
         return props
 
 
-# A failed delivery report waiting for the loop: the error, the message, its PartitionKey
-# (None for AnyPartition), how many times it has been sent, the caller's token (an opaque
-# int given to ``send``, returned to the ledger with the outcome: the commit point's
-# epoch), and the producer that reported it.
-_Failure = tuple[Any, Any, "int | None", int, int, "_ProducerHandle"]
+# A failed delivery report waiting for the loop: the error, the message, the timestamp it
+# was sent with (librdkafka reports a failed message without one), its PartitionKey (None
+# for AnyPartition), how many times it has been sent, the caller's token (an opaque int
+# given to ``send``, returned to the ledger with the outcome: the commit point's epoch),
+# and the producer that reported it.
+_Failure = tuple[Any, Any, int, "int | None", int, int, "_ProducerHandle"]
 # A successful delivery report: the message and its token.
 _Ack = tuple[Any, int]
 
@@ -265,9 +266,10 @@ class _ProducerHandle:
         self.fatal_error: str | None = None
         self.retired = False  # the dispatcher no longer sends through it
         self.stopping = False  # handed to its closing thread: the loop no longer serves it
-        # One callback per token for first-attempt AnyPartition messages (the hot path):
-        # tokens are coarse epochs, so this stays small and saves a partial per message.
-        self.first_attempt_callbacks: dict[int, Callable[[Any, Any], None]] = {}
+        # One callback per (token, timestamp) for first-attempt AnyPartition messages (the
+        # hot path): tokens are coarse epochs and a burst's messages mostly share their
+        # millisecond, so this stays small and saves a partial per message.
+        self.first_attempt_callbacks: dict[tuple[int, int], Callable[[Any, Any], None]] = {}
         self._flush_until: Callable[[], float] = time.monotonic
         self.finished: asyncio.Future[None] | None = None
 
@@ -275,27 +277,34 @@ class _ProducerHandle:
         self.finished = loop.create_future()
         self._loop = loop
 
-    def first_attempt_callback(self, token: int) -> Callable[[Any, Any], None]:
+    def first_attempt_callback(self, token: int, timestamp_ms: int) -> Callable[[Any, Any], None]:
         """The delivery callback of a first-attempt AnyPartition message under ``token``
         (cached in ``first_attempt_callbacks``, which ``send`` reads first)."""
-        callback = self.first_attempt_callbacks.get(token)
+        cache_key = (token, timestamp_ms)
+        callback = self.first_attempt_callbacks.get(cache_key)
         if callback is None:
             if len(self.first_attempt_callbacks) > 1024:
                 self.first_attempt_callbacks.clear()
-            callback = functools.partial(self.on_delivery, None, 1, token)
-            self.first_attempt_callbacks[token] = callback
+            callback = functools.partial(self.on_delivery, None, 1, token, timestamp_ms)
+            self.first_attempt_callbacks[cache_key] = callback
         return callback
 
     # -- callbacks: on the loop thread while running, on the closing thread after ----------
 
     # librdkafka calls this from poll() or flush(), once per message.
     def on_delivery(
-        self, partition_key: int | None, attempt: int, token: int, err: Any, msg: Any
+        self,
+        partition_key: int | None,
+        attempt: int,
+        token: int,
+        timestamp_ms: int,
+        err: Any,
+        msg: Any,
     ) -> None:
         if err is None:
             self._ack((msg, token))
         else:
-            self._fail((err, msg, partition_key, attempt, token, self))
+            self._fail((err, msg, timestamp_ms, partition_key, attempt, token, self))
 
     def _statistics(self, raw: str) -> None:
         # About once a second per producer: parsed where it arrives, so that the loop
@@ -463,10 +472,12 @@ class Dispatcher:
         try:
             if partition_key is None and attempt == 1:
                 callback = handle.first_attempt_callbacks.get(
-                    token
-                ) or handle.first_attempt_callback(token)
+                    (token, timestamp_ms)
+                ) or handle.first_attempt_callback(token, timestamp_ms)
             else:
-                callback = functools.partial(handle.on_delivery, partition_key, attempt, token)
+                callback = functools.partial(
+                    handle.on_delivery, partition_key, attempt, token, timestamp_ms
+                )
             producer.produce(
                 topic, value, key, partition, on_delivery=callback, timestamp=timestamp_ms
             )
@@ -652,6 +663,7 @@ class Dispatcher:
         self,
         err: Any,
         msg: Any,
+        timestamp_ms: int,
         partition_key: int | None,
         attempt: int,
         token: int,
@@ -661,25 +673,31 @@ class Dispatcher:
         code = err.code()
         if handle.fatal_error is not None:
             # Whatever the failed producer still held: its fatal error is the verdict.
-            self._discard(msg, DiscardReason.KAFKA_ERROR, handle.fatal_error, token)
+            self._discard(msg, timestamp_ms, DiscardReason.KAFKA_ERROR, handle.fatal_error, token)
         elif code in _PURGED or (self._closing and code not in _PERMANENT):
             # Nothing will poll for a resend's report once the producers stop.
-            self._discard(msg, DiscardReason.SHUTDOWN_DELAY, err.name(), token)
+            self._discard(msg, timestamp_ms, DiscardReason.SHUTDOWN_DELAY, err.name(), token)
         elif code in _PERMANENT or err.fatal() or not self._router.knows(topic):
-            self._discard(msg, DiscardReason.KAFKA_ERROR, err.name(), token)
+            self._discard(msg, timestamp_ms, DiscardReason.KAFKA_ERROR, err.name(), token)
         elif attempt >= self._max_attempts:
-            self._discard(msg, DiscardReason.FAILED_DELIVERY_ATTEMPTS, err.name(), token)
+            self._discard(
+                msg, timestamp_ms, DiscardReason.FAILED_DELIVERY_ATTEMPTS, err.name(), token
+            )
         else:
             if code in _POSSIBLY_PERSISTED:
-                self._ledger.possible_duplicate(topic, msg.timestamp()[1])
-            self._reroute(msg, partition_key, attempt + 1, token)
+                self._ledger.possible_duplicate(topic, timestamp_ms)
+            self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token)
 
-    def _discard(self, msg: Any, reason: DiscardReason, detail: str, token: int) -> None:
+    def _discard(
+        self, msg: Any, timestamp_ms: int, reason: DiscardReason, detail: str, token: int
+    ) -> None:
         topic = msg.topic()
         cost = pool_cost(topic, msg.key(), msg.value())
-        self._ledger.discarded(reason, topic, msg.timestamp()[1], detail, cost, token)
+        self._ledger.discarded(reason, topic, timestamp_ms, detail, cost, token)
 
-    def _reroute(self, msg: Any, partition_key: int | None, attempt: int, token: int) -> None:
+    def _reroute(
+        self, msg: Any, timestamp_ms: int, partition_key: int | None, attempt: int, token: int
+    ) -> None:
         """Send again: an AnyPartition message to another available partition, a
         PartitionKey message by the key rule (which skips partitions without a leader)."""
         topic = msg.topic()
@@ -693,7 +711,6 @@ class Dispatcher:
         else:
             partition = self._router.partition_key_partition(topic, partition_key)
         self.rerouted += 1
-        timestamp_ms = msg.timestamp()[1]
         try:
             self.send(
                 topic,
@@ -706,7 +723,9 @@ class Dispatcher:
                 token,
             )
         except EnqueueRefused as refusal:
-            self._discard(msg, DiscardReason.FAILED_DELIVERY_ATTEMPTS, refusal.detail, token)
+            self._discard(
+                msg, timestamp_ms, DiscardReason.FAILED_DELIVERY_ATTEMPTS, refusal.detail, token
+            )
 
     # -- lifecycle ----------------------------------------------------------------------
 
