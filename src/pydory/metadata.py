@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from pydory.router import MetadataSnapshot, Router
 
@@ -32,6 +32,15 @@ log = logging.getLogger(__name__)
 FETCH_TIMEOUT_S = 10.0
 #: Dory adds "a bit of randomness" to the refresh interval: +/- this fraction.
 REFRESH_JITTER = 0.1
+#: Kafka creates a topic a moment after the metadata request that asks for it (Kafka 4
+#: answers that request "unknown topic"), so autocreation looks for the topic in fresh
+#: metadata until it shows: first this long after the request, then twice as long each
+#: time ...
+AUTOCREATE_FIRST_LOOK_S = 0.05
+#: ... giving up this long after the request (Dory looks after 3, 6 and 12 s).
+AUTOCREATE_GIVE_UP_S = 21.0
+# Answers to the creating request that mean "not there yet" rather than "refused".
+_BEING_CREATED = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE})
 
 
 T = TypeVar("T")
@@ -152,13 +161,47 @@ class MetadataService:
         self._wanted.set()
 
     async def create_topic(self, topic: str) -> None:
-        """Dory's autocreate: a single-topic metadata request, then a full refresh."""
+        """Dory's autocreate: a single-topic metadata request asks the broker to create
+        ``topic``; then metadata is refreshed until it shows the topic, unless the broker
+        refused (e.g. TOPIC_AUTHORIZATION_FAILED) or AUTOCREATE_GIVE_UP_S passed."""
         try:
-            await self.fetch(topic)
-            await asyncio.sleep(0)  # let the broker finish creating before we look again
-            await self.refresh()
+            refusal = await self._request_creation(topic)
+            if refusal is not None:
+                log.warning("creating topic %s refused: %s", topic, refusal.name())
+                return
+            await self._look_for(topic)
         except KafkaException as exc:
             log.warning("creating topic %s failed: %s", topic, exc)
+
+    async def _request_creation(self, topic: str) -> KafkaError | None:
+        """The single-topic metadata request; returns the broker's refusal, if it refused."""
+        client = self._client
+        metadata = await _in_daemon_thread(
+            lambda: client.list_topics(topic=topic, timeout=FETCH_TIMEOUT_S)
+        )
+        answer = metadata.topics.get(topic)
+        error: KafkaError | None = None if answer is None else answer.error
+        if error is None or error.code() in _BEING_CREATED:
+            return None
+        return error
+
+    async def _look_for(self, topic: str) -> None:
+        """Refresh, at growing intervals, until metadata shows ``topic`` or time is up."""
+        give_up = time.monotonic() + AUTOCREATE_GIVE_UP_S
+        wait = AUTOCREATE_FIRST_LOOK_S
+        while True:
+            await asyncio.sleep(min(wait, max(0.0, give_up - time.monotonic())))
+            await self.refresh()
+            if self._router.knows(topic):
+                return
+            if time.monotonic() >= give_up:
+                log.warning(
+                    "topic %s is not in metadata %.0f s after asking to create it",
+                    topic,
+                    AUTOCREATE_GIVE_UP_S,
+                )
+                return
+            wait *= 2
 
     async def run(self) -> None:
         """Refresh every metadataRefreshInterval (jittered) and whenever asked to."""

@@ -109,6 +109,9 @@ class Server:
         # from when a busy loop got round to the shutdown sequence.
         self._stop_requested_at: float | None = None
         self._tasks: asyncio.TaskGroup | None = None
+        # Topic autocreations under way; cancelled at shutdown, which then settles the
+        # messages they held (intake.settle_pending_topics).
+        self._autocreations: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -134,7 +137,7 @@ class Server:
                     tasks.create_task(self._roll_discard_reports(), name="discard-report"),
                 ]
                 await stop.wait()
-                for task in background:
+                for task in [*background, *self._autocreations]:
                     task.cancel()
         finally:
             self._tasks = None
@@ -261,7 +264,9 @@ class Server:
             self.intake.topic_creation_settled(topic)
 
         if self._tasks is not None:
-            self._tasks.create_task(create(), name=f"autocreate-{topic}")
+            task = self._tasks.create_task(create(), name=f"autocreate-{topic}")
+            self._autocreations.add(task)
+            task.add_done_callback(self._autocreations.discard)
         else:
             self.intake.topic_creation_settled(topic)
 
