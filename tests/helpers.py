@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydory.accounting import AFTER_ACCEPTANCE
+from pydory.daemon.accounting import AFTER_ACCEPTANCE
 from pydory.testing.daemon import RunningDaemon
 
 

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 
 from helpers import assert_balanced, settled, wait_until
-from pydory.accounting import AFTER_ACCEPTANCE, DiscardReason
 from pydory.client import UnixStreamSender
-from pydory.dispatch import Delivered, DeliverySettings, Dispatcher, ProducerProfile
+from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason
+from pydory.daemon.dispatch import Delivered, DeliverySettings, Dispatcher, ProducerProfile
+from pydory.daemon.router import MetadataSnapshot, Router
 from pydory.errors import DaemonUnavailable
-from pydory.router import MetadataSnapshot, Router
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster

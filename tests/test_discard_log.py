@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_until
-from pydory.accounting import Books, Counters, DiscardEvent, DiscardReason, Transport
 from pydory.client import UnixStreamSender
 from pydory.commands.status import DaemonUnreachable, StatusClient
 from pydory.config import parse_config
 from pydory.config.model import LoggingConfig
-from pydory.discard_log import (
+from pydory.daemon.accounting import Books, Counters, DiscardEvent, DiscardReason, Transport
+from pydory.daemon.discard_log import (
     DISCARD_LOG_DROPPED,
     DISCARD_LOG_LOST,
     DISCARD_LOG_WRITTEN,
@@ -37,7 +37,7 @@ from pydory.discard_log import (
     dory_info,
     format_line,
 )
-from pydory.logsetup import configure_logging
+from pydory.daemon.logsetup import configure_logging
 from pydory.testing.daemon import DaemonConfig, running_daemon
 from pydory.testing.mock_cluster import MockCluster
 
@@ -266,7 +266,7 @@ def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "pydory.discard_log" and r.levelno >= logging.ERROR
+        if r.name == "pydory.daemon.discard_log" and r.levelno >= logging.ERROR
     ]
 
 

@@ -21,10 +21,10 @@ import pytest
 import uvloop
 
 from helpers import assert_balanced, wait_until
-from pydory.accounting import Transport
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
+from pydory.daemon.accounting import Transport
+from pydory.daemon.inputs import DatagramInput, StreamInput, mark_inputs
 from pydory.errors import ClientProtocolError
-from pydory.inputs import DatagramInput, StreamInput, mark_inputs
 from pydory.testing.daemon import DaemonConfig, RunningDaemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster

@@ -8,13 +8,13 @@ from typing import Any, cast
 
 import pytest
 
-from pydory.accounting import Books, DiscardReason, Transport
-from pydory.commit_point import CommitPoint
-from pydory.dispatch import Dispatcher, EnqueueRefused
-from pydory.intake import Intake
-from pydory.pool import MemoryPool
-from pydory.ratelimit import RateLimit, TopicRateLimiter
-from pydory.router import MetadataSnapshot, Router
+from pydory.daemon.accounting import Books, DiscardReason, Transport
+from pydory.daemon.commit_point import CommitPoint
+from pydory.daemon.dispatch import Dispatcher, EnqueueRefused
+from pydory.daemon.intake import Intake
+from pydory.daemon.pool import MemoryPool
+from pydory.daemon.ratelimit import RateLimit, TopicRateLimiter
+from pydory.daemon.router import MetadataSnapshot, Router
 from pydory.wire import encode_any_partition, encode_partition_key
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pydory.kafka_stats import (
+from pydory.daemon.kafka_stats import (
     EMPTY_SNAPSHOT,
     BrokerStats,
     KafkaStats,

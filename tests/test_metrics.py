@@ -16,13 +16,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pydory.accounting import Books, Counters, DiscardReason, Transport
 from pydory.client import DatagramSender, encode_message
-from pydory.commit_point import CommitPointView
 from pydory.config.model import HttpInterfaceConfig
-from pydory.kafka_stats import BrokerStats, StatsSnapshot, TopicQueues
-from pydory.pool import MemoryPool
-from pydory.router import MetadataSnapshot
+from pydory.daemon.accounting import Books, Counters, DiscardReason, Transport
+from pydory.daemon.commit_point import CommitPointView
+from pydory.daemon.kafka_stats import BrokerStats, StatsSnapshot, TopicQueues
+from pydory.daemon.pool import MemoryPool
+from pydory.daemon.router import MetadataSnapshot
 from pydory.status.metrics import DaemonCollector, build_registry
 from pydory.status.view import DaemonView
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon

@@ -28,8 +28,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pydory.accounting import AFTER_ACCEPTANCE, DiscardReason
 from pydory.commands.daemon_url import DEFAULT_URL, daemon_url
+from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason
 from pydory.errors import ConfigError, PydoryError
 
 DEFAULT_TIMEOUT_S = 5.0

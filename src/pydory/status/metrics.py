@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from pydory import __version__
-from pydory.accounting import DiscardReason, TopicTotals
-from pydory.kafka_stats import USABLE_STATES, BrokerStats
+from pydory.daemon.accounting import DiscardReason, TopicTotals
+from pydory.daemon.kafka_stats import USABLE_STATES, BrokerStats
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -17,8 +17,8 @@ from pydory import __version__
 from pydory.status.dashboard import dashboard_json
 
 if TYPE_CHECKING:
-    from pydory.accounting import DiscardReport
-    from pydory.kafka_stats import TopicQueues
+    from pydory.daemon.accounting import DiscardReport
+    from pydory.daemon.kafka_stats import TopicQueues
     from pydory.status.view import DaemonView
 
 __all__ = ["StatusPages"]

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pydory.accounting import DiscardReason, DiscardReport, TopicTotals, Transport
-    from pydory.commit_point import CommitPointView
     from pydory.config.model import HttpInterfaceConfig
-    from pydory.kafka_stats import StatsSnapshot
-    from pydory.router import MetadataSnapshot
+    from pydory.daemon.accounting import DiscardReason, DiscardReport, TopicTotals, Transport
+    from pydory.daemon.commit_point import CommitPointView
+    from pydory.daemon.kafka_stats import StatsSnapshot
+    from pydory.daemon.router import MetadataSnapshot
 
 __all__ = [
     "BooksReader",

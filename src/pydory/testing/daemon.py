@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import uvloop
 
 from pydory.config import parse_config
-from pydory.server import Server
+from pydory.daemon.server import Server
 from pydory.testing.daemon_config import DaemonConfig
 
 T = TypeVar("T")

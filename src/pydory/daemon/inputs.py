@@ -19,7 +19,7 @@ Two more duties:
   instead of losing its message silently.
 - The commit point's input marks, :func:`mark_inputs`: what every input socket holds at
   one instant (one poll(2), and FIONREAD on the connections holding bytes), and whether
-  the daemon has read it all since (pydory.commit_point explains why it needs them).
+  the daemon has read it all since (pydory.daemon.commit_point explains why it needs them).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
-from pydory.accounting import Transport
+from pydory.daemon.accounting import Transport
 from pydory.errors import ClientProtocolError, ConfigError
 from pydory.wire import NEED_DATA, StreamFramer
 
@@ -62,7 +62,7 @@ MAX_DGRAM_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
 
 
 class Intake(Protocol):
-    """What the input agents hand their bytes to (implemented by pydory.intake)."""
+    """What the input agents hand their bytes to (implemented by pydory.daemon.intake)."""
 
     def datagrams(self, burst: Sequence[bytes]) -> None: ...
 
@@ -189,7 +189,7 @@ class _Pending(Protocol):
 
 class InputMark:
     """What the input sockets held at one instant; :meth:`reached` once the daemon has read
-    all of it, whatever arrived since. pydory.commit_point builds on this."""
+    all of it, whatever arrived since. pydory.daemon.commit_point builds on this."""
 
     def __init__(self, pending: list[_Pending]) -> None:
         self._pending = pending

@@ -22,15 +22,18 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pydory.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
-from pydory.commit_point import CommitPoint
-from pydory.dispatch import (
+from pydory.daemon.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
+from pydory.daemon.commit_point import CommitPoint
+from pydory.daemon.dispatch import (
     POOL_OVERHEAD_BYTES,
     Delivered,
     Dispatcher,
     EnqueueRefused,
     pool_cost,
 )
+from pydory.daemon.pool import MemoryPool
+from pydory.daemon.ratelimit import TopicRateLimiter
+from pydory.daemon.router import Router
 from pydory.errors import (
     BadTopic,
     ClientProtocolError,
@@ -39,9 +42,6 @@ from pydory.errors import (
     UnsupportedApiKey,
     UnsupportedApiVersion,
 )
-from pydory.pool import MemoryPool
-from pydory.ratelimit import TopicRateLimiter
-from pydory.router import Router
 from pydory.wire import Message, decode, parse_any_partition
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Where discards are written besides the books: Dory's discard log file and ``logDiscards``.
 
-Both are :class:`~pydory.accounting.DiscardSink` s that the books call on every discard.
+Both are :class:`~pydory.daemon.accounting.DiscardSink` s that the books call on every discard.
 :class:`DiscardLog` builds what the config asks for and hands the books one sink.
 
 **The discard log file** (``<discardLogging>``, for debugging) has Dory's line format, so
@@ -47,8 +47,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from pydory.accounting import Counters, DiscardEvent, DiscardReason, DiscardSink, Transport
 from pydory.config.model import Config
+from pydory.daemon.accounting import Counters, DiscardEvent, DiscardReason, DiscardSink, Transport
 
 __all__ = [
     "DISCARD_LOG_DROPPED",

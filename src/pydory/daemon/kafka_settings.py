@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydory.config import Config
 from pydory.config.model import BatchingThresholds, CompressionType
-from pydory.dispatch import DISABLED_TIME_LINGER_MS, DeliverySettings, ProducerProfile
+from pydory.daemon.dispatch import DISABLED_TIME_LINGER_MS, DeliverySettings, ProducerProfile
 
 #: librdkafka's largest accepted batch.num.messages.
 MAX_BATCH_MESSAGES = 1_000_000

@@ -34,16 +34,16 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from pydory.accounting import Counters, DiscardReason
-from pydory.errors import ConfigError, PydoryError
-from pydory.kafka_stats import (
+from pydory.daemon.accounting import Counters, DiscardReason
+from pydory.daemon.kafka_stats import (
     STATS_INTERVAL_MS,
     KafkaStats,
     ProducerStats,
     StatsSnapshot,
     parse_statistics,
 )
-from pydory.router import NO_LEADER, Router
+from pydory.daemon.router import NO_LEADER, Router
+from pydory.errors import ConfigError, PydoryError
 
 log = logging.getLogger(__name__)
 

@@ -19,20 +19,20 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pydory.accounting import Books, Counters, Transport
-from pydory.commit_point import CommitPoint
 from pydory.config import Config
-from pydory.discard_log import DiscardLog
-from pydory.dispatch import Dispatcher
-from pydory.inputs import DatagramInput, StreamInput, mark_inputs
-from pydory.intake import DeliveryLedger, Intake
-from pydory.kafka_settings import delivery_settings, producer_profile
-from pydory.kafka_stats import KafkaStats
-from pydory.logsetup import LogFiles
-from pydory.metadata import MetadataService
-from pydory.pool import MemoryPool
-from pydory.ratelimit import TopicRateLimiter
-from pydory.router import Router
+from pydory.daemon.accounting import Books, Counters, Transport
+from pydory.daemon.commit_point import CommitPoint
+from pydory.daemon.discard_log import DiscardLog
+from pydory.daemon.dispatch import Dispatcher
+from pydory.daemon.inputs import DatagramInput, StreamInput, mark_inputs
+from pydory.daemon.intake import DeliveryLedger, Intake
+from pydory.daemon.kafka_settings import delivery_settings, producer_profile
+from pydory.daemon.kafka_stats import KafkaStats
+from pydory.daemon.logsetup import LogFiles
+from pydory.daemon.metadata import MetadataService
+from pydory.daemon.pool import MemoryPool
+from pydory.daemon.ratelimit import TopicRateLimiter
+from pydory.daemon.router import Router
 from pydory.status import DaemonView, StatusServer
 
 log = logging.getLogger(__name__)

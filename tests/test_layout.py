@@ -1,0 +1,109 @@
+"""The package's layering, checked on the source: the rules ARCHITECTURE.md states.
+
+- the status interface reads the daemon through ``DaemonView``: nothing under
+  ``pydory/status/`` imports the daemon's server;
+- the daemon does not reach into the status interface, except the server that starts it;
+- no import circle anywhere in the package, counting every import statement (also those
+  inside functions and under ``TYPE_CHECKING``): a reader can take the modules in order.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pydory
+
+PACKAGE_DIR = Path(pydory.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> Iterator[str]:
+    """Every pydory module ``path`` imports, resolved to a module of the package."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name in known:
+                yield name
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+    known = set(paths)
+    return {name: set(imported_modules(path, known)) - {name} for name, path in paths.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle, as the list of modules around it, or None."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph[node]):
+            # A package's __init__ importing its own submodules is how packages export.
+            if node.startswith(target + "."):
+                continue
+            if state.get(target) == "open":
+                return [*stack[stack.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_import_graph_is_read_from_the_source() -> None:
+    graph = import_graph()
+    assert "pydory.daemon.server" in graph["pydory.commands.serve"]
+    assert "pydory.status.view" in graph["pydory.status.server"]
+
+
+def test_the_status_interface_never_imports_the_server() -> None:
+    graph = import_graph()
+    offenders = {
+        name: sorted(graph[name] & {"pydory.daemon.server", "pydory.daemon"})
+        for name in graph
+        if name.startswith("pydory.status")
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_only_the_server_starts_the_status_interface() -> None:
+    graph = import_graph()
+    reaching = sorted(
+        name
+        for name, targets in graph.items()
+        if name.startswith("pydory.daemon") and any(t.startswith("pydory.status") for t in targets)
+    )
+    assert reaching == ["pydory.daemon.server"]
+
+
+def test_there_is_no_import_circle() -> None:
+    assert find_cycle(import_graph()) is None
+
+
+def test_a_circle_is_found_when_there_is_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
