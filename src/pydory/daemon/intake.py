@@ -269,28 +269,23 @@ class Intake:
             return
         cost = pool_cost(topic, message.key, message.value)
         if not self._pool.try_allocate(cost):
-            books.discarded(
-                DiscardReason.NO_MEMORY,
-                topic,
-                message.timestamp_ms,
-                prefix=message.value,
-                key=message.key,
-            )
+            self._refuse(DiscardReason.NO_MEMORY, message)
             return
         if not self._limiter.admit(topic):
             self._pool.release(cost)
-            books.discarded(
-                DiscardReason.RATE_LIMIT,
-                topic,
-                message.timestamp_ms,
-                prefix=message.value,
-                key=message.key,
-            )
+            self._refuse(DiscardReason.RATE_LIMIT, message)
             return
         if not self._router.knows(topic):
             self._unknown_topic(message, cost)
             return
         self._enqueue(message, cost, self._commit_point.open())
+
+    def _refuse(self, reason: DiscardReason, message: Message) -> None:
+        """A whole, well-formed message turned away at admission: the discard log gets
+        its key and value, so an operator can see what was lost."""
+        self._books.discarded(
+            reason, message.topic, message.timestamp_ms, prefix=message.value, key=message.key
+        )
 
     def _enqueue(self, message: Message, cost: int, token: int) -> None:
         """Hand an accepted message to dispatch; ``token`` is its commit point count."""

