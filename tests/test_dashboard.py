@@ -50,7 +50,12 @@ def daemon(
     mock_cluster: MockCluster, tmp_path_factory: pytest.TempPathFactory, topics: list[str]
 ) -> Iterator[RunningDaemon]:
     socket_dir = str(tmp_path_factory.mktemp("s", numbered=True))
-    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir, message_max_bytes=2000)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        message_max_bytes=2000,
+        msg_debug_path=str(tmp_path_factory.mktemp("msg-debug")),
+    )
     with running_daemon(config) as running:
         yield running
 
@@ -182,6 +187,20 @@ def test_the_dashboard_is_live_in_chromium(daemon: RunningDaemon, topics: list[s
                 )
                 requests = page.locator('#metadata-facts dd[data-fact="update requests"]')
                 expect(requests).to_have_text("1")
+
+                # Message debugging: the card shows the traced topic; its button stops it.
+                assert fetch(port, f"/msg_debug/add_topic/{topics[0]}").status == 200
+                traced = page.locator('#msg-debug-facts dd[data-fact="traced topics"]')
+                expect(traced).to_have_text(topics[0])
+                page.click("#msg-debug-stop")
+                expect(page.locator("#msg-debug-note")).to_have_text(
+                    "All message debug topics disabled"
+                )
+                expect(traced).to_have_text("none")
+                expect(page.locator("#msg-debug-stop")).to_be_disabled()
+                assert fetch(port, "/msg_debug/get_topics").body == (
+                    "No message debug topics are currently enabled\n"
+                )
 
                 # A few more seconds of history, so that the charts have a shape.
                 page.wait_for_function(

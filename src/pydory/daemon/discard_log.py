@@ -45,7 +45,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from pydory.config.model import Config
 from pydory.daemon.accounting import Counters, DiscardEvent, DiscardReason, DiscardSink, Transport
@@ -58,6 +58,7 @@ __all__ = [
     "DiscardLogFile",
     "DiscardLogLines",
     "PossibleDuplicate",
+    "QueuedWriter",
     "RotatingFile",
     "dory_info",
     "format_line",
@@ -189,9 +190,20 @@ class RotatingFile:
         retry_after_s: float = RETRY_AFTER_S,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        label: str = "discard log",
+        written_counter: str = DISCARD_LOG_WRITTEN,
+        lost_counter: str = DISCARD_LOG_LOST,
     ) -> None:
-        """``path`` is absolute; sizes are bytes (Dory's maxFileSize, maxArchiveSize)."""
+        """``path`` is absolute; sizes are bytes (Dory's maxFileSize, maxArchiveSize).
+
+        ``label`` names the file in log lines; the two counters count the entries written
+        and those lost to I/O errors (another user of this class, such as the message
+        debug files, counts its own).
+        """
         self.path = path
+        self.label = label
+        self.written_counter = written_counter
+        self.lost_counter = lost_counter
         self._directory, self._name = os.path.split(path)
         self._archive_name = re.compile(re.escape(self._name) + r"\.(\d+)")
         self._max_file_size = max_file_size
@@ -255,11 +267,11 @@ class RotatingFile:
             count = os.write(self._fd, data)
             data = data[count:]
             self._size += count
-        self._counters.inc(DISCARD_LOG_WRITTEN, len(lines))
+        self._counters.inc(self.written_counter, len(lines))
 
     def _lose(self, count: int) -> None:
         self._lost_since_failure += count
-        self._counters.inc(DISCARD_LOG_LOST, count)
+        self._counters.inc(self.lost_counter, count)
 
     # -- opening, rotating, cleaning -------------------------------------------------------
 
@@ -311,7 +323,7 @@ class RotatingFile:
                         continue
                     archives.append((int(match.group(1)), entry.stat().st_size, entry.path))
         except OSError as error:
-            log.warning("discard log %s: cannot list old files: %s", self.path, error)
+            log.warning("%s %s: cannot list old files: %s", self.label, self.path, error)
             return
         total = sum(size for _, size, _ in archives)
         for _, size, path in sorted(archives):
@@ -322,7 +334,7 @@ class RotatingFile:
             except FileNotFoundError:
                 pass
             except OSError as error:
-                log.warning("discard log: cannot delete old file %s: %s", path, error)
+                log.warning("%s: cannot delete old file %s: %s", self.label, path, error)
                 continue
             total -= size
 
@@ -332,12 +344,13 @@ class RotatingFile:
         self._close_fd()
         if not self._failing:
             log.error(
-                "discard log %s: cannot %s: %s. Discards are not written to it (counted "
+                "%s %s: cannot %s: %s. Entries are not written to it (counted "
                 "as %s) until it works again; retried every %.0f s and on SIGUSR1",
+                self.label,
                 self.path,
                 action,
                 error.strerror or error,
-                DISCARD_LOG_LOST,
+                self.lost_counter,
                 self._retry_after_s,
             )
         self._failing = True
@@ -345,7 +358,8 @@ class RotatingFile:
 
     def _recovered(self) -> None:
         log.warning(
-            "discard log %s: writing again; %d entries were lost meanwhile",
+            "%s %s: writing again; %d entries were lost meanwhile",
+            self.label,
             self.path,
             self._lost_since_failure,
         )
@@ -359,6 +373,20 @@ class RotatingFile:
         self._retry_at = None
         self._ensure_open()
 
+    def truncate(self) -> None:
+        """Empty the file (creating it if need be); a failure is logged once, like a
+        failed write."""
+        if not self._ensure_open():
+            return
+        assert self._fd is not None
+        try:
+            if self._regular:
+                os.ftruncate(self._fd, 0)
+        except OSError as error:
+            self._fail("truncate", error)
+            return
+        self._size = 0
+
     def close(self) -> None:
         """Close the file."""
         self._close_fd()
@@ -369,7 +397,7 @@ class RotatingFile:
             try:
                 os.close(fd)
             except OSError as error:
-                log.warning("discard log %s: close failed: %s", self.path, error)
+                log.warning("%s %s: close failed: %s", self.label, self.path, error)
 
 
 # --- the writer thread ---------------------------------------------------------------------
@@ -379,16 +407,169 @@ class _Reopen:
     """Queue marker: reopen the file (SIGUSR1)."""
 
 
+class _Truncate:
+    """Queue marker: empty the file."""
+
+
 class _Stop:
     """Queue marker: write what precedes, close the file and end the thread."""
 
 
-# An entry is (epoch ms when recorded, what); an Event marks a flush point.
-_Entry = tuple[int, DiscardEvent | PossibleDuplicate]
-_QueueItem = _Entry | _Reopen | _Stop | threading.Event
+T = TypeVar("T")
 
 
-class DiscardLogFile:
+class QueuedWriter(Generic[T]):
+    """A :class:`RotatingFile` written by a thread of its own from a bounded queue.
+
+    The event loop only queues items (:meth:`_enqueue`); the writer thread formats them
+    (:meth:`_format`) and writes them in batches, so the loop never waits for the disk.
+    What does not fit in the queue is counted as ``dropped_counter``. The discard log
+    file and the message debug files (:mod:`pydory.daemon.msg_debug`) are both one.
+
+    :meth:`_enqueue` is for the event loop thread only; :meth:`reopen`,
+    :meth:`truncate`, :meth:`flush` and :meth:`close` may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        file: RotatingFile,
+        counters: Counters,
+        *,
+        dropped_counter: str,
+        file_counters: Sequence[str],
+        label: str,
+        thread_name: str,
+        max_backlog_entries: int = MAX_BACKLOG_ENTRIES,
+        max_backlog_bytes: int = MAX_BACKLOG_BYTES,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Start the writer thread for ``file``; ``file_counters`` are the counters it
+        updates (created here, on the loop thread); ``label`` names it in log lines."""
+        self.file = file
+        self._counters = counters
+        self._dropped_counter = dropped_counter
+        self._label = label
+        self._max_backlog_entries = max_backlog_entries
+        self._max_backlog_bytes = max_backlog_bytes
+        self._wall_clock = wall_clock
+        # The backlog is "put minus taken". Each count has a single writer (the loop
+        # thread puts, the writer thread takes), so no lock is needed to read them.
+        self._put = self._put_bytes = 0
+        self._taken = self._taken_bytes = 0
+        self._closed = False
+        # Created here, on the loop thread, so the writer thread only ever updates
+        # existing counters (never inserts into the shared dict).
+        for name in (dropped_counter, *file_counters):
+            counters.inc(name, 0)
+        self._queue: queue.SimpleQueue[
+            tuple[int, T] | _Reopen | _Truncate | _Stop | threading.Event
+        ] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        self._thread.start()
+
+    # -- to override -----------------------------------------------------------------------
+
+    def _format(self, now_ms: int, item: T) -> bytes:
+        """The line for ``item``, queued at ``now_ms`` (writer thread)."""
+        raise NotImplementedError
+
+    def _size(self, item: T) -> int:
+        """The bytes ``item`` holds while queued (counted against the backlog bound)."""
+        raise NotImplementedError
+
+    # -- queueing (event loop thread) ------------------------------------------------------
+
+    def _enqueue(self, item: T, size: int) -> bool:
+        """Queue ``item`` (``size``: its ``_size``); False if it was dropped."""
+        backlog_bytes = self._put_bytes - self._taken_bytes
+        if (
+            self._closed
+            or self._put - self._taken >= self._max_backlog_entries
+            or (backlog_bytes > 0 and backlog_bytes + size > self._max_backlog_bytes)
+        ):
+            self._counters.inc(self._dropped_counter)
+            return False
+        self._put += 1
+        self._put_bytes += size
+        self._queue.put((int(self._wall_clock() * 1000), item))
+        return True
+
+    # -- control (any thread) --------------------------------------------------------------
+
+    def reopen(self) -> None:
+        """Reopen the file after what is queued (SIGUSR1; also retries after a failure)."""
+        self._queue.put(_Reopen())
+
+    def truncate(self) -> None:
+        """Empty the file after writing what is queued (later entries start it again)."""
+        self._queue.put(_Truncate())
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every entry queued before this call is written (or lost).
+
+        Returns False if ``timeout`` seconds passed first. After :meth:`close`, True once
+        the writer thread has finished.
+        """
+        if self._closed:
+            return not self._thread.is_alive()
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Write what is queued, close the file and end the thread. Idempotent.
+
+        Later entries are counted as dropped.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_Stop())
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s %s: not all entries written at close", self._label, self.file.path)
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < WRITE_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if not self._write_batch(batch):
+                return
+
+    def _write_batch(
+        self, batch: list[tuple[int, T] | _Reopen | _Truncate | _Stop | threading.Event]
+    ) -> bool:
+        """Write ``batch`` in order, obeying its markers; False once told to stop."""
+        lines: list[bytes] = []
+        for item in batch:
+            if isinstance(item, tuple):
+                now_ms, what = item
+                lines.append(self._format(now_ms, what))
+                self._taken += 1
+                self._taken_bytes += self._size(what)
+                continue
+            self.file.write(lines)
+            lines = []
+            if isinstance(item, _Stop):
+                self.file.close()
+                return False
+            if isinstance(item, _Reopen):
+                self.file.reopen()
+            elif isinstance(item, _Truncate):
+                self.file.truncate()
+            else:
+                item.set()
+        self.file.write(lines)
+        return True
+
+
+class DiscardLogFile(QueuedWriter[DiscardEvent | PossibleDuplicate]):
     """The ``<discardLogging>`` file as a :class:`DiscardSink`: queue on the loop, write in
     a thread.
 
@@ -407,117 +588,36 @@ class DiscardLogFile:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """Start the writer thread for ``file``; ``max_msg_prefix_size`` None = unlimited."""
-        self.file = file
         self._prefix_size = max_msg_prefix_size
-        self._counters = counters
-        self._max_backlog_entries = max_backlog_entries
-        self._max_backlog_bytes = max_backlog_bytes
-        self._wall_clock = wall_clock
-        # The backlog is "put minus taken". Each count has a single writer (the loop
-        # thread puts, the writer thread takes), so no lock is needed to read them.
-        self._put = self._put_bytes = 0
-        self._taken = self._taken_bytes = 0
-        self._closed = False
-        # Created here, on the loop thread, so the writer thread only ever updates
-        # existing counters (never inserts into the shared dict).
-        for name in (DISCARD_LOG_DROPPED, DISCARD_LOG_LOST, DISCARD_LOG_WRITTEN):
-            counters.inc(name, 0)
-        self._queue: queue.SimpleQueue[_QueueItem] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="pydory-discard-log", daemon=True)
-        self._thread.start()
+        super().__init__(
+            file,
+            counters,
+            dropped_counter=DISCARD_LOG_DROPPED,
+            file_counters=(DISCARD_LOG_LOST, DISCARD_LOG_WRITTEN),
+            label="discard log",
+            thread_name="pydory-discard-log",
+            max_backlog_entries=max_backlog_entries,
+            max_backlog_bytes=max_backlog_bytes,
+            wall_clock=wall_clock,
+        )
 
     # -- the sink (event loop thread) ------------------------------------------------------
 
     def discarded(self, event: DiscardEvent) -> None:
         """Queue a ``DISC`` line for ``event`` (formatted later, by the writer thread)."""
+        # The size counts the whole key and message: the queue holds them uncut until
+        # the writer thread formats the line, so that the loop copies nothing.
         self._enqueue(event, len(event.key) + len(event.message))
 
     def possible_duplicate(self, topic: str, client_timestamp_ms: int) -> None:
         """Queue a ``DUP`` line (Dory logs possible duplicates in the same file)."""
         self._enqueue(PossibleDuplicate(topic, client_timestamp_ms), 0)
 
-    def _enqueue(self, what: DiscardEvent | PossibleDuplicate, size: int) -> None:
-        # ``size`` counts the whole key and message: the queue holds them uncut until
-        # the writer thread formats the line, so that the loop copies nothing.
-        backlog_bytes = self._put_bytes - self._taken_bytes
-        if (
-            self._closed
-            or self._put - self._taken >= self._max_backlog_entries
-            or (backlog_bytes > 0 and backlog_bytes + size > self._max_backlog_bytes)
-        ):
-            self._counters.inc(DISCARD_LOG_DROPPED)
-            return
-        self._put += 1
-        self._put_bytes += size
-        self._queue.put((int(self._wall_clock() * 1000), what))
+    def _format(self, now_ms: int, item: DiscardEvent | PossibleDuplicate) -> bytes:
+        return format_line(now_ms, item, self._prefix_size)
 
-    # -- control (any thread) --------------------------------------------------------------
-
-    def reopen(self) -> None:
-        """Reopen the file after what is queued (SIGUSR1; also retries after a failure)."""
-        self._queue.put(_Reopen())
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every entry queued before this call is written (or lost).
-
-        Returns False if ``timeout`` seconds passed first. After :meth:`close`, True once
-        the writer thread has finished.
-        """
-        if self._closed:
-            return not self._thread.is_alive()
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
-
-    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Write what is queued, close the file and end the thread. Idempotent.
-
-        Later discards are counted as ``discard_log_dropped``.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(_Stop())
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("discard log %s: not all entries written at close", self.file.path)
-
-    # -- the writer thread -----------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            while len(batch) < WRITE_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if not self._write_batch(batch):
-                return
-
-    def _write_batch(self, batch: list[_QueueItem]) -> bool:
-        """Write ``batch`` in order, obeying its markers; False once told to stop."""
-        lines: list[bytes] = []
-        prefix_size = self._prefix_size
-        for item in batch:
-            if isinstance(item, tuple):
-                now_ms, what = item
-                lines.append(format_line(now_ms, what, prefix_size))
-                self._taken += 1
-                if isinstance(what, DiscardEvent):
-                    self._taken_bytes += len(what.key) + len(what.message)
-                continue
-            self.file.write(lines)
-            lines = []
-            if isinstance(item, _Stop):
-                self.file.close()
-                return False
-            if isinstance(item, _Reopen):
-                self.file.reopen()
-            else:
-                item.set()
-        self.file.write(lines)
-        return True
+    def _size(self, item: DiscardEvent | PossibleDuplicate) -> int:
+        return len(item.key) + len(item.message) if isinstance(item, DiscardEvent) else 0
 
 
 # --- logDiscards: rate-limited log lines ---------------------------------------------------

@@ -42,6 +42,7 @@ from pydory.daemon.kafka_stats import (
     StatsSnapshot,
     parse_statistics,
 )
+from pydory.daemon.msg_debug import MsgDebug
 from pydory.daemon.router import NO_LEADER, Router
 from pydory.errors import ConfigError, PydoryError
 
@@ -412,6 +413,7 @@ class Dispatcher:
         stats: KafkaStats | None = None,
         counters: Counters | None = None,
         in_flight_by_topic: Callable[[], Mapping[str, int]] | None = None,
+        msg_debug: MsgDebug | None = None,
     ) -> None:
         """``in_flight_by_topic`` (the books' count of accepted, unsettled messages per
         topic) lets the statistics tell how many messages wait for a produce request."""
@@ -432,6 +434,7 @@ class Dispatcher:
         self._poll_scheduled = False  # a poll runs once the callbacks in progress are done
         self._poll_timer: asyncio.TimerHandle | None = None
         self._in_flight_by_topic = in_flight_by_topic
+        self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.rerouted = 0
         self._closing = False
@@ -645,6 +648,8 @@ class Dispatcher:
             self._settle_failure(*failures.popleft())
 
     def _settle_acks(self, acks: collections.deque[_Ack]) -> None:
+        if self._msg_debug.active:  # one check per batch
+            self._trace_acks(acks)
         by_topic: dict[str, int] = {}
         by_token: dict[int, int] = {}
         cost = 0
@@ -658,6 +663,16 @@ class Dispatcher:
             # len(msg) is the value's length, without copying it out.
             cost += len(topic) + len(msg) + (len(key) if key else 0) + POOL_OVERHEAD_BYTES
         self._ledger.delivered(Delivered(by_topic, by_token, cost))
+
+    def _trace_acks(self, acks: collections.deque[_Ack]) -> None:
+        """Message debugging: a ``msg_got_ack`` line per acknowledged traced message."""
+        msg_debug = self._msg_debug
+        for msg, _ in acks:
+            topic = msg.topic()
+            if msg_debug.traces(topic):
+                msg_debug.acknowledged(
+                    topic, msg.partition(), msg.key(), msg.value(), msg.timestamp()[1]
+                )
 
     def _settle_failure(
         self,
@@ -726,6 +741,10 @@ class Dispatcher:
             self._discard(
                 msg, timestamp_ms, DiscardReason.FAILED_DELIVERY_ATTEMPTS, refusal.detail, token
             )
+            return
+        msg_debug = self._msg_debug
+        if msg_debug.active and msg_debug.traces(topic):
+            msg_debug.sent(topic, partition, msg.key(), msg.value(), timestamp_ms)
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from pydory.daemon.dispatch import (
     EnqueueRefused,
     pool_cost,
 )
+from pydory.daemon.msg_debug import MsgDebug
 from pydory.daemon.pool import MemoryPool
 from pydory.daemon.ratelimit import TopicRateLimiter
 from pydory.daemon.router import Router
@@ -108,6 +109,7 @@ class Intake:
         prefix_size: int,
         on_unknown_topic: Callable[[str], None] = lambda topic: None,
         autocreate: Callable[[str], None] | None = None,
+        msg_debug: MsgDebug | None = None,
     ) -> None:
         self._books = books
         self._counters = books.counters
@@ -121,6 +123,7 @@ class Intake:
         self._on_unknown_topic = on_unknown_topic
         self._autocreate = autocreate
         self._pending: dict[str, _PendingTopic] = {}
+        self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
 
     # -- from the input agents -------------------------------------------------------------
 
@@ -139,7 +142,8 @@ class Intake:
         the router knows and no rate limit restricts, of an acceptable size, while the
         pool has room. It makes the same decisions as :meth:`admit` (the reference, which
         every other message goes through), with fewer steps, and books the acceptances
-        once per topic per burst.
+        once per topic per burst. A topic traced by message debugging takes the reference
+        path (which traces it); whether any is traced is checked once per burst.
         """
         books = self._books
         books.received(transport, len(burst))
@@ -152,6 +156,8 @@ class Intake:
         # Per topic: known and unlimited? Neither changes during a burst, except that the
         # reference path may learn a topic's limit (then this burst keeps using it).
         short_path: dict[str, bool] = {}
+        msg_debug = self._msg_debug
+        tracing = msg_debug.active
         try:
             for data in burst:
                 fields = parse(data)
@@ -161,7 +167,11 @@ class Intake:
                 topic, key, value, timestamp_ms = fields
                 eligible = short_path.get(topic)
                 if eligible is None:
-                    eligible = short_path[topic] = knows(topic) and is_unlimited(topic)
+                    eligible = short_path[topic] = (
+                        knows(topic)
+                        and is_unlimited(topic)
+                        and not (tracing and msg_debug.traces(topic))
+                    )
                 size = len(key) + len(value)
                 if not eligible or size > max_data:
                     self._decode_and_admit(data, transport)
@@ -262,6 +272,9 @@ class Intake:
         """Steps 2-6 for one decoded message."""
         topic = message.topic
         books = self._books
+        msg_debug = self._msg_debug
+        if msg_debug.active and msg_debug.traces(topic):
+            msg_debug.received(topic, message.key, message.value, message.timestamp_ms)
         if len(message.key) + len(message.value) > self._max_data:
             books.discarded(
                 DiscardReason.TOO_LONG, topic, message.timestamp_ms, prefix=message.value
@@ -310,6 +323,9 @@ class Intake:
             self._refused(refusal, topic, message.value, message.timestamp_ms, cost, token)
             return
         self._books.accepted(topic)
+        msg_debug = self._msg_debug
+        if msg_debug.active and msg_debug.traces(topic):
+            msg_debug.sent(topic, partition, message.key, message.value, message.timestamp_ms)
 
     def _refused(
         self,

@@ -30,6 +30,7 @@ from pydory.daemon.kafka_settings import delivery_settings, producer_profile
 from pydory.daemon.kafka_stats import KafkaStats
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.metadata import MetadataService
+from pydory.daemon.msg_debug import MsgDebug
 from pydory.daemon.pool import MemoryPool
 from pydory.daemon.ratelimit import TopicRateLimiter
 from pydory.daemon.router import Router
@@ -54,6 +55,7 @@ class Server:
         self._log_files = log_files
         self.counters = Counters()
         self.discard_log = DiscardLog.from_config(config, self.counters)
+        self.msg_debug = MsgDebug(config.msg_debug, self.counters)
         self.books = Books(
             config.http.discard_report_interval_s,
             config.http.bad_msg_prefix_size,
@@ -86,6 +88,7 @@ class Server:
             stats=self.kafka_stats,
             counters=self.counters,
             in_flight_by_topic=self.books.in_flight_by_topic,
+            msg_debug=self.msg_debug,
         )
         self.intake = Intake(
             books=self.books,
@@ -98,6 +101,7 @@ class Server:
             prefix_size=config.http.bad_msg_prefix_size,
             on_unknown_topic=lambda topic: self.metadata.request_refresh(),
             autocreate=self._create_topic if config.delivery.topic_autocreate else None,
+            msg_debug=self.msg_debug,
         )
         self.datagram_input: DatagramInput | None = None
         self.stream_inputs: list[StreamInput] = []
@@ -234,6 +238,7 @@ class Server:
             )
         self.metadata.close()
         self._log_totals()
+        self.msg_debug.close()
         self.discard_log.close()  # last, so the shutdown discards above are in the file
 
     def _log_totals(self) -> None:
@@ -282,10 +287,12 @@ class Server:
         loop.add_signal_handler(signal.SIGUSR1, self._reopen_log_files)
 
     def _reopen_log_files(self) -> None:
-        """SIGUSR1 (logrotate): reopen the log file and the discard log file."""
+        """SIGUSR1 (logrotate): reopen the log file, the discard log file and the message
+        debug files."""
         if self._log_files is not None:
             self._log_files.reopen()
         self.discard_log.reopen()
+        self.msg_debug.reopen()
 
     def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -311,6 +318,7 @@ class Server:
             pending_topic_messages=lambda: self.intake.pending_topic_messages,
             rerouted=lambda: self.dispatcher.rerouted,
             request_metadata_refresh=self._request_metadata_refresh,
+            msg_debug=self.msg_debug if self.msg_debug.enabled else None,
         )
 
     def _request_metadata_refresh(self) -> None:

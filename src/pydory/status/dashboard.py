@@ -3,8 +3,8 @@
 The page (``index.html``, ``app.js``, ``style.css`` in ``static/`` beside this file; no
 CDN, no build step) asks ``/dashboard/json`` once a second and draws everything from that
 one document: per-topic rates (the browser differentiates successive totals), the memory
-pool, discards by reason, librdkafka's brokers and queues, metadata times and the commit
-point.
+pool, discards by reason, librdkafka's brokers and queues, metadata times, the commit
+point, and which topics message debugging traces (with a button that stops it).
 
 :func:`dashboard_json` renders the feed from the daemon's view; call it on the daemon's
 loop, like every status page.
@@ -78,6 +78,24 @@ def dashboard_json(daemon: DaemonView, clock: Callable[[], float] = time.time) -
             "update_requests": daemon.counters.get("metadata_update_requested"),
         },
         "commit_point": _commit_point(daemon),
+        "msg_debug": _msg_debug(daemon),
+    }
+
+
+def _msg_debug(daemon: DaemonView) -> dict[str, Any] | None:
+    """Which topics message debugging traces now (None: ``<msgDebug>`` is off)."""
+    control = daemon.msg_debug
+    if control is None:
+        return None
+    selection = control.selection
+    return {
+        "all_topics": selection.all_topics,
+        "topics": sorted(selection.topics),
+        "directory": control.directory,
+        "bytes_written": control.bytes_written,
+        "byte_limit": control.byte_limit,
+        "seconds_left": control.seconds_left(),
+        "stopped": control.stopped_reason,
     }
 
 

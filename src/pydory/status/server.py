@@ -8,6 +8,7 @@ Dory's URLs keep Dory's output field for field (``spec/dory-compat.md`` section 
     GET  /queues/{plain,json}               messages per topic in librdkafka's queues
     GET  /metadata_fetch_time/{plain,json}  metadata last updated / last modified (ms)
     POST /metadata_update                   ask for a metadata refresh now
+    GET  /msg_debug/...                     message debugging (``pydory.status.msg_debug``)
 
 and pydory's own::
 
@@ -46,6 +47,7 @@ from pydory.errors import ConfigError
 from pydory.status.commit_point import commit_point_routes
 from pydory.status.dashboard import ASSETS, Asset, load_asset
 from pydory.status.metrics import build_registry
+from pydory.status.msg_debug import msg_debug_routes
 from pydory.status.pages import StatusPages
 from pydory.status.view import DaemonView
 
@@ -294,6 +296,7 @@ class StatusServer:
             web.post("/metadata_update", _action_handler(pages.metadata_update)),
             web.get("/books/json", _json_handler(pages.books_json)),
             *commit_point_routes(self._view),
+            *msg_debug_routes(self._view),
             web.get("/metrics", self._metrics),
             web.get("/dashboard/json", _json_handler(pages.dashboard_json)),
             *(web.get(path, _asset_handler(asset)) for path, asset in self._assets.items()),

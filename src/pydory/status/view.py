@@ -4,8 +4,9 @@ The daemon's ``Server`` owns everything; the status pages, the Prometheus collec
 dashboard feed and the commit point's routes get a :class:`DaemonView` instead, built by
 the server (``Server.status_view()``). Each field is typed by a small Protocol naming
 only the reads a page makes, so a reader of this package sees exactly what it depends on,
-and nothing here imports the server. The two actions the interface offers (a metadata
-refresh, the commit point's long-poll) are in the view too, as plain callables.
+and nothing here imports the server. The actions the interface offers (a metadata
+refresh, the commit point's long-poll) are in the view too, as plain callables, and the
+message debugging switches as :class:`MsgDebugControl`.
 
 Every method is called on the daemon's event loop (aiohttp runs there), the thread that
 owns the books, so each page is a consistent snapshot without locks.
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from pydory.daemon.accounting import DiscardReason, DiscardReport, TopicTotals, Transport
     from pydory.daemon.commit_point import CommitPointView
     from pydory.daemon.kafka_stats import StatsSnapshot
+    from pydory.daemon.msg_debug import Selection
     from pydory.daemon.router import MetadataSnapshot
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "CounterReader",
     "DaemonView",
     "MetadataTimes",
+    "MsgDebugControl",
     "PoolSensors",
     "StatsReader",
 ]
@@ -91,6 +94,29 @@ class CommitPointReader(Protocol):
     async def wait_past(self, wall_s: float | None, timeout_s: float) -> bool: ...
 
 
+class MsgDebugControl(Protocol):
+    """Message debugging (``<msgDebug>``): which topics are traced, and switching it."""
+
+    @property
+    def directory(self) -> str: ...
+    @property
+    def byte_limit(self) -> int: ...
+    @property
+    def time_limit_s(self) -> int: ...
+    @property
+    def bytes_written(self) -> int: ...
+    @property
+    def stopped_reason(self) -> str | None: ...
+    @property
+    def selection(self) -> Selection: ...
+    def seconds_left(self) -> float | None: ...
+    def add_topic(self, topic: str) -> bool: ...
+    def del_topic(self, topic: str) -> bool: ...
+    def add_all_topics(self) -> None: ...
+    def del_all_topics(self) -> None: ...
+    def truncate_files(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class DaemonView:
     """Everything the status interface reads, handed in by the server."""
@@ -111,3 +137,5 @@ class DaemonView:
     rerouted: Callable[[], int]
     #: Ask for a metadata refresh now (``POST /metadata_update``, the dashboard's button).
     request_metadata_refresh: Callable[[], None]
+    #: Message debugging; None when ``<msgDebug>`` is off (its URLs then say so).
+    msg_debug: MsgDebugControl | None = None

@@ -37,6 +37,9 @@ class DaemonConfig:
     rate_limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # topic -> (ms, n)
     librdkafka: Mapping[str, str] = field(default_factory=dict)
     discard_log_path: str | None = None  # <discardLogging> on, with small limits
+    msg_debug_path: str | None = None  # <msgDebug> on: the directory of its three files
+    msg_debug_time_limit_s: int = 3600
+    msg_debug_byte_limit: int = 2 * 1024 * 1024
     log_level: str = "INFO"
     log_to_stdout: bool = False
 
@@ -138,7 +141,7 @@ class DaemonConfig:
         <discardReportInterval value="{self.discard_report_interval_s}" />
         <badMsgPrefixSize value="256" />
     </httpInterface>
-{self._discard_logging()}    <kafkaConfig>
+{self._discard_logging()}{self._msg_debug()}    <kafkaConfig>
         <clientId value="pydory-test" />
         <replicationTimeout value="10000" />
     </kafkaConfig>
@@ -154,6 +157,16 @@ class DaemonConfig:
 {brokers}
     </initialBrokers>
 </doryConfig>
+"""
+
+    def _msg_debug(self) -> str:
+        if self.msg_debug_path is None:
+            return ""
+        return f"""    <msgDebug enable="true">
+        <path value="{self.msg_debug_path}" />
+        <timeLimit value="{self.msg_debug_time_limit_s}" />
+        <byteLimit value="{self.msg_debug_byte_limit}" />
+    </msgDebug>
 """
 
     def _discard_logging(self) -> str:

@@ -286,6 +286,7 @@ function render(doc) {
   renderTopics(doc, previous, elapsed);
   renderBrokers(doc.brokers);
   renderMetadata(doc);
+  renderMsgDebug(doc.msg_debug);
   state.previous = doc;
 }
 
@@ -437,6 +438,35 @@ function renderMetadata(doc) {
   ]);
 }
 
+// Which topics message debugging traces (the card is hidden when <msgDebug> is off).
+function renderMsgDebug(msgDebug) {
+  const card = byId("msg-debug-card");
+  card.hidden = !msgDebug;
+  if (!msgDebug) return;
+  const tracing = msgDebug.all_topics || msgDebug.topics.length > 0;
+  const traced = msgDebug.all_topics ? "all topics" : msgDebug.topics.join(", ") || "none";
+  facts("msg-debug-facts", [
+    ["traced topics", traced, tracing ? "warn" : ""],
+    ["directory", msgDebug.directory],
+    ["written", `${formatBytes(msgDebug.bytes_written)} of ${formatBytes(msgDebug.byte_limit)}`],
+    ["time left", msgDebug.seconds_left === null ? "–" : formatDuration(msgDebug.seconds_left)],
+    ["last stopped by", msgDebug.stopped || "–"],
+  ]);
+  byId("msg-debug-stop").disabled = !tracing;
+}
+
+async function stopMsgDebug() {
+  const button = byId("msg-debug-stop");
+  const note = byId("msg-debug-note");
+  button.disabled = true;
+  try {
+    const response = await fetch("/msg_debug/del_all_topics", { cache: "no-store" });
+    note.textContent = response.ok ? (await response.text()).trim() : `failed: HTTP ${response.status}`;
+  } catch (error) {
+    note.textContent = `failed: ${error.message}`;
+  }
+}
+
 // --- the loop ------------------------------------------------------------------------------
 
 function setLive(live, text) {
@@ -474,5 +504,6 @@ async function updateMetadata() {
 
 document.addEventListener("DOMContentLoaded", () => {
   byId("update-metadata").addEventListener("click", updateMetadata);
+  byId("msg-debug-stop").addEventListener("click", stopMsgDebug);
   tick();
 });
