@@ -25,6 +25,7 @@ from pydory.config import (
     load_config,
     parse_config,
 )
+from pydory.config.model import OverloadPolicy, SpoolConfig
 
 SAMPLE = Path(__file__).parent / "data" / "dory_conf.xml"
 
@@ -885,3 +886,181 @@ def test_external_dtd_reference_is_refused(
 def test_undefined_entity_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="undefined entity"):
         parse_config(replaced('value="1000000"', 'value="&nope;"'))
+
+
+# --- <spool> (pydory extension) ---------------------------------------------------------------
+
+COMPAT_SAMPLE = Path(__file__).parents[2] / "shared" / "compat" / "dory_conf.xml"
+
+SPOOL = """
+    <spool enable="true">
+        <path value="/var/lib/pydory/spool" />
+        <maxSize value="2g" />
+        <segmentSize value="32m" />
+        <fsync value="always" />
+        <overloadPolicy value="backpressure" />
+    </spool>"""
+
+
+def spool_section(*children: str, enable: str = "true", path: str = "/var/lib/pydory/s") -> str:
+    inner = "".join(f"\n        {child}" for child in children)
+    return with_section(f"""
+    <spool enable="{enable}">
+        <path value="{path}" />{inner}
+    </spool>""")
+
+
+def test_spool_is_off_when_absent_and_dorys_files_load_unchanged(sample: Config) -> None:
+    assert parse_config(MINIMAL).spool == SpoolConfig()
+    assert sample.spool == SpoolConfig()
+    assert not sample.spool.enabled
+    if COMPAT_SAMPLE.exists():
+        assert load_config(COMPAT_SAMPLE).spool == SpoolConfig()
+
+
+def test_spool_element() -> None:
+    spool = parse_config(with_section(SPOOL)).spool
+    assert spool == SpoolConfig(
+        path="/var/lib/pydory/spool",
+        max_bytes=2 * 1024**3,
+        segment_bytes=32 * 1024**2,
+        fsync_interval_ms=0,
+        overload_policy=OverloadPolicy.BACKPRESSURE,
+    )
+    assert spool.enabled
+
+
+def test_spool_defaults() -> None:
+    spool = parse_config(spool_section()).spool
+    assert spool == SpoolConfig(path="/var/lib/pydory/s")
+    assert (spool.max_bytes, spool.segment_bytes) == (1024**3, 64 * 1024**2)
+    assert spool.fsync_interval_ms == 1000
+    assert spool.overload_policy is OverloadPolicy.DISCARD
+
+
+@pytest.mark.parametrize(
+    ("fsync", "expected"),
+    [("none", None), ("NONE", None), (" always ", 0), ("0", 0), ("250", 250), ("1000", 1000)],
+)
+def test_spool_fsync_policies(fsync: str, expected: int | None) -> None:
+    config = parse_config(spool_section(f'<fsync value="{fsync}" />'))
+    assert config.spool.fsync_interval_ms == expected
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [("1g", 1024**3), ("3G", 3 * 1024**3), ("512m", 512 * 1024**2), ("4096", 4096), ("64k", 65536)],
+)
+def test_spool_sizes_take_k_m_and_g(size: str, expected: int) -> None:
+    config = parse_config(spool_section(f'<maxSize value="{size}" />', '<segmentSize value="1" />'))
+    assert config.spool.max_bytes == expected
+
+
+@pytest.mark.parametrize("policy", ["discard", "backpressure", "spool", "Spool"])
+def test_spool_overload_policies(policy: str) -> None:
+    config = parse_config(spool_section(f'<overloadPolicy value="{policy}" />'))
+    assert config.spool.overload_policy == policy.lower()
+
+
+@pytest.mark.parametrize(("enable", "path"), [("false", "/var/lib/pydory/s"), ("true", "")])
+def test_spool_disabled_or_empty_path_is_off(enable: str, path: str) -> None:
+    config = parse_config(spool_section('<fsync value="none" />', enable=enable, path=path))
+    assert config.spool == SpoolConfig(fsync_interval_ms=None)
+    assert not config.spool.enabled
+
+
+def test_spool_relative_path() -> None:
+    text = spool_section(path="var/spool")
+    error = the_error(text)
+    assert error.reason == "Spool path must be absolute: [var/spool]"
+    assert error.path == "/doryConfig/spool/path"
+    assert (error.line, error.column) == position_of(text, 'value="var/spool"')
+
+
+def test_spool_needs_enable_and_path() -> None:
+    error = the_error(with_section("    <spool><path value='/s' /></spool>"))
+    assert (error.path, error.reason) == (
+        "/doryConfig/spool",
+        "Missing required attribute [enable]",
+    )
+    error = the_error(with_section('    <spool enable="true" />'))
+    assert (error.path, error.reason) == ("/doryConfig/spool", "Missing required element [path]")
+
+
+@pytest.mark.parametrize(
+    ("size", "reason"),
+    [
+        ("1t", "Invalid size [1t]: expected a positive integer, optionally with suffix k"),
+        ("1.5g", "Invalid size [1.5g]"),
+        ("-1", "Invalid size [-1]"),
+        ("", "Value is empty"),
+        ("0", "Value [0] is out of range: must be at least 1"),
+        ("0g", "Value [0g] is out of range: must be at least 1"),
+        ("9999999999g", "Value [9999999999g] is out of range: must be at most 9223372036854775807"),
+    ],
+)
+def test_spool_bad_size(size: str, reason: str) -> None:
+    text = spool_section(f'<maxSize value="{size}" />')
+    error = the_error(text)
+    assert error.path == "/doryConfig/spool/maxSize"
+    assert error.reason.startswith(f"Bad value for attribute [value]: {reason}")
+    assert error.line == position_of(text, "maxSize")[0]
+
+
+def test_spool_segment_size_must_not_exceed_max_size() -> None:
+    text = spool_section('<maxSize value="1g" />', '<segmentSize value="2g" />')
+    error = the_error(text)
+    assert error.path == "/doryConfig/spool/segmentSize"
+    assert (error.line, error.column) == position_of(text, "segmentSize")
+    assert error.reason == (
+        "Spool segmentSize [2147483648] must not exceed maxSize [1073741824]: "
+        "a segment must fit in the spool"
+    )
+    # Against the default segment size (64m), the mistake is in <maxSize>.
+    error = the_error(spool_section('<maxSize value="10m" />'))
+    assert error.path == "/doryConfig/spool/maxSize"
+    assert error.reason.startswith("Spool segmentSize [67108864] must not exceed maxSize")
+
+
+@pytest.mark.parametrize(
+    ("fsync", "reason"),
+    [
+        (
+            "sometimes",
+            "Invalid fsync policy [sometimes]: expected none, always, or an interval in "
+            "milliseconds (a nonnegative integer, e.g. 1000)",
+        ),
+        ("-1", "Invalid fsync policy [-1]"),
+        ("1s", "Invalid fsync policy [1s]"),
+        ("", "Invalid fsync policy []"),
+        ("2147483648", "Value [2147483648] is out of range: must be at most 2147483647"),
+    ],
+)
+def test_spool_bad_fsync(fsync: str, reason: str) -> None:
+    error = the_error(spool_section(f'<fsync value="{fsync}" />'))
+    assert error.path == "/doryConfig/spool/fsync"
+    assert error.reason.startswith(f"Bad value for attribute [value]: {reason}")
+
+
+def test_spool_bad_overload_policy() -> None:
+    error = the_error(spool_section('<overloadPolicy value="block" />'))
+    assert error.path == "/doryConfig/spool/overloadPolicy"
+    assert error.reason == (
+        "Bad value for attribute [value]: invalid overload policy [block]: "
+        "expected one of: discard, backpressure, spool"
+    )
+
+
+def test_spool_unknown_and_duplicate_children() -> None:
+    errors = errors_of(
+        spool_section('<fsync value="none" />', '<fsync value="none" />', '<size value="1g" />')
+    )
+    assert [(e.path, e.reason.split(":")[0]) for e in errors] == [
+        ("/doryConfig/spool/fsync[2]", "Duplicate element [fsync]"),
+        ("/doryConfig/spool/size", "Unknown element [size]"),
+    ]
+
+
+def test_a_disabled_spool_is_still_validated() -> None:
+    error = the_error(spool_section('<segmentSize value="2x" />', enable="false"))
+    assert error.path == "/doryConfig/spool/segmentSize"

@@ -44,8 +44,10 @@ from pydory.config.model import (
     LogLevel,
     MsgDebugConfig,
     MsgDeliveryConfig,
+    OverloadPolicy,
     RateLimit,
     RateLimitingConfig,
+    SpoolConfig,
     TcpInput,
     TopicBatching,
     UnixSocketInput,
@@ -519,6 +521,7 @@ def _read_config(reader: _Reader, root: Element) -> Config:
             "msgDebug",
             "logging",
             "librdkafka",
+            "spool",
         ),
     )
     batching = sections.get("batching")
@@ -540,6 +543,7 @@ def _read_config(reader: _Reader, root: Element) -> Config:
         kafka=_read_kafka_config(reader, sections.get("kafkaConfig")),
         msg_debug=_read_msg_debug(reader, sections.get("msgDebug")),
         logging=_read_logging(reader, sections.get("logging")),
+        spool=_read_spool(reader, sections.get("spool")),
         librdkafka=_read_librdkafka(reader, sections.get("librdkafka")),
     )
 
@@ -972,6 +976,119 @@ def _read_logging(reader: _Reader, element: Element | None) -> LoggingConfig:
         file_mode=file_mode,
         **_leaf_values(reader, parts, default, LOGGING_LEAVES),
     )
+
+
+# --- the durable spool (pydory extension) -----------------------------------------------------
+
+SPOOL_SIZE_SYNTAX = (
+    "a positive integer, optionally with suffix k (x1024), m (x1048576) or g (x1073741824)"
+)
+_SPOOL_SIZE = re.compile(r"([0-9]+)\s*([kmgKMG]?)", re.ASCII)
+_SPOOL_MULTIPLIERS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
+def parse_spool_size(text: str) -> int:
+    """A spool size: ``"512m"``, ``"1g"``, ``"4096"``. Dory's sizes stop at ``m``; a
+    spool is sized in gigabytes, so this element also takes ``g`` (x1024³)."""
+    value = text.strip()
+    if not value:
+        raise ConfigError(f"Value is empty: expected {SPOOL_SIZE_SYNTAX}")
+    match = _SPOOL_SIZE.fullmatch(value)
+    if match is None:
+        raise ConfigError(f"Invalid size [{value}]: expected {SPOOL_SIZE_SYNTAX}")
+    digits, suffix = match.groups()
+    if len(digits.lstrip("0")) > 19:  # keeps int() cheap; far beyond the maximum anyway
+        raise ConfigError(f"Value [{value}] is out of range: must be at most {MAX_UNSIGNED}")
+    size = int(digits) * _SPOOL_MULTIPLIERS[suffix.lower()]
+    if size < 1:
+        raise ConfigError(f"Value [{value}] is out of range: must be at least 1")
+    if size > MAX_UNSIGNED:
+        raise ConfigError(f"Value [{value}] is out of range: must be at most {MAX_UNSIGNED}")
+    return size
+
+
+def parse_fsync(text: str) -> int | None:
+    """The fsync policy: ``none`` (None: never), ``always`` (0: after every write), or an
+    interval in milliseconds (``0`` is the same as ``always``)."""
+    value = text.strip()
+    keyword = value.lower()
+    if keyword == "none":
+        return None
+    if keyword == "always":
+        return 0
+    if not _DIGITS.fullmatch(value):
+        raise ConfigError(
+            f"Invalid fsync policy [{value}]: expected none, always, or an interval in "
+            "milliseconds (a nonnegative integer, e.g. 1000)"
+        )
+    return parse_unsigned(value, maximum=INT32_MAX)
+
+
+def _read_spool_size(reader: _Reader, element: Element | None, default: int) -> int:
+    if element is None:
+        return default
+    size = reader.convert(element, "value", reader.value(element), parse_spool_size)
+    return default if size is None else size
+
+
+def _read_fsync(reader: _Reader, element: Element | None, default: int | None) -> int | None:
+    if element is None:
+        return default
+    text = reader.value(element)
+    try:
+        return parse_fsync(text)
+    except ConfigError as exc:
+        reader.report(element, f"Bad value for attribute [value]: {exc.reason}")
+        return default
+
+
+def _read_overload_policy(
+    reader: _Reader, element: Element | None, default: OverloadPolicy
+) -> OverloadPolicy:
+    if element is None:
+        return default
+    text = reader.value(element).strip()
+    try:
+        return OverloadPolicy(text.lower())
+    except ValueError:
+        reader.report(
+            element,
+            f"Bad value for attribute [value]: invalid overload policy [{text}]: "
+            f"{_expected(tuple(OverloadPolicy))}",
+        )
+        return default
+
+
+SPOOL = (
+    Leaf("maxSize", "max_bytes", _read_spool_size),
+    Leaf("segmentSize", "segment_bytes", _read_spool_size),
+    Leaf("fsync", "fsync_interval_ms", _read_fsync),
+    Leaf("overloadPolicy", "overload_policy", _read_overload_policy),
+)
+
+
+def _read_spool(reader: _Reader, element: Element | None) -> SpoolConfig:
+    """<spool enable="..."> with a <path> (a directory) and the leaves of ``SPOOL``.
+
+    Like the other path sections it is off when omitted, disabled or given an empty path,
+    and its values are validated even then.
+    """
+    default = SpoolConfig()
+    if element is None:
+        return default
+    path, parts = _read_enabled_path(reader, element, "Spool", tuple(leaf.tag for leaf in SPOOL))
+    errors_before = len(reader.errors)
+    spool = SpoolConfig(path=path, **_leaf_values(reader, parts, default, SPOOL))
+    # Compared only when the values were read (a bad size is reported already).
+    if len(reader.errors) == errors_before and spool.segment_bytes > spool.max_bytes:
+        where = parts.get("segmentSize") or parts.get("maxSize") or element
+        reader.report(
+            where,
+            f"Spool segmentSize [{spool.segment_bytes}] must not exceed maxSize "
+            f"[{spool.max_bytes}]: a segment must fit in the spool",
+        )
+    return spool
 
 
 # --- brokers and librdkafka -------------------------------------------------------------------

@@ -278,6 +278,41 @@ class MsgDebugConfig:
         return self.path is not None
 
 
+# --- the durable spool (pydory extension) -----------------------------------------------------
+
+
+class OverloadPolicy(enum.StrEnum):
+    """What the daemon does with a message it cannot take in right now."""
+
+    DISCARD = "discard"
+    """Discard it with its reason, as Dory does (the default)."""
+    BACKPRESSURE = "backpressure"
+    """Stop reading the client sockets until there is room again."""
+    SPOOL = "spool"
+    """Keep accepting into the on-disk spool while memory is short."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolConfig:
+    """The ``<spool>`` section (pydory extension). ``path`` (a directory) None = off (the
+    default): accepted messages are then kept in memory only, as in Dory.
+
+    ``fsync_interval_ms``: None = never fsync (survives a crash of the daemon, not of the
+    machine), 0 = after every write, N = at most every N ms.
+    """
+
+    path: str | None = None
+    max_bytes: int = 1024 * 1024 * 1024
+    segment_bytes: int = 64 * 1024 * 1024
+    fsync_interval_ms: int | None = 1000
+    overload_policy: OverloadPolicy = OverloadPolicy.DISCARD
+
+    @property
+    def enabled(self) -> bool:
+        """True when accepted messages are written ahead to the spool directory."""
+        return self.path is not None
+
+
 # --- logging ----------------------------------------------------------------------------------
 
 
@@ -338,6 +373,8 @@ class Config:
     kafka: KafkaConfig = KafkaConfig()
     msg_debug: MsgDebugConfig = MsgDebugConfig()
     logging: LoggingConfig = LoggingConfig()
+    spool: SpoolConfig = SpoolConfig()
+    """The durable spool (pydory's ``<spool>`` extension); off by default."""
     librdkafka: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Extra librdkafka producer properties (pydory's ``<librdkafka>`` extension)."""
 
