@@ -29,6 +29,7 @@ from pydory.daemon.spool import (
     SpoolInUse,
     SpoolRecord,
     decode_records,
+    encode_payloads,
     encode_records,
 )
 from pydory.errors import ConfigError
@@ -209,7 +210,9 @@ def forge_frame(body: bytes) -> bytes:
     "body",
     [
         bytes(23),  # all lengths zero, empty topic: valid
-        b"\x02" + bytes(22),  # unknown flag
+        b"\x04" + bytes(22),  # unknown flag
+        b"\x03" + bytes(22),  # a payload cannot carry a partition key
+        b"\x02" + bytes(12) + b"\x00\x01t" + bytes(8),  # nor a topic
         bytes(13) + b"\xff\xff" + bytes(8),  # topic length beyond the frame
         bytes(15) + b"\xff\xff\xff\xff" + bytes(4),  # key length beyond the frame
         bytes(19) + b"\xff\xff\xff\xff",  # value length beyond the frame
@@ -880,3 +883,20 @@ def test_recovering_a_big_spool_of_tiny_records_stays_memory_bounded(tmp_path: P
     assert count == bursts * len(burst)
     assert checksum == bursts * sum(range(len(burst)))
     assert growth_kib < 12 * 1024, f"grew {growth_kib} KiB for {size / MiB:.0f} MiB on disk"
+
+
+def test_client_messages_as_read_come_back_as_payloads(tmp_path: Path) -> None:
+    payloads = [b"", b"\x00" * 7, bytes(range(256)) * 3]
+    spool = Spool(str(tmp_path), segment_bytes=1 << 20, max_bytes=1 << 22, fsync_interval_ms=None)
+    with spool:
+        segment = spool.append_payloads(payloads)
+        spool.append([SpoolRecord("t", b"k", b"v", 5)])
+        assert spool.outstanding == 4
+        spool.settle(segment, 3)
+    with Spool(
+        str(tmp_path), segment_bytes=1 << 20, max_bytes=1 << 22, fsync_interval_ms=None
+    ) as again:
+        records = list(again.recover())
+    assert [r.value for r in records if r.is_payload] == payloads
+    assert [r for r in records if not r.is_payload] == [SpoolRecord("t", b"k", b"v", 5)]
+    assert decode_records(encode_payloads(payloads))[0][1].value == payloads[1]
