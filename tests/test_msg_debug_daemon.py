@@ -7,6 +7,9 @@ from __future__ import annotations
 import base64
 import json
 import re
+import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +21,7 @@ import pytest
 
 from helpers import settled, wait_until
 from pydory.client import DatagramSender, UnixStreamSender
+from pydory.commands.status import DaemonUnreachable, StatusClient
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import consume_all
@@ -255,6 +259,57 @@ def test_msg_debug_urls_say_it_is_off_when_disabled(
             assert "<msgDebug" in reply.body
         assert json.loads(answer_json(daemon))["msg_debug"] is None
         assert not daemon.server.msg_debug.active
+
+
+def test_sigusr1_makes_a_serving_daemon_reopen_the_files(
+    mock_cluster: MockCluster, socket_dir: str, mock_topics: list[str], tmp_path: Path
+) -> None:
+    a, _ = mock_topics
+    debug_dir = tmp_path / "debug"
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers, socket_dir, tcp_port=None, msg_debug_path=str(debug_dir)
+    )
+    config_path = tmp_path / "dory_conf.xml"
+    config_path.write_text(config.render())
+    client = StatusClient(f"http://127.0.0.1:{config.http_port}", timeout_s=2)
+
+    def written() -> int | None:
+        try:
+            page = client.get("/counters/json")
+        except DaemonUnreachable:
+            return None
+        return next((c["value"] for c in page["counters"] if c["name"] == "msg_debug_written"), 0)
+
+    def send(value: bytes) -> None:
+        with DatagramSender(config.datagram_path) as sender:
+            sender.send(a, value)
+
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "pydory", "serve", "--config-path", str(config_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: written() is not None, what="the daemon")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{config.http_port}/msg_debug/add_topic/{a}"
+        )
+        with _opener.open(request, timeout=10) as response:
+            assert response.read() == f"Enabled debug topic [{a}]\n".encode()
+        send(b"before rotation")
+        wait_until(lambda: written() == 3, what="three lines")
+        for name in FILES:  # logrotate's move, then its signal
+            (debug_dir / name).rename(debug_dir / f"{name}.1")
+        daemon.send_signal(signal.SIGUSR1)
+        wait_until(lambda: all((debug_dir / name).exists() for name in FILES), what="reopen")
+        send(b"after rotation")
+        wait_until(lambda: written() == 6, what="three more lines")
+    finally:
+        daemon.terminate()
+        assert daemon.wait(timeout=60) == 0
+    for name in FILES:
+        assert [line.value for line in read_lines(debug_dir, f"{name}.1")] == [b"before rotation"]
+        assert [line.value for line in read_lines(debug_dir, name)] == [b"after rotation"]
 
 
 # --- a message traced through all three files, on Apache Kafka -----------------------------
