@@ -383,10 +383,15 @@ class DatagramInput:
         return drained
 
     def pause(self) -> None:
-        """Stop reading for now (a shutdown was requested): what clients send meanwhile
-        waits in the socket, for :meth:`close` to read, and the loop is free to shut down."""
+        """Stop reading for now (a shutdown was requested, or backpressure): what clients
+        send meanwhile waits in the socket (senders then meet a full queue), for
+        :meth:`resume` or :meth:`close` to read."""
         if self._sock is not None and self._loop is not None:
             self._loop.remove_reader(self._sock.fileno())
+
+    def resume(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.add_reader(self._sock.fileno(), self._on_readable)
 
     def close(self) -> None:
         """Stop reading, hand the intake the datagrams already queued, close the socket and
@@ -465,6 +470,9 @@ class _Connections:
         self.accepting: weakref.WeakSet[StreamInputProtocol] = weakref.WeakSet()
         #: Set when the input closes: connections then drain and close by this deadline.
         self.drain_deadline: float | None = None
+        #: While set, connections are not read (backpressure, or a shutdown on its way);
+        #: one accepted meanwhile starts paused.
+        self.paused = False
         self._lost: asyncio.Event | None = None
 
     def made(self, connection: StreamInputProtocol) -> None:
@@ -520,6 +528,8 @@ class StreamInputProtocol(asyncio.Protocol):
         deadline = self._connections.drain_deadline
         if deadline is not None:  # accepted as the input was closing
             self.drain_and_close(deadline)
+        elif self._connections.paused:
+            self.pause()
 
     def close(self) -> None:
         if self._transport is not None:
@@ -529,6 +539,10 @@ class StreamInputProtocol(asyncio.Protocol):
         """Stop reading for now; :meth:`drain_and_close` reads what waits meanwhile."""
         if self._transport is not None and not self._transport.is_closing():
             self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
 
     def drain_and_close(self, deadline: float) -> None:
         """Shutdown: hand the intake what the kernel holds for this connection, then close."""
@@ -644,11 +658,18 @@ class StreamInput:
         log.info("listening for TCP connections on loopback port %d", bound_port)
 
     def pause(self) -> None:
-        """Stop reading the open connections for now (a shutdown was requested), so that a
-        flooding client cannot keep the loop from shutting down; :meth:`close` then reads
-        what they sent meanwhile."""
+        """Stop reading the open connections for now (a shutdown was requested, or the
+        backpressure policy mutes the clients while memory is short); writers then block
+        on full socket buffers, and :meth:`close` reads what they sent meanwhile."""
+        self._connections.paused = True
         for connection in self._connections.ready:
             connection.pause()
+
+    def resume(self) -> None:
+        """Read the connections again (memory is back)."""
+        self._connections.paused = False
+        for connection in self._connections.ready:
+            connection.resume()
 
     async def close(self) -> None:
         """Stop accepting; hand the intake everything clients already sent, connections

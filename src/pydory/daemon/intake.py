@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pydory.daemon.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
-from pydory.daemon.commit_point import CommitPoint
 from pydory.daemon.dispatch import (
     POOL_OVERHEAD_BYTES,
     Delivered,
@@ -35,6 +35,7 @@ from pydory.daemon.msg_debug import MsgDebug
 from pydory.daemon.pool import MemoryPool
 from pydory.daemon.ratelimit import TopicRateLimiter
 from pydory.daemon.router import Router
+from pydory.daemon.write_ahead import WriteAhead
 from pydory.errors import (
     BadTopic,
     ClientProtocolError,
@@ -52,6 +53,14 @@ log = logging.getLogger(__name__)
 KAFKA_RECORD_OVERHEAD = 61 + 21
 
 
+class Tokens(Protocol):
+    """Counts accepted messages until they settle: the commit point, or the write-ahead
+    standing in for it (which settles the spool too)."""
+
+    def open(self) -> int: ...
+    def close(self, token: int, n: int = 1) -> None: ...
+
+
 @dataclass
 class _PendingTopic:
     """Messages for a topic being auto-created, waiting for the metadata that shows it."""
@@ -63,7 +72,7 @@ class DeliveryLedger:
     """The dispatch Ledger: final outcomes go to the books, free their pool bytes and
     settle their commit point tokens."""
 
-    def __init__(self, books: Books, pool: MemoryPool, commit_point: CommitPoint) -> None:
+    def __init__(self, books: Books, pool: MemoryPool, commit_point: Tokens) -> None:
         self._books = books
         self._pool = pool
         self._commit_point = commit_point
@@ -104,13 +113,15 @@ class Intake:
         limiter: TopicRateLimiter,
         router: Router,
         dispatcher: Dispatcher,
-        commit_point: CommitPoint,
+        commit_point: Tokens,
         message_max_bytes: int,
         prefix_size: int,
         on_unknown_topic: Callable[[str], None] = lambda topic: None,
         autocreate: Callable[[str], None] | None = None,
         msg_debug: MsgDebug | None = None,
+        write_ahead: WriteAhead | None = None,
     ) -> None:
+        """``write_ahead``: spool every burst before admitting it (``<spool>``)."""
         self._books = books
         self._counters = books.counters
         self._pool = pool
@@ -124,6 +135,11 @@ class Intake:
         self._autocreate = autocreate
         self._pending: dict[str, _PendingTopic] = {}
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
+        self._write_ahead = write_ahead
+        #: When the pool is short, hold on to a message read (charging it anyway) instead
+        #: of discarding it: the backpressure policy pauses the inputs meanwhile, and a
+        #: spool replay waits for room between bursts. Either way the overshoot is one burst.
+        self.hold_when_memory_short = False
 
     # -- from the input agents -------------------------------------------------------------
 
@@ -145,8 +161,27 @@ class Intake:
         once per topic per burst. A topic traced by message debugging takes the reference
         path (which traces it); whether any is traced is checked once per burst.
         """
+        self._books.received(transport, len(burst))
+        self._admit_burst(burst)
+
+    def replayed(self, burst: Sequence[bytes]) -> None:
+        """Messages an earlier run read and never settled, from the spool: admitted again
+        like new ones (spooled again too, so the old segments can go) and counted as
+        possible duplicates, since the earlier run may have delivered them."""
+        self._counters.inc("spool_replayed", len(burst))
+        for data in burst:
+            try:
+                message = decode(data, self._prefix_size)
+            except ClientProtocolError:
+                continue  # it was discarded as malformed the first time, and will be again
+            self._books.possible_duplicate(message.topic, message.timestamp_ms)
+        self._admit_burst(burst)
+
+    def _admit_burst(self, burst: Sequence[bytes]) -> None:
         books = self._books
-        books.received(transport, len(burst))
+        write_ahead = self._write_ahead
+        if write_ahead is not None:
+            write_ahead.begin_burst(burst)
         parse = parse_any_partition
         knows, is_unlimited = self._router.knows, self._limiter.is_unlimited
         pool, max_data = self._pool, self._max_data
@@ -162,7 +197,7 @@ class Intake:
             for data in burst:
                 fields = parse(data)
                 if fields is None:
-                    self._decode_and_admit(data, transport)
+                    self._decode_and_admit(data)
                     continue
                 topic, key, value, timestamp_ms = fields
                 eligible = short_path.get(topic)
@@ -174,10 +209,10 @@ class Intake:
                     )
                 size = len(key) + len(value)
                 if not eligible or size > max_data:
-                    self._decode_and_admit(data, transport)
+                    self._decode_and_admit(data)
                     continue
                 cost = len(topic) + size + POOL_OVERHEAD_BYTES
-                if not pool.try_allocate(cost):
+                if not pool.try_allocate(cost) and not self._held_anyway(cost):
                     # The message goes to the discard log (if enabled); the report ignores it.
                     books.discarded(
                         DiscardReason.NO_MEMORY, topic, timestamp_ms, prefix=value, key=key
@@ -202,6 +237,17 @@ class Intake:
         finally:
             for topic, n in accepted.items():
                 books.accepted(topic, n)
+            if write_ahead is not None:
+                write_ahead.end_burst()
+
+    def _held_anyway(self, cost: int) -> bool:
+        """The pool refused ``cost``: charge it all the same if messages must not be
+        discarded for memory now (see ``hold_when_memory_short``)."""
+        if self.hold_when_memory_short:
+            self._pool.force_allocate(cost)
+            self._counters.inc("held_when_memory_short")
+            return True
+        return False
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None:
         self._books.received(Transport.UNIX_DGRAM)
@@ -212,7 +258,15 @@ class Intake:
     def frame(self, data: bytes, transport: Transport) -> None:
         """One whole message, through the reference path (decode, then :meth:`admit`)."""
         self._books.received(transport)
-        self._decode_and_admit(data, transport)
+        write_ahead = self._write_ahead
+        if write_ahead is None:
+            self._decode_and_admit(data)
+            return
+        write_ahead.begin_burst((data,))
+        try:
+            self._decode_and_admit(data)
+        finally:
+            write_ahead.end_burst()
 
     def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
         if isinstance(error, OversizedFrame):
@@ -241,7 +295,7 @@ class Intake:
 
     # -- admission ---------------------------------------------------------------------------
 
-    def _decode_and_admit(self, data: bytes, transport: Transport) -> None:
+    def _decode_and_admit(self, data: bytes) -> None:
         try:
             message = decode(data, self._prefix_size)
         except ClientProtocolError as error:
@@ -281,7 +335,7 @@ class Intake:
             )
             return
         cost = pool_cost(topic, message.key, message.value)
-        if not self._pool.try_allocate(cost):
+        if not self._pool.try_allocate(cost) and not self._held_anyway(cost):
             self._refuse(DiscardReason.NO_MEMORY, message)
             return
         if not self._limiter.admit(topic):

@@ -56,6 +56,10 @@ class MemoryPool:
         self._depleted_seconds_closed = 0.0
         self._granted_count = 0
         self._refused_count = 0
+        # Told when the pool becomes depleted and when it has room again (the
+        # backpressure overload policy pauses and resumes the inputs on these).
+        self._on_depleted: Callable[[], None] | None = None
+        self._on_room: Callable[[], None] | None = None
 
     @property
     def budget(self) -> int:
@@ -136,10 +140,30 @@ class MemoryPool:
             return 0.0
         return 100.0 * self.depleted_seconds() / elapsed
 
+    def watch(self, on_depleted: Callable[[], None], on_room: Callable[[], None]) -> None:
+        """Call ``on_depleted`` when the pool becomes depleted, ``on_room`` when it has room
+        again (both on the thread that allocates and releases: the event loop)."""
+        self._on_depleted, self._on_room = on_depleted, on_room
+
+    def force_allocate(self, size: int) -> None:
+        """Charge ``size`` bytes even if the pool is depleted: for a message already read
+        whose client is about to be paused (backpressure), which must not be discarded.
+        The overshoot is bounded by what the inputs read before they pause."""
+        if size <= 0:
+            raise ValueError(f"allocation size must be positive, got {size}")
+        self._used += size
+        self._granted_count += 1
+        if self._used >= self._budget:
+            self._note_depletion_state()
+
     def _note_depletion_state(self) -> None:
         """Open or close a depleted interval when the pool crosses ``available <= 0``."""
         if self.is_depleted and self._depleted_since is None:
             self._depleted_since = self._clock()
+            if self._on_depleted is not None:
+                self._on_depleted()
         elif not self.is_depleted and self._depleted_since is not None:
             self._depleted_seconds_closed += self._clock() - self._depleted_since
             self._depleted_since = None
+            if self._on_room is not None:
+                self._on_room()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydory.config import Config
+from pydory.config.model import OverloadPolicy
 from pydory.daemon.accounting import Books, Counters, Transport
 from pydory.daemon.commit_point import CommitPoint
 from pydory.daemon.discard_log import DiscardLog
@@ -31,9 +32,13 @@ from pydory.daemon.kafka_stats import KafkaStats
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.metadata import MetadataService
 from pydory.daemon.msg_debug import MsgDebug
+from pydory.daemon.overload import Overload
 from pydory.daemon.pool import MemoryPool
 from pydory.daemon.ratelimit import TopicRateLimiter
 from pydory.daemon.router import Router
+from pydory.daemon.spool import Spool, SpoolError
+from pydory.daemon.write_ahead import WriteAhead, replay_spool
+from pydory.errors import ConfigError
 from pydory.status import DaemonView, StatusServer
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,13 @@ class Server:
         self.commit_point = CommitPoint(
             lambda: mark_inputs(self.datagram_input, self.stream_inputs)
         )
+        self.spool = _spool_of(config)
+        self.write_ahead = (
+            None if self.spool is None else WriteAhead(self.commit_point, self.spool, self.counters)
+        )
+        # Intake and the ledger count messages under tokens: the write-ahead's, which
+        # settle the spool as well as the commit point, when there is a spool.
+        tokens = self.commit_point if self.write_ahead is None else self.write_ahead
         self.metadata = MetadataService(
             settings.properties(),
             self.router,
@@ -83,7 +95,7 @@ class Server:
             settings,
             lambda topic: producer_profile(config, topic),
             self.router,
-            DeliveryLedger(self.books, self.pool, self.commit_point),
+            DeliveryLedger(self.books, self.pool, tokens),
             on_partition_trouble=self.metadata.request_refresh,
             stats=self.kafka_stats,
             counters=self.counters,
@@ -96,12 +108,16 @@ class Server:
             limiter=self.limiter,
             router=self.router,
             dispatcher=self.dispatcher,
-            commit_point=self.commit_point,
+            commit_point=tokens,
             message_max_bytes=config.batching.message_max_bytes,
             prefix_size=config.http.bad_msg_prefix_size,
             on_unknown_topic=lambda topic: self.metadata.request_refresh(),
             autocreate=self._create_topic if config.delivery.topic_autocreate else None,
             msg_debug=self.msg_debug,
+            write_ahead=self.write_ahead,
+        )
+        self.overload = Overload(
+            config.spool.overload_policy, self.pool, self.intake, self._inputs, self.counters
         )
         self.datagram_input: DatagramInput | None = None
         self.stream_inputs: list[StreamInput] = []
@@ -125,10 +141,13 @@ class Server:
         stop = self._stop = asyncio.Event()
         self._install_signal_handlers(loop)
         try:
+            self._open_spool()
             if not await self.metadata.initial(stop):
                 return
             self.dispatcher.start(loop)
             self.dispatcher.prepare(self._configured_topics())
+            if not await self._replay_spool(stop):
+                return
             await self._open_inputs(loop)
             self.status = StatusServer(self.status_view())
             await self.status.start()
@@ -140,6 +159,8 @@ class Server:
                     tasks.create_task(self.metadata.run(), name="metadata-refresh"),
                     tasks.create_task(self._roll_discard_reports(), name="discard-report"),
                 ]
+                if self.spool is not None and self.spool.fsync_interval_ms:
+                    background.append(tasks.create_task(self._fsync_spool(), name="spool-fsync"))
                 await stop.wait()
                 for task in [*background, *self._autocreations]:
                     task.cancel()
@@ -147,6 +168,70 @@ class Server:
             self._tasks = None
             await self._shutdown()
             self._remove_signal_handlers(loop)
+
+    # -- the spool -----------------------------------------------------------------------
+
+    def _open_spool(self) -> None:
+        """Take the spool directory (refused if a running daemon holds it)."""
+        if self.spool is None:
+            return
+        try:
+            self.spool.open()
+        except SpoolError as error:
+            raise ConfigError(
+                f"cannot use the spool directory: {error}", path="/doryConfig/spool/path"
+            ) from error
+
+    async def _replay_spool(self, stop: asyncio.Event) -> bool:
+        """Replay what an earlier run left unsettled, before any new input is read.
+        False if a stop request came first (what is left stays in the spool)."""
+        if self.spool is None:
+            return True
+        replay = asyncio.ensure_future(
+            replay_spool(self.spool, self.intake, self.overload.wait_for_room)
+        )
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({replay, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not replay.done():
+                replay.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replay
+        if replay.cancelled():
+            return False
+        report = replay.result()
+        for problem in report.problems:
+            log.warning("spool: %s", problem)
+        if report.records or report.problems:
+            log.log(
+                25,
+                "spool: replayed %d messages from %d segments (%d repaired, %d bytes cut)",
+                report.records,
+                report.segments,
+                report.repaired_segments,
+                report.truncated_bytes,
+            )
+        self.counters.inc("spool_repaired_segments", report.repaired_segments)
+        self.counters.inc("spool_truncated_bytes", report.truncated_bytes)
+        return True
+
+    async def _fsync_spool(self) -> None:
+        """The interval fsync policy: what a burst wrote reaches the disk within it."""
+        assert self.spool is not None
+        interval_s = (self.spool.fsync_interval_ms or 0) / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.spool.maybe_fsync()
+            except SpoolError:
+                log.exception("spool: fsync failed")
+
+    def _inputs(self) -> list[DatagramInput | StreamInput]:
+        """The input agents open now (the overload policy pauses and resumes them)."""
+        datagram = [] if self.datagram_input is None else [self.datagram_input]
+        return [*datagram, *self.stream_inputs]
 
     def _configured_topics(self) -> list[str]:
         """A topic of the default profile ("" is never configured) and every topic that
@@ -166,6 +251,7 @@ class Server:
         """On the loop (signal handler or request_shutdown): note when, then stop."""
         if self._stop_requested_at is None:
             self._stop_requested_at = time.monotonic()
+            self.overload.stopping()
             # Under a flood the loop would keep reading input and reach the shutdown late;
             # paused, the inputs leave it in the kernel for the shutdown read.
             if self.datagram_input is not None:
@@ -237,6 +323,8 @@ class Server:
                 "librdkafka did not settle every message within the shutdown grace period"
             )
         self.metadata.close()
+        if self.spool is not None:
+            self.spool.close()  # what is still unsettled stays for the next start
         self._log_totals()
         self.msg_debug.close()
         self.discard_log.close()  # last, so the shutdown discards above are in the file
@@ -342,3 +430,21 @@ class Server:
             "pool_used": self.pool.used,
             "rerouted": self.dispatcher.rerouted,
         }
+
+
+def _spool_of(config: Config) -> Spool | None:
+    spool = config.spool
+    if spool.overload_policy is OverloadPolicy.SPOOL:
+        raise ConfigError(
+            "overloadPolicy [spool] (accept to disk only while memory is short) is not "
+            "available yet: use discard or backpressure",
+            path="/doryConfig/spool/overloadPolicy",
+        )
+    if spool.path is None:
+        return None
+    return Spool(
+        spool.path,
+        segment_bytes=spool.segment_bytes,
+        max_bytes=spool.max_bytes,
+        fsync_interval_ms=spool.fsync_interval_ms,
+    )

@@ -40,6 +40,11 @@ class DaemonConfig:
     msg_debug_path: str | None = None  # <msgDebug> on: the directory of its three files
     msg_debug_time_limit_s: int = 3600
     msg_debug_byte_limit: int = 2 * 1024 * 1024
+    spool_path: str | None = None  # <spool> on: the directory of its segments
+    spool_fsync: str = "none"  # none | always | an interval in ms
+    spool_max_size: str = "1g"
+    spool_segment_size: str = "4m"
+    overload_policy: str = "discard"  # discard | backpressure (needs spool_path)
     log_level: str = "INFO"
     log_to_stdout: bool = False
 
@@ -141,7 +146,7 @@ class DaemonConfig:
         <discardReportInterval value="{self.discard_report_interval_s}" />
         <badMsgPrefixSize value="256" />
     </httpInterface>
-{self._discard_logging()}{self._msg_debug()}    <kafkaConfig>
+{self._discard_logging()}{self._msg_debug()}{self._spool()}    <kafkaConfig>
         <clientId value="pydory-test" />
         <replicationTimeout value="10000" />
     </kafkaConfig>
@@ -178,4 +183,16 @@ class DaemonConfig:
         <maxArchiveSize value="4m" />
         <maxMsgPrefixSize value="64" />
     </discardLogging>
+"""
+
+    def _spool(self) -> str:
+        if self.spool_path is None:
+            return ""
+        return f"""    <spool enable="true">
+        <path value="{self.spool_path}" />
+        <maxSize value="{self.spool_max_size}" />
+        <segmentSize value="{self.spool_segment_size}" />
+        <fsync value="{self.spool_fsync}" />
+        <overloadPolicy value="{self.overload_policy}" />
+    </spool>
 """

@@ -1,0 +1,164 @@
+"""Write-ahead: what the daemon reads reaches the spool before any of it reaches librdkafka.
+
+Each read burst is appended to the spool as it came from the clients (Dory's own message
+bytes: topic, key, value, timestamp and partition key, each framed with its length and
+CRC), in one write, before intake admits a single message of it. A segment of the spool
+is deleted once every message in it is settled, so what a crashed daemon leaves on disk
+is exactly what it had not finished with; the next start replays it (``Server``).
+
+Settling needs no bookkeeping per message: :class:`WriteAhead` stands in for the commit
+point before intake and the delivery ledger, and folds the spool segment into the token
+every accepted message already carries to its outcome. ``close(token, n)`` then settles
+``n`` messages of the commit point's generation *and* of the segment. Messages of a burst
+that are never accepted (malformed, too long, rate limited...) are settled when the burst
+ends: they are reported by then.
+
+When the spool cannot take a burst (its size cap, a full or failing disk), the burst is
+processed without the write-ahead, counted (``spool_unprotected`` messages), and the
+caller's overload policy decides whether the inputs pause until the spool has room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from pydory.daemon.accounting import Counters
+from pydory.daemon.commit_point import CommitPoint
+from pydory.daemon.spool import RecoveryReport, Spool, SpoolError, SpoolRecord
+from pydory.wire import encode_any_partition, encode_partition_key
+
+log = logging.getLogger(__name__)
+
+__all__ = ["REPLAY_BURST", "SEGMENT_SHIFT", "SpoolWriter", "WriteAhead", "replay_spool"]
+
+#: Replayed messages are admitted this many at a time, each burst once the pool has room:
+#: memory stays bounded by the pool plus one burst, however large the spool.
+REPLAY_BURST = 1000
+
+#: A token is ``segment << SEGMENT_SHIFT | generation``: commit point generations are
+#: 10 ms epochs, so 2**48 of them outlast any process; segment 0 means "not spooled".
+SEGMENT_SHIFT = 48
+_GENERATION_MASK = (1 << SEGMENT_SHIFT) - 1
+
+
+class SpoolWriter(Protocol):
+    """The part of :class:`pydory.daemon.spool.Spool` the write-ahead uses."""
+
+    def append_payloads(self, payloads: Sequence[bytes]) -> int: ...
+    def settle(self, segment_id: int, count: int) -> None: ...
+
+
+class WriteAhead:
+    """The commit point's ``open``/``close`` for intake and the ledger, spool included."""
+
+    def __init__(
+        self,
+        commit_point: CommitPoint,
+        spool: SpoolWriter,
+        counters: Counters,
+        on_spool_trouble: Callable[[SpoolError], None] = lambda error: None,
+    ) -> None:
+        """``on_spool_trouble`` hears every refused write (the overload policy's cue)."""
+        self._commit_point = commit_point
+        self._spool = spool
+        self._counters = counters
+        self._on_spool_trouble = on_spool_trouble
+        self._segment = 0  # the segment of the burst being admitted; 0 outside a burst
+        self._burst_size = 0
+        self._opened = 0
+        self._failing = False  # log a spool problem once per episode, not per burst
+
+    # -- a burst -------------------------------------------------------------------------
+
+    def begin_burst(self, burst: Sequence[bytes]) -> None:
+        """Write ``burst`` ahead, in one write, before intake admits any of it."""
+        self._opened = 0
+        self._burst_size = len(burst)
+        try:
+            self._segment = self._spool.append_payloads(burst)
+        except SpoolError as error:  # the size cap or the disk: reported, the policy decides
+            self._segment = 0
+            self._counters.inc("spool_unprotected", len(burst))
+            if not self._failing:
+                log.warning("spool: cannot write ahead (%s); messages go unprotected", error)
+                self._failing = True
+            self._on_spool_trouble(error)
+            return
+        if self._failing:
+            log.warning("spool: writing ahead again")
+            self._failing = False
+
+    def end_burst(self) -> None:
+        """Settle the burst's messages that were never accepted: they are reported now."""
+        unaccepted = self._burst_size - self._opened
+        if self._segment and unaccepted:
+            self._spool.settle(self._segment, unaccepted)
+        self._segment = self._burst_size = self._opened = 0
+
+    # -- the commit point's interface ------------------------------------------------------
+
+    def open(self) -> int:
+        """A message was accepted: its token names its generation and its segment."""
+        self._opened += 1
+        return self._commit_point.open() | (self._segment << SEGMENT_SHIFT)
+
+    def close(self, token: int, n: int = 1) -> None:
+        """``n`` messages under ``token`` are settled: in the commit point and the spool."""
+        self._commit_point.close(token & _GENERATION_MASK, n)
+        segment = token >> SEGMENT_SHIFT
+        if segment:
+            self._spool.settle(segment, n)
+
+
+class Replayer(Protocol):
+    """Where replayed messages go (``Intake``)."""
+
+    hold_when_memory_short: bool
+
+    def replayed(self, burst: Sequence[bytes]) -> None: ...
+
+
+async def replay_spool(
+    spool: Spool, intake: Replayer, wait_for_room: Callable[[], Awaitable[None]]
+) -> RecoveryReport:
+    """Admit again, oldest first, every message an earlier run left unsettled in ``spool``;
+    then delete the old segments (their messages are in this run's segments by then).
+
+    Runs before the inputs open. A message is never discarded for memory here: each burst
+    waits until the pool has room, and is charged whole.
+    """
+    held = intake.hold_when_memory_short
+    intake.hold_when_memory_short = True
+    burst: list[bytes] = []
+    try:
+        for record in spool.recover():
+            burst.append(record.value if record.is_payload else _as_client_message(record))
+            if len(burst) >= REPLAY_BURST:
+                await _replay_burst(intake, burst, wait_for_room)
+                burst = []
+        if burst:
+            await _replay_burst(intake, burst, wait_for_room)
+    finally:
+        intake.hold_when_memory_short = held
+    spool.finish_recovery()
+    return spool.recovery_report
+
+
+async def _replay_burst(
+    intake: Replayer, burst: list[bytes], wait_for_room: Callable[[], Awaitable[None]]
+) -> None:
+    await wait_for_room()
+    intake.replayed(burst)
+    await asyncio.sleep(0)  # let delivery reports be served between bursts
+
+
+def _as_client_message(record: SpoolRecord) -> bytes:
+    """A structured spool record as the client message it stands for."""
+    if record.partition_key is None:
+        return encode_any_partition(record.topic, record.value, record.key, record.timestamp_ms)
+    return encode_partition_key(
+        record.topic, record.value, record.partition_key, record.key, record.timestamp_ms
+    )
