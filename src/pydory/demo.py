@@ -492,6 +492,7 @@ def run_demo(
     print(f"reports: {paths.report_text}, {paths.report_json}")
     print(f"daemon:  {paths.books} (its books), {paths.daemon_log}, {paths.config}")
     print(f"spark:   {paths.spark_log}")
+    print(f"spool:   {paths.workdir / 'spool'} (the daemon's write-ahead; empty once all settled)")
     if (paths.workdir / "kafka").is_dir():
         print(f"kafka:   {paths.workdir / 'kafka'} (the broker's data and broker.log)")
     if report.balanced:
@@ -520,6 +521,9 @@ def _run_stages(
                 message_max_bytes=MESSAGE_MAX_BYTES,
                 shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
                 rate_limits={topics.limited: (RATE_LIMIT_INTERVAL_MS, RATE_LIMIT_MAX_COUNT)},
+                # Every message the daemon reads is written ahead here until it is settled.
+                spool_path=str(paths.workdir / "spool"),
+                spool_fsync="1000",
             )
             paths.config.write_text(config.render(), encoding="utf-8")
             daemon = DaemonProcess(paths.config, paths.daemon_log)
