@@ -1,7 +1,10 @@
-"""The pydory-kafka source's readers, driven directly against the mock cluster.
+"""The pydory-kafka source's readers, driven directly against Apache Kafka.
 
 No Spark session and no running query: these tests build the readers as Spark would,
-plan offsets and partitions, and call ``read()`` on a partition like an executor.
+plan offsets and partitions, and call ``read()`` on a partition like an executor. They
+run on the session's Apache Kafka broker (``kafka_broker``), except the faults only
+librdkafka's mock cluster makes on demand: a broker down, an injected error code, and
+old segments dropped within seconds (data loss).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pydory.pipeline.kafka_source import (
     KafkaStreamReader,
 )
 from pydory.pipeline.range_reader import ARROW_SCHEMA
+from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import produce_all
 from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 
@@ -85,11 +89,6 @@ def task(topic: str, partition: int, start: int, end: int, bootstrap: str, **kw:
 
 
 @pytest.fixture
-def cluster(mock_cluster: MockCluster) -> MockCluster:
-    return mock_cluster
-
-
-@pytest.fixture
 def topic(unique_topic: Callable[[str], str]) -> str:
     return unique_topic("src")
 
@@ -114,10 +113,13 @@ def test_arrow_schema_is_what_spark_expects_for_the_kafka_schema() -> None:
 # --- streaming: planning and reading -------------------------------------------------------
 
 
-def test_plan_and_read_a_whole_partition(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 5}, timestamp=1_700_000_000_123)
-    reader = stream_reader(cluster.bootstrap_servers, topic, startingOffsets="earliest")
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_plan_and_read_a_whole_partition(kafka_broker: KafkaCluster, topic: str) -> None:
+    # A timestamp from 2023, past Kafka's default retention: keep it for the test's length.
+    kafka_broker.create_topic(topic, 1, config={"retention.ms": "-1"})
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 5}, timestamp=1_700_000_000_123)
+    reader = stream_reader(kafka_broker.bootstrap_servers, topic, startingOffsets="earliest")
 
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
@@ -140,30 +142,38 @@ def test_plan_and_read_a_whole_partition(cluster: MockCluster, topic: str) -> No
     assert [row["value"] for row in rows] == [f"0:{i}".encode() for i in range(5)]
 
 
-def test_read_returns_exactly_the_range(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 20})
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_read_returns_exactly_the_range(kafka_broker: KafkaCluster, topic: str) -> None:
+    kafka_broker.create_topic(topic, 1)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 20})
 
-    reader, partition = task(topic, 0, 3, 7, cluster.bootstrap_servers)
+    reader, partition = task(topic, 0, 3, 7, kafka_broker.bootstrap_servers)
 
     assert [row["offset"] for row in read_rows(reader, [partition])] == [3, 4, 5, 6]
 
 
-def test_null_keys_and_values_survive(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 1)
-    produce_all(cluster.bootstrap_servers, topic, [(None, b"v"), (b"k", b"")])
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_null_keys_and_values_survive(kafka_broker: KafkaCluster, topic: str) -> None:
+    kafka_broker.create_topic(topic, 1)
+    produce_all(kafka_broker.bootstrap_servers, topic, [(None, b"v"), (b"k", b"")])
 
-    reader, partition = task(topic, 0, 0, 2, cluster.bootstrap_servers)
+    reader, partition = task(topic, 0, 0, 2, kafka_broker.bootstrap_servers)
     rows = read_rows(reader, [partition])
 
     assert [(row["key"], row["value"]) for row in rows] == [(None, b"v"), (b"k", b"")]
 
 
-def test_uneven_partitions_plan_one_range_each_with_data(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 4)
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_uneven_partitions_plan_one_range_each_with_data(
+    kafka_broker: KafkaCluster, topic: str
+) -> None:
+    kafka_broker.create_topic(topic, 4)
     counts = {0: 300, 1: 20, 2: 0, 3: 1}
-    produce_to(cluster.bootstrap_servers, topic, counts)
-    reader = stream_reader(cluster.bootstrap_servers, topic, startingOffsets="earliest")
+    produce_to(kafka_broker.bootstrap_servers, topic, counts)
+    reader = stream_reader(kafka_broker.bootstrap_servers, topic, startingOffsets="earliest")
 
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
@@ -177,13 +187,15 @@ def test_uneven_partitions_plan_one_range_each_with_data(cluster: MockCluster, t
     assert landed == {(p, o) for p, count in counts.items() for o in range(count)}
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_max_offsets_per_trigger_caps_each_batch_until_caught_up(
-    cluster: MockCluster, topic: str
+    kafka_broker: KafkaCluster, topic: str
 ) -> None:
-    cluster.create_topic(topic, 3)
-    produce_to(cluster.bootstrap_servers, topic, {0: 90, 1: 30, 2: 5})
+    kafka_broker.create_topic(topic, 3)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 90, 1: 30, 2: 5})
     reader = stream_reader(
-        cluster.bootstrap_servers, topic, startingOffsets="earliest", maxOffsetsPerTrigger="40"
+        kafka_broker.bootstrap_servers, topic, startingOffsets="earliest", maxOffsetsPerTrigger="40"
     )
     limit = reader.getDefaultReadLimit()
     assert limit == ReadMaxRows(40)
@@ -204,23 +216,29 @@ def test_max_offsets_per_trigger_caps_each_batch_until_caught_up(
     assert len(set(offsets_read)) == len(offsets_read) == 125
 
 
-def test_read_all_available_overrides_the_configured_cap(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 50})
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_read_all_available_overrides_the_configured_cap(
+    kafka_broker: KafkaCluster, topic: str
+) -> None:
+    kafka_broker.create_topic(topic, 1)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 50})
     reader = stream_reader(
-        cluster.bootstrap_servers, topic, startingOffsets="earliest", maxOffsetsPerTrigger="10"
+        kafka_broker.bootstrap_servers, topic, startingOffsets="earliest", maxOffsetsPerTrigger="10"
     )
 
     assert reader.latestOffset(reader.initialOffset(), ReadAllAvailable()) == {topic: {"0": 50}}
 
 
-def test_starting_offsets_latest_and_json(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 2)
-    produce_to(cluster.bootstrap_servers, topic, {0: 10, 1: 4})
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_starting_offsets_latest_and_json(kafka_broker: KafkaCluster, topic: str) -> None:
+    kafka_broker.create_topic(topic, 2)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 10, 1: 4})
 
-    latest = stream_reader(cluster.bootstrap_servers, topic).initialOffset()
+    latest = stream_reader(kafka_broker.bootstrap_servers, topic).initialOffset()
     chosen = stream_reader(
-        cluster.bootstrap_servers,
+        kafka_broker.bootstrap_servers,
         topic,
         startingOffsets=json.dumps({topic: {"0": 7, "1": -2}}),
     ).initialOffset()
@@ -229,13 +247,17 @@ def test_starting_offsets_latest_and_json(cluster: MockCluster, topic: str) -> N
     assert chosen == {topic: {"0": 7, "1": 0}}
 
 
-def test_a_topic_created_later_is_read_from_its_start(cluster: MockCluster, topic: str) -> None:
-    reader = stream_reader(cluster.bootstrap_servers, topic, startingOffsets="earliest")
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_topic_created_later_is_read_from_its_start(
+    kafka_broker: KafkaCluster, topic: str
+) -> None:
+    reader = stream_reader(kafka_broker.bootstrap_servers, topic, startingOffsets="earliest")
     start = reader.initialOffset()
     assert start == {}
 
-    cluster.create_topic(topic, 2)
-    produce_to(cluster.bootstrap_servers, topic, {0: 3, 1: 2})
+    kafka_broker.create_topic(topic, 2)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 3, 1: 2})
     end = reader.latestOffset(start, ReadAllAvailable())
     rows = read_rows(reader, reader.partitions(start, end))
 
@@ -243,29 +265,33 @@ def test_a_topic_created_later_is_read_from_its_start(cluster: MockCluster, topi
     assert len(rows) == 5
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_available_now_stops_at_what_was_there_when_it_began(
-    cluster: MockCluster, topic: str
+    kafka_broker: KafkaCluster, topic: str
 ) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 10})
-    reader = stream_reader(cluster.bootstrap_servers, topic, startingOffsets="earliest")
+    kafka_broker.create_topic(topic, 1)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 10})
+    reader = stream_reader(kafka_broker.bootstrap_servers, topic, startingOffsets="earliest")
     start = reader.initialOffset()
 
     reader.prepareForTriggerAvailableNow()
-    produce_to(cluster.bootstrap_servers, topic, {0: 5})
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 5})
     end = reader.latestOffset(start, ReadAllAvailable())
 
     assert end == {topic: {"0": 10}}
     assert reader.latestOffset(end, ReadAllAvailable()) == end  # done: Spark stops the query
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_stream_reader_and_partitions_pickle_after_planning(
-    cluster: MockCluster, topic: str
+    kafka_broker: KafkaCluster, topic: str
 ) -> None:
     # Spark pickles the reader to executors; the live metadata consumer must not travel.
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 3})
-    reader = stream_reader(cluster.bootstrap_servers, topic, startingOffsets="earliest")
+    kafka_broker.create_topic(topic, 1)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 3})
+    reader = stream_reader(kafka_broker.bootstrap_servers, topic, startingOffsets="earliest")
     start = reader.initialOffset()
     partitions = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
 
@@ -280,46 +306,54 @@ def test_stream_reader_and_partitions_pickle_after_planning(
 # --- bounded waits -------------------------------------------------------------------------
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_a_range_past_the_end_of_an_empty_partition_does_not_hang(
-    cluster: MockCluster, topic: str
+    kafka_broker: KafkaCluster, topic: str
 ) -> None:
-    cluster.create_topic(topic, 1)
-    reader, partition = task(topic, 0, 0, 10, cluster.bootstrap_servers, failOnDataLoss="false")
+    kafka_broker.create_topic(topic, 1)
+    reader, partition = task(
+        topic, 0, 0, 10, kafka_broker.bootstrap_servers, failOnDataLoss="false"
+    )
 
     assert read_rows(reader, [partition]) == []
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_a_range_past_the_end_fails_when_data_loss_is_fatal(
-    cluster: MockCluster, topic: str
+    kafka_broker: KafkaCluster, topic: str
 ) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 4})
-    reader, partition = task(topic, 0, 0, 10, cluster.bootstrap_servers)
+    kafka_broker.create_topic(topic, 1)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 4})
+    reader, partition = task(topic, 0, 0, 10, kafka_broker.bootstrap_servers)
 
     with pytest.raises(DataLossError, match=rf"{topic}/0 .*offsets 4 to 9 are not there"):
         read_rows(reader, [partition])
 
 
 def test_an_unreachable_partition_fails_the_task_after_the_poll_timeout(
-    cluster: MockCluster, topic: str
+    mock_cluster: MockCluster, topic: str
 ) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 4})
+    mock_cluster.create_topic(topic, 1)
+    produce_to(mock_cluster.bootstrap_servers, topic, {0: 4})
     reader, partition = task(
-        topic, 0, 0, 4, cluster.bootstrap_servers, **{"kafkaConsumer.pollTimeoutMs": "1500"}
+        topic, 0, 0, 4, mock_cluster.bootstrap_servers, **{"kafkaConsumer.pollTimeoutMs": "1500"}
     )
-    for broker_id in cluster.broker_ids:
-        cluster.broker_down(broker_id)
+    for broker_id in mock_cluster.broker_ids:
+        mock_cluster.broker_down(broker_id)
 
     with pytest.raises(KafkaReadError, match=r"no progress for 1\.5 s"):
         read_rows(reader, [partition])
 
 
-def test_a_kafka_error_fails_the_task_instead_of_skipping(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 4})
-    reader, partition = task(topic, 0, 0, 4, cluster.bootstrap_servers)
-    cluster.push_request_errors(ApiKey.FETCH, [ErrorCode.TOPIC_AUTHORIZATION_FAILED] * 5)
+def test_a_kafka_error_fails_the_task_instead_of_skipping(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    mock_cluster.create_topic(topic, 1)
+    produce_to(mock_cluster.bootstrap_servers, topic, {0: 4})
+    reader, partition = task(topic, 0, 0, 4, mock_cluster.bootstrap_servers)
+    mock_cluster.push_request_errors(ApiKey.FETCH, [ErrorCode.TOPIC_AUTHORIZATION_FAILED] * 5)
 
     with pytest.raises(KafkaReadError, match=rf"{topic}/0 .*Topic authorization failed"):
         read_rows(reader, [partition])
@@ -329,10 +363,12 @@ def test_a_kafka_error_fails_the_task_instead_of_skipping(cluster: MockCluster, 
 
 
 @pytest.fixture
-def aged_topic(cluster: MockCluster, topic: str) -> str:
+def aged_topic(mock_cluster: MockCluster, topic: str) -> str:
     """A one-partition topic whose first offsets have aged out of retention."""
-    cluster.create_topic(topic, 1)
-    produce_all(cluster.bootstrap_servers, topic, ((None, AGE_OUT_VALUE) for _ in range(1_500)))
+    mock_cluster.create_topic(topic, 1)
+    produce_all(
+        mock_cluster.bootstrap_servers, topic, ((None, AGE_OUT_VALUE) for _ in range(1_500))
+    )
     return topic
 
 
@@ -343,10 +379,12 @@ def earliest_offset(bootstrap: str, topic: str) -> int:
     return offset
 
 
-def test_read_fails_on_aged_out_offsets_naming_them(cluster: MockCluster, aged_topic: str) -> None:
-    earliest = earliest_offset(cluster.bootstrap_servers, aged_topic)
+def test_read_fails_on_aged_out_offsets_naming_them(
+    mock_cluster: MockCluster, aged_topic: str
+) -> None:
+    earliest = earliest_offset(mock_cluster.bootstrap_servers, aged_topic)
     assert earliest > 0, "the mock cluster kept every offset: produce more to age some out"
-    reader, partition = task(aged_topic, 0, 0, AGE_OUT_COUNT, cluster.bootstrap_servers)
+    reader, partition = task(aged_topic, 0, 0, AGE_OUT_COUNT, mock_cluster.bootstrap_servers)
 
     with pytest.raises(DataLossError) as caught:
         read_rows(reader, [partition])
@@ -357,11 +395,11 @@ def test_read_fails_on_aged_out_offsets_naming_them(cluster: MockCluster, aged_t
 
 
 def test_read_skips_aged_out_offsets_when_allowed_and_logs_the_gap(
-    cluster: MockCluster, aged_topic: str, caplog: pytest.LogCaptureFixture
+    mock_cluster: MockCluster, aged_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    earliest = earliest_offset(cluster.bootstrap_servers, aged_topic)
+    earliest = earliest_offset(mock_cluster.bootstrap_servers, aged_topic)
     reader, partition = task(
-        aged_topic, 0, 0, AGE_OUT_COUNT, cluster.bootstrap_servers, failOnDataLoss="false"
+        aged_topic, 0, 0, AGE_OUT_COUNT, mock_cluster.bootstrap_servers, failOnDataLoss="false"
     )
 
     with caplog.at_level(logging.WARNING):
@@ -374,9 +412,13 @@ def test_read_skips_aged_out_offsets_when_allowed_and_logs_the_gap(
     )
 
 
-def test_planning_fails_on_aged_out_start_offsets(cluster: MockCluster, aged_topic: str) -> None:
+def test_planning_fails_on_aged_out_start_offsets(
+    mock_cluster: MockCluster, aged_topic: str
+) -> None:
     reader = stream_reader(
-        cluster.bootstrap_servers, aged_topic, startingOffsets=json.dumps({aged_topic: {"0": 0}})
+        mock_cluster.bootstrap_servers,
+        aged_topic,
+        startingOffsets=json.dumps({aged_topic: {"0": 0}}),
     )
     start = reader.initialOffset()
 
@@ -385,11 +427,11 @@ def test_planning_fails_on_aged_out_start_offsets(cluster: MockCluster, aged_top
 
 
 def test_planning_continues_from_the_earliest_when_loss_is_allowed(
-    cluster: MockCluster, aged_topic: str, caplog: pytest.LogCaptureFixture
+    mock_cluster: MockCluster, aged_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    earliest = earliest_offset(cluster.bootstrap_servers, aged_topic)
+    earliest = earliest_offset(mock_cluster.bootstrap_servers, aged_topic)
     reader = stream_reader(
-        cluster.bootstrap_servers,
+        mock_cluster.bootstrap_servers,
         aged_topic,
         startingOffsets=json.dumps({aged_topic: {"0": 0}}),
         failOnDataLoss="false",
@@ -410,11 +452,15 @@ def test_planning_continues_from_the_earliest_when_loss_is_allowed(
 # --- batch reads ---------------------------------------------------------------------------
 
 
-def test_batch_read_between_starting_and_ending_offsets(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 2)
-    produce_to(cluster.bootstrap_servers, topic, {0: 10, 1: 10})
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_batch_read_between_starting_and_ending_offsets(
+    kafka_broker: KafkaCluster, topic: str
+) -> None:
+    kafka_broker.create_topic(topic, 2)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 10, 1: 10})
     reader = batch_reader(
-        cluster.bootstrap_servers,
+        kafka_broker.bootstrap_servers,
         topic,
         startingOffsets=json.dumps({topic: {"0": 2, "1": -2}}),
         endingOffsets=json.dumps({topic: {"0": 5, "1": -1}}),
@@ -426,19 +472,23 @@ def test_batch_read_between_starting_and_ending_offsets(cluster: MockCluster, to
     assert got == [(0, 2), (0, 3), (0, 4)] + [(1, offset) for offset in range(10)]
 
 
-def test_batch_read_of_nothing_plans_no_partition(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 1)
-    reader = batch_reader(cluster.bootstrap_servers, topic)
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_batch_read_of_nothing_plans_no_partition(kafka_broker: KafkaCluster, topic: str) -> None:
+    kafka_broker.create_topic(topic, 1)
+    reader = batch_reader(kafka_broker.bootstrap_servers, topic)
 
     assert reader.partitions() == []
     # Spark then plans one placeholder partition; reading it yields nothing.
     assert list(reader.read(InputPartition(None))) == []
 
 
-def test_rows_batch_in_bounded_arrow_batches(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, 1)
-    produce_to(cluster.bootstrap_servers, topic, {0: 25_000}, value=b"v")
-    reader, partition = task(topic, 0, 0, 25_000, cluster.bootstrap_servers)
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_rows_batch_in_bounded_arrow_batches(kafka_broker: KafkaCluster, topic: str) -> None:
+    kafka_broker.create_topic(topic, 1)
+    produce_to(kafka_broker.bootstrap_servers, topic, {0: 25_000}, value=b"v")
+    reader, partition = task(topic, 0, 0, 25_000, kafka_broker.bootstrap_servers)
 
     batches: list[pa.RecordBatch] = list(reader.read(partition))
 

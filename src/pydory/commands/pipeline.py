@@ -86,10 +86,11 @@ def register_land(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--connector",
-        choices=("python", "native"),
-        default="python",
-        help="python: pydory's Kafka source (librdkafka); native: Spark's JVM kafka source, "
-        "which needs the spark-sql-kafka jar (e.g. --conf spark.jars.packages=...)",
+        choices=("native", "python"),
+        default="native",
+        help="native (default): Spark's own kafka source, faster; its jars come from "
+        "./dev jars (.jars/spark-kafka, or $PYDORY_SPARK_KAFKA_JARS). python: pydory's "
+        "Kafka source (librdkafka), for hosts without those jars. Both land the same lake",
     )
     parser.add_argument(
         "--max-offsets-per-trigger",

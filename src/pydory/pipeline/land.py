@@ -1,8 +1,9 @@
 """The landing job: Kafka topics into a Parquet lake, exactly once.
 
-A Spark Structured Streaming query reads the topics (``pydory-kafka``, or Spark's JVM
-``kafka`` source with ``connector="native"``) and writes every record through Spark's
-file sink::
+A Spark Structured Streaming query reads the topics (Spark's own JVM ``kafka`` source,
+``connector="native"``, the default; or pydory's ``pydory-kafka``, ``connector="python"``,
+for hosts without the connector's jars) and writes every record through Spark's file
+sink::
 
     LAKE/_spark_metadata/<batch>          the sink's commit log: the files of each batch
     LAKE/topic=<topic>/date=<yyyy-MM-dd>/part-*.parquet
@@ -34,10 +35,17 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from pydory.pipeline.errors import ConnectorUnavailable
 from pydory.pipeline.kafka_source import SOURCE_NAME
-from pydory.pipeline.spark import DEFAULT_MASTER, spark_session
+from pydory.pipeline.spark import (
+    DEFAULT_MASTER,
+    SPARK_KAFKA_JARS_ENV,
+    spark_kafka_connector_jar,
+    spark_kafka_jars_dir,
+    spark_session,
+)
 
 __all__ = [
     "DATA_COLUMNS",
+    "DEFAULT_CONNECTOR",
     "PARTITION_COLUMNS",
     "LandSettings",
     "LandSummary",
@@ -57,6 +65,8 @@ _LAST_REPORT_WAIT_S = 30.0
 QUERY_NAME = "pydory_land"
 
 Connector = Literal["python", "native"]
+#: The default connector: Spark's own (see LandSettings).
+DEFAULT_CONNECTOR: Connector = "native"
 _FORMATS: dict[str, str] = {"python": SOURCE_NAME, "native": "kafka"}
 _MICROS_PER_DAY = 86_400 * 1_000_000
 
@@ -67,6 +77,9 @@ class LandSettings:
 
     ``trigger_interval_s`` applies when ``available_now`` is false (default
     :data:`DEFAULT_TRIGGER_INTERVAL_S`). ``spark_conf`` adds Spark settings.
+    ``connector``: ``native`` (default, :data:`DEFAULT_CONNECTOR`) lands through Spark's
+    ``kafka`` source, faster and cheaper per record (BENCHMARKS.md); ``python`` through
+    ``pydory-kafka``, which needs no jar. Both land the same lake.
     """
 
     bootstrap_servers: str
@@ -76,7 +89,7 @@ class LandSettings:
     available_now: bool = False
     trigger_interval_s: float | None = None
     master: str = DEFAULT_MASTER
-    connector: Connector = "python"
+    connector: Connector = DEFAULT_CONNECTOR
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -206,12 +219,12 @@ def _require_native_kafka(spark: SparkSession) -> None:
     try:
         lookup("kafka", spark._jsparkSession.sessionState().conf())
     except (PySparkException, Py4JJavaError):  # Spark's "Failed to find data source: kafka"
-        version = spark.version
         raise ConnectorUnavailable(
             "--connector native needs Spark's kafka source, which is not on the classpath: "
-            f"add the spark-sql-kafka-0-10_2.13 jar for Spark {version} (e.g. --conf "
-            f"spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:{version}), "
-            "or use --connector python"
+            f"no {spark_kafka_connector_jar()} in {spark_kafka_jars_dir()}. Run ./dev jars "
+            "(it fetches Spark's Kafka connector from Maven Central into .jars/spark-kafka/), "
+            f"or set {SPARK_KAFKA_JARS_ENV} to a directory holding it and its dependencies "
+            "(the jars join the SparkSession when it starts), or use --connector python"
         ) from None
 
 

@@ -1,8 +1,15 @@
 """The one place the pipeline builds a SparkSession.
 
 Every job gets the same session settings: Python workers on this interpreter, times in
-UTC, the web UI off, a small shuffle when running locally, and the ``pydory-kafka``
-source registered.
+UTC, the web UI off, a small shuffle when running locally, the ``pydory-kafka`` source
+registered, and Spark's own Kafka connector (the ``kafka`` source) on ``spark.jars`` when
+its jars are on this machine.
+
+Those jars come from Maven Central at set-up: ``./dev jars`` copies what
+``jvm/spark-kafka/pom.xml`` pins into the checkout's ``.jars/spark-kafka/``;
+``$PYDORY_SPARK_KAFKA_JARS`` names another directory. Nothing downloads at run time.
+Without them the session starts all the same, and only ``--connector native`` fails
+(:func:`pydory.pipeline.land.landing_writer` says where the jars were looked for).
 """
 
 from __future__ import annotations
@@ -10,14 +17,28 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
+import pyspark
 from pyspark.sql import SparkSession
 
 from pydory.pipeline.kafka_source import KafkaDataSource
 
-__all__ = ["DEFAULT_MASTER", "spark_session"]
+__all__ = [
+    "DEFAULT_MASTER",
+    "SPARK_KAFKA_JARS_ENV",
+    "find_spark_kafka_jars",
+    "spark_kafka_connector_jar",
+    "spark_kafka_jars_dir",
+    "spark_session",
+    "with_spark_kafka_jars",
+]
 
 DEFAULT_MASTER = "local[*]"
+
+#: Names a directory holding Spark's Kafka connector and its dependencies (overrides the
+#: checkout's ``.jars/spark-kafka``).
+SPARK_KAFKA_JARS_ENV = "PYDORY_SPARK_KAFKA_JARS"
 
 # Local jobs here are small: Spark's default of 200 shuffle partitions would mostly
 # schedule empty tasks. On a cluster, Spark's defaults (or --conf) apply.
@@ -31,9 +52,10 @@ def spark_session(
 ) -> SparkSession:
     """Build (or reuse) the process's SparkSession, with ``pydory-kafka`` registered.
 
-    ``conf`` adds or overrides Spark settings. A session already running in this
-    process is reused (Spark allows one per process); ``master`` and ``app_name``
-    then keep their first values.
+    ``conf`` adds or overrides Spark settings; a ``spark.jars`` there is kept, with Spark's
+    Kafka connector (:func:`find_spark_kafka_jars`) added to it. A session already running
+    in this process is reused (Spark allows one per process); ``master``, ``app_name`` and
+    the jars then keep their first values.
     """
     _use_this_interpreter_for_workers()
     if master.startswith("local"):
@@ -53,12 +75,50 @@ def spark_session(
     )
     if master.startswith("local"):
         builder = builder.config("spark.sql.shuffle.partitions", _LOCAL_SHUFFLE_PARTITIONS)
-    for key, value in (conf or {}).items():
+    for key, value in with_spark_kafka_jars(conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _register_source(spark)
     return spark
+
+
+def spark_kafka_jars_dir() -> Path:
+    """Where Spark's Kafka connector is looked for: ``$PYDORY_SPARK_KAFKA_JARS``, else the
+    checkout's ``.jars/spark-kafka`` (where ``./dev jars`` puts it)."""
+    configured = os.environ.get(SPARK_KAFKA_JARS_ENV)
+    return Path(configured) if configured else _project_root() / ".jars" / "spark-kafka"
+
+
+def spark_kafka_connector_jar() -> str:
+    """The file name of the connector built for this PySpark, e.g.
+    ``spark-sql-kafka-0-10_2.13-4.2.0.jar`` (a connector is built against one Spark release)."""
+    return f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar"
+
+
+def find_spark_kafka_jars() -> tuple[Path, ...]:
+    """Every jar of :func:`spark_kafka_jars_dir`, or none when it lacks the connector jar
+    for this PySpark's release (missing directory, nothing fetched yet, another Spark)."""
+    directory = spark_kafka_jars_dir()
+    if not (directory / spark_kafka_connector_jar()).is_file():
+        return ()
+    return tuple(sorted(directory.glob("*.jar")))
+
+
+def with_spark_kafka_jars(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` with the jars of :func:`find_spark_kafka_jars` first in ``spark.jars``
+    (a ``spark.jars`` given there is kept after them); unchanged when there are none."""
+    settings = dict(conf)
+    jars = [str(jar) for jar in find_spark_kafka_jars()]
+    if jars:
+        settings["spark.jars"] = ",".join(filter(None, [*jars, settings.get("spark.jars")]))
+    return settings
+
+
+def _project_root() -> Path:
+    # src/pydory/pipeline/spark.py -> the checkout (pydory is installed editable). An
+    # installed wheel has no .jars next to it: there only the environment variable helps.
+    return Path(__file__).resolve().parents[3]
 
 
 def _register_source(spark: SparkSession) -> None:
