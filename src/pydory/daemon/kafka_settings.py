@@ -7,8 +7,9 @@ document and the code can be read side by side.
 from __future__ import annotations
 
 from pydory.config import Config
-from pydory.config.model import BatchingThresholds, CompressionType
+from pydory.config.model import BatchingThresholds, CompressionType, OverloadPolicy
 from pydory.daemon.dispatch import DISABLED_TIME_LINGER_MS, DeliverySettings, ProducerProfile
+from pydory.daemon.write_ahead import REPLAY_BURST
 
 #: librdkafka's largest accepted batch.num.messages.
 MAX_BATCH_MESSAGES = 1_000_000
@@ -24,9 +25,25 @@ def delivery_settings(config: Config) -> DeliverySettings:
         message_max_bytes=config.batching.message_max_bytes,
         produce_request_data_limit=config.batching.produce_request_data_limit,
         max_failed_delivery_attempts=config.delivery.max_failed_delivery_attempts,
-        queue_max_bytes=config.input_config.max_buffer,
+        queue_max_bytes=config.input_config.max_buffer + held_overshoot_bytes(config),
         extra=dict(config.librdkafka),
     )
+
+
+def held_overshoot_bytes(config: Config) -> int:
+    """How far past maxBuffer the pool may go when messages it refuses are held anyway.
+
+    Under the backpressure policy a read burst already read when the pool runs out is
+    charged all the same (``MemoryPool.force_allocate``), and a spool replay charges a
+    whole burst of up to :data:`REPLAY_BURST` messages. librdkafka's own byte limit is
+    set from the pool's; without this headroom it refused those messages as "queue full"
+    and they were discarded ``no_memory`` after all.
+    """
+    spool = config.spool
+    if spool.path is None and spool.overload_policy is not OverloadPolicy.BACKPRESSURE:
+        return 0
+    read_burst = max(config.input_config.max_stream_msg_size, 256 * 1024)
+    return max(REPLAY_BURST * config.batching.message_max_bytes, 2 * read_burst)
 
 
 def producer_profile(config: Config, topic: str) -> ProducerProfile:
