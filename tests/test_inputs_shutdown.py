@@ -67,7 +67,7 @@ class RecordingIntake:
         self.opened += 1
         self.changed.set()
 
-    def connection_closed(self, transport: Transport) -> None:
+    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
         self.closed += 1
 
     async def until(self, condition: Callable[[], bool]) -> None:

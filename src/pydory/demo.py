@@ -411,12 +411,15 @@ def stderr_to(path: Path) -> Iterator[None]:
         os.close(saved)
 
 
-def land(bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str) -> str:
+def land(bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str) -> str:
     """Run the landing job with Trigger.AvailableNow to its end; describe what landed."""
     from pydory.pipeline.land import LandSettings, start_landing
     from pydory.pipeline.spark import spark_session
 
     settings = LandSettings(
+        # Spark's own connector (the default) needs a Kafka its Java admin client can
+        # talk to; librdkafka's mock cluster and Tansu are read with pydory's.
+        connector="python" if kafka in ("mock", "tansu") else "native",
         bootstrap_servers=bootstrap,
         topics=tuple(topics.partitions),
         lake=str(paths.lake),
@@ -549,7 +552,7 @@ def _run_stages(
             result.append(f"saved to {paths.books.name}; daemon stopped (exit 0)")
         with stderr_to(paths.spark_log):
             with progress.stage("land") as result:
-                result.append(land(bootstrap, topics, paths, master))
+                result.append(land(bootstrap, topics, paths, master, kafka))
             with progress.stage("audit") as result:
                 report = audit(topics, paths, master)
                 landed = sum(topic.landed for topic in report.topics)

@@ -76,7 +76,9 @@ class Intake(Protocol):
 
     def connection_opened(self, transport: Transport) -> None: ...
 
-    def connection_closed(self, transport: Transport) -> None: ...
+    def connection_closed(
+        self, transport: Transport, error: BaseException | None = None
+    ) -> None: ...
 
 
 def _prepare_socket_path(path: str, kind: int) -> None:
@@ -569,7 +571,7 @@ class StreamInputProtocol(asyncio.Protocol):
         self._reader.finish()
         self.lost = True
         self._connections.lost(self)
-        self._intake.connection_closed(self._kind)
+        self._intake.connection_closed(self._kind, exc)
 
 
 class StreamInput:

@@ -283,6 +283,7 @@ class Intake:
         self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=error.prefix)
 
     def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
+        self._counters.inc(f"unclean_disconnect_{transport}")
         self._books.discarded(
             DiscardReason.UNCLEAN_DISCONNECT, None, None, prefix=prefix, transport=transport
         )
@@ -290,8 +291,10 @@ class Intake:
     def connection_opened(self, transport: Transport) -> None:
         self._counters.inc(f"connection_opened_{transport}")
 
-    def connection_closed(self, transport: Transport) -> None:
+    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
         self._counters.inc(f"connection_closed_{transport}")
+        if error is not None:  # reset by the client, or a read that failed
+            self._counters.inc(f"stream_socket_error_{transport}")
 
     # -- admission ---------------------------------------------------------------------------
 

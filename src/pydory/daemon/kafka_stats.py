@@ -72,6 +72,8 @@ class BrokerStats:
     waitresp_requests: int  # waiting for a response
     leader_partitions: int  # partitions this broker leads (from the topics it serves)
     state_age_s: float = 0.0  # how long the connection has been in ``state``
+    connects: int = 0  # connection attempts, failed ones included
+    disconnects: int = 0  # connections the broker or the network closed
 
     @property
     def unreachable(self) -> bool:
@@ -216,6 +218,8 @@ def _broker(broker_json: Mapping[str, Any], leader_partitions: int) -> BrokerSta
         waitresp_requests=int(broker_json.get("waitresp_cnt", 0)),
         leader_partitions=leader_partitions,
         state_age_s=int(broker_json.get("stateage", 0)) / 1_000_000,
+        connects=int(broker_json.get("connects", 0)),
+        disconnects=int(broker_json.get("disconnects", 0)),
     )
 
 

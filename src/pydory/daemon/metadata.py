@@ -111,6 +111,8 @@ class MetadataService:
         self.last_updated_ms: int | None = None
         self.last_modified_ms: int | None = None
         self.fetch_failures = 0
+        self.fetch_successes = 0
+        self.updates = 0  # fetches that replaced the routing layout
 
     async def fetch(self, topic: str | None = None) -> MetadataSnapshot:
         """One metadata request; raises KafkaException when no broker answers in time."""
@@ -123,9 +125,11 @@ class MetadataService:
     async def refresh(self) -> bool:
         """Fetch and apply; returns whether routing changed. Raises on failure."""
         snapshot = await self.fetch()
+        self.fetch_successes += 1
         self.last_updated_ms = _now_ms()
         changed = not self._router.snapshot.same_layout(snapshot)
         if changed or not self._compare:
+            self.updates += 1
             self._router.replace(snapshot)
             self.last_modified_ms = self.last_updated_ms
             self._on_replaced(snapshot)

@@ -25,6 +25,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydory.daemon.accounting import Counters
+
 NO_LEADER = -1
 
 #: AnyPartition messages sent to one partition before moving to the next. Large enough for
@@ -107,8 +109,11 @@ class Router:
     """Chooses partitions from the current snapshot and liveness. Owned by the event-loop
     thread."""
 
-    def __init__(self, snapshot: MetadataSnapshot | None = None) -> None:
+    def __init__(
+        self, snapshot: MetadataSnapshot | None = None, counters: Counters | None = None
+    ) -> None:
         self._snapshot = snapshot or MetadataSnapshot({}, {})
+        self._counters = counters if counters is not None else Counters()
         self._unavailable_brokers: frozenset[int] = frozenset()
         self._unavailable_partitions: frozenset[tuple[str, int]] = frozenset()
         # topic -> the partitions to route to now (never empty: see _routable)
@@ -173,7 +178,11 @@ class Router:
         routable = self._routable.get(topic)
         if routable is None:
             layout = self._snapshot.topics[topic]
-            routable = self.available(topic) or layout.available or layout.partitions
+            available = self.available(topic)
+            if not available:
+                # Dory's TopicHasNoAvailablePartitions: once per layout or liveness change.
+                self._counters.inc("topic_no_available_partitions")
+            routable = available or layout.available or layout.partitions
             self._routable[topic] = routable
         return routable
 

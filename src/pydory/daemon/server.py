@@ -69,7 +69,7 @@ class Server:
         )
         self.pool = MemoryPool(config.input_config.max_buffer)
         self.limiter = TopicRateLimiter(config.rate_limit_for)
-        self.router = Router()
+        self.router = Router(counters=self.counters)
         self.kafka_stats = KafkaStats()  # every producer's librdkafka statistics, merged
         settings = delivery_settings(config)
         self.commit_point = CommitPoint(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydory import __version__
 from pydory.status.dashboard import dashboard_json
+from pydory.status.dory_counters import dory_counters
 
 if TYPE_CHECKING:
     from pydory.daemon.accounting import DiscardReport
@@ -74,21 +75,26 @@ class StatusPages:
         """``/server_info/plain``."""
         return _text(self._header_lines(self._clock()))
 
-    # /counters: pydory's counters have no source location, so it is empty.
+    # /counters: Dory's counters first, every one always (its monitoring looks them up by
+    # name), then pydory's own. None has a source location, so it is empty.
 
     def counters_json(self) -> dict[str, Any]:
-        """``/counters/json``: the header, then every counter in order of first use."""
+        """``/counters/json``: the header, then every counter."""
         counters = [
             {"location": "", "name": name, "value": value}
-            for name, value in self._view.counters.snapshot().items()
+            for name, value in self._all_counters().items()
         ]
         return {**self._header(self._clock()), "counters": counters}
 
     def counters_plain(self) -> str:
         """``/counters/plain``: the header, a blank line, then ``location.name=value``."""
         lines = [*self._header_lines(self._clock()), ""]
-        lines += [f".{name}={value}" for name, value in self._view.counters.snapshot().items()]
+        lines += [f".{name}={value}" for name, value in self._all_counters().items()]
         return _text(lines)
+
+    def _all_counters(self) -> dict[str, int]:
+        """Dory's counters under Dory's names, then pydory's in order of first use."""
+        return {**dory_counters(self._view), **self._view.counters.snapshot()}
 
     # /discards
 

@@ -74,7 +74,8 @@ class StatsReader(Protocol):
 
 
 class MetadataTimes(Protocol):
-    """When cluster metadata was last fetched and last changed (epoch ms; None = never)."""
+    """When cluster metadata was last fetched and last changed (epoch ms; None = never),
+    and how many fetches failed, succeeded, and replaced the routing layout."""
 
     @property
     def last_updated_ms(self) -> int | None: ...
@@ -82,6 +83,10 @@ class MetadataTimes(Protocol):
     def last_modified_ms(self) -> int | None: ...
     @property
     def fetch_failures(self) -> int: ...
+    @property
+    def fetch_successes(self) -> int: ...
+    @property
+    def updates(self) -> int: ...
 
 
 class CommitPointReader(Protocol):

@@ -1,0 +1,146 @@
+"""Dory's counters under Dory's names, so that Dory's own monitoring works unchanged.
+
+Dory's ``/counters`` lists every counter it has, zeros included, and its Nagios check
+(``status_monitoring/check_dory_counters.py``) answers UNKNOWN when one it reads is
+missing. pydory lists each of those names, always, with an honest value: where pydory has
+the same event, its count (read at render time from the books, the metadata service,
+librdkafka's statistics and pydory's own counters); where the event cannot happen in
+pydory (a hand-parsed Kafka response, a Mongoose web-server exception, Dory's internal
+bug checks), 0. docs/status.md has the table, name by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydory.status.view import DaemonView
+
+__all__ = ["DORY_COUNTERS", "NEVER_IN_PYDORY", "dory_counters"]
+
+Reading = Callable[["DaemonView"], int]
+
+
+def _counter(name: str) -> Reading:
+    return lambda view: view.counters.get(name)
+
+
+def _broker_sum(field: str) -> Reading:
+    """A librdkafka broker statistic, summed over the brokers (cumulative per producer)."""
+    return lambda view: sum(getattr(b, field) for b in view.kafka_stats.latest().brokers)
+
+
+def _messages_created(view: DaemonView) -> int:
+    return sum(t.accepted for t in view.books.per_topic().values())
+
+
+def _messages_destroyed(view: DaemonView) -> int:
+    return sum(t.delivered + t.discarded_after_acceptance for t in view.books.per_topic().values())
+
+
+def _broker_socket_errors(view: DaemonView) -> int:
+    return sum(b.tx_errors + b.rx_errors for b in view.kafka_stats.latest().brokers)
+
+
+def _failed_connects(view: DaemonView) -> int:
+    """Connection attempts that did not connect: librdkafka counts attempts (``connects``)
+    and closed connections (``disconnects``); every connection that was made has been
+    closed since, or is the one up now."""
+    failed = 0
+    for broker in view.kafka_stats.latest().brokers:
+        up_now = 1 if broker.state == "UP" else 0
+        failed += max(0, broker.connects - broker.disconnects - up_now)
+    return failed
+
+
+#: Dory's counters that pydory counts, and where each value comes from.
+COUNTED: Mapping[str, Reading] = {
+    # A message enters the pool when accepted; it leaves delivered or discarded, so
+    # MsgCreate - MsgDestroy is what is outstanding, as in Dory.
+    "MsgCreate": _messages_created,
+    "MsgDestroy": _messages_destroyed,
+    "GetMetadataSuccess": lambda view: view.metadata.fetch_successes,
+    "GetMetadataFail": lambda view: view.metadata.fetch_failures,
+    "MetadataUpdated": lambda view: view.metadata.updates,
+    "ConnectorConnectFail": _failed_connects,
+    "ConnectorSocketBrokerClose": _broker_sum("disconnects"),
+    "ConnectorSocketError": _broker_socket_errors,
+    "ConnectorSocketTimeout": _broker_sum("request_timeouts"),
+    "UnixStreamInputInvalidSizeField": _counter("stream_framing_error_unix_stream"),
+    "UnixStreamInputMsgBodyTooLarge": _counter("stream_oversized_frame_unix_stream"),
+    "UnixStreamInputSocketError": _counter("stream_socket_error_unix_stream"),
+    "UnixStreamInputUncleanDisconnect": _counter("unclean_disconnect_unix_stream"),
+    "TcpInputInvalidSizeField": _counter("stream_framing_error_tcp"),
+    "TcpInputMsgBodyTooLarge": _counter("stream_oversized_frame_tcp"),
+    "TcpInputSocketError": _counter("stream_socket_error_tcp"),
+    "TcpInputUncleanDisconnect": _counter("unclean_disconnect_tcp"),
+    # Every partition's leader is down or unknown: routed anyway, librdkafka holds them.
+    "TopicHasNoAvailablePartitions": _counter("topic_no_available_partitions"),
+}
+
+#: Dory's counters of events that cannot happen in pydory, always 0: librdkafka parses
+#: Kafka's responses (a malformed one is its error, reported per message), the status
+#: server is aiohttp, and Dory's "Bug..." checks guard code pydory does not have.
+NEVER_IN_PYDORY: tuple[str, ...] = (
+    "BadKafkaResponseSize",
+    "BadMetadataResponse",
+    "BadMetadataResponseSize",
+    "BadProduceResponse",
+    "BadProduceResponseSize",
+    "BugAllTopicsEmpty",
+    "BugDispatchBatchOutOfRangeIndex",
+    "BugDispatchMsgOutOfRangeIndex",
+    "BugGetAckWaitQueueOutOfRangeIndex",
+    "BugMsgListMultipleTopics",
+    "BugMsgSetEmpty",
+    "BugMultiPartitionGroupEmpty",
+    "BugProduceRequestEmpty",
+    "ConnectFailOnTryGetMetadata",
+    "ConnectorTruncateLongTimeout",
+    "CorrelationIdMismatch",
+    "MetadataHasEmptyBrokerList",
+    "MetadataHasEmptyTopicList",
+    "MetadataResponseBadBrokerHostLen",
+    "MetadataResponseBadBrokerPort",
+    "MetadataResponseBadTopicNameLen",
+    "MetadataResponseInvalidLeaderNodeId",
+    "MetadataResponseNegativeBrokerCount",
+    "MetadataResponseNegativeBrokerNodeId",
+    "MetadataResponseNegativeCaughtUpReplicaNodeId",
+    "MetadataResponseNegativePartitionCaughtUpReplicaCount",
+    "MetadataResponseNegativePartitionCount",
+    "MetadataResponseNegativePartitionId",
+    "MetadataResponseNegativePartitionReplicaCount",
+    "MetadataResponseNegativeReplicaNodeId",
+    "MetadataResponseNegativeTopicCount",
+    "MetadataResponseReadLostTcpConnection",
+    "MetadataResponseReadTimeout",
+    "MetadataSanityCheckFail",
+    "MongooseStdException",
+    "MongooseUnknownException",
+    "MongooseUrlDecodeError",
+    "MsgSetCompressionError",
+    "MsgUnprocessedDestroy",
+    "NoDiscardQuery",
+    "ProduceResponseBadPartitionCount",
+    "ProduceResponseBadTopicCount",
+    "ProduceResponseBadTopicNameLength",
+    "ProduceResponseShortPartitionList",
+    "ProduceResponseShortTopicList",
+    "ProduceResponseUnexpectedPartition",
+    "ProduceResponseUnexpectedTopic",
+    "SendMetadataRequestFail",
+    "SendMetadataRequestLostTcpConnection",
+    "ShortMetadataResponse",
+    "StreamClientWorkerStdException",
+    "StreamClientWorkerUnknownException",
+)
+
+#: Every Dory counter pydory serves, in name order.
+DORY_COUNTERS: tuple[str, ...] = tuple(sorted((*COUNTED, *NEVER_IN_PYDORY)))
+
+
+def dory_counters(view: DaemonView) -> dict[str, int]:
+    """Every Dory counter and its value now, in name order (call on the daemon's loop)."""
+    return {name: COUNTED[name](view) if name in COUNTED else 0 for name in DORY_COUNTERS}
