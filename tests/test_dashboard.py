@@ -22,6 +22,7 @@ from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
 from test_status import fetch, port_of, wait_until
+from test_status_schemas import validator
 
 ARTIFACTS = Path(__file__).parents[1] / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -55,6 +56,7 @@ def daemon(
         socket_dir,
         message_max_bytes=2000,
         msg_debug_path=str(tmp_path_factory.mktemp("msg-debug")),
+        spool_path=str(tmp_path_factory.mktemp("spool") / "spool"),
     )
     with running_daemon(config) as running:
         yield running
@@ -101,6 +103,18 @@ def test_the_feed_has_what_the_page_draws(daemon: RunningDaemon, topics: list[st
     assert {b["node_id"] for b in feed["brokers"]} == {1, 2, 3}
     assert feed["pool"]["budget"] == 64 * 1024 * 1024
     assert feed["metadata"]["last_updated"] > 0
+    validator("dashboard").validate(feed)  # with a spool: what the schema promises
+    spool = feed["spool"]
+    assert spool["appended"] == 10
+    assert spool["outstanding"] == 0
+    assert spool["segments"] >= 1
+    assert (spool["replayed"], spool["unprotected"], spool["errors"]) == (0, 0, 0)
+    assert feed["overload"] == {
+        "policy": "discard",
+        "paused": False,
+        "paused_seconds": 0,
+        "pauses": 0,
+    }
 
 
 # --- in a browser --------------------------------------------------------------------------
@@ -201,6 +215,11 @@ def test_the_dashboard_is_live_in_chromium(daemon: RunningDaemon, topics: list[s
                 assert fetch(port, "/msg_debug/get_topics").body == (
                     "No message debug topics are currently enabled\n"
                 )
+
+                # The spool card: the policy, and every message written ahead.
+                policy = page.locator('#spool-facts dd[data-fact="policy"]')
+                expect(policy).to_have_text("discard")
+                expect(page.locator('#spool-facts dd[data-fact="unsettled"]')).to_be_visible()
 
                 # A few more seconds of history, so that the charts have a shape.
                 page.wait_for_function(

@@ -7,6 +7,7 @@ reports matches what the daemon did and what /books/json says).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -118,6 +119,21 @@ def fake_server() -> DaemonView:
         pending_topic_messages=lambda: 3,
         rerouted=lambda: 9,
         request_metadata_refresh=lambda: None,
+        spool=SimpleNamespace(
+            directory="/var/lib/pydory/spool",
+            max_bytes=1 << 30,
+            fsync_interval_ms=1000,
+            bytes_on_disk=123_456,
+            segments=3,
+            outstanding=17,
+            appended_total=1000,
+            fsyncs_total=12,
+            errors_total=1,
+            full_total=2,
+        ),
+        overload=SimpleNamespace(
+            policy_name="backpressure", paused=True, paused_seconds=lambda: 2.5
+        ),
     )
 
 
@@ -203,6 +219,33 @@ def test_commit_point(scraped: Samples) -> None:
 def test_event_counters(scraped: Samples) -> None:
     assert value(scraped, "pydory_events_total", event="discarded_malformed") == 2
     assert value(scraped, "pydory_events_total", event="accepted") == 7
+
+
+def test_spool_and_overload(fake_server: DaemonView) -> None:
+    fake_server.counters.inc("spool_replayed", 40)  # type: ignore[attr-defined]
+    fake_server.counters.inc("spool_unprotected", 5)  # type: ignore[attr-defined]
+    fake_server.counters.inc("backpressure_pauses", 3)  # type: ignore[attr-defined]
+    scraped = parse(generate_latest(DaemonCollector(fake_server, clock=lambda: NOW)).decode())
+    assert value(scraped, "pydory_spool_bytes") == 123_456
+    assert value(scraped, "pydory_spool_max_bytes") == 1 << 30
+    assert value(scraped, "pydory_spool_segments") == 3
+    assert value(scraped, "pydory_spool_outstanding_messages") == 17
+    assert value(scraped, "pydory_spool_appended_messages_total") == 1000
+    assert value(scraped, "pydory_spool_fsyncs_total") == 12
+    assert value(scraped, "pydory_spool_errors_total") == 1
+    assert value(scraped, "pydory_spool_full_bursts_total") == 2
+    assert value(scraped, "pydory_spool_replayed_messages_total") == 40
+    assert value(scraped, "pydory_spool_unprotected_messages_total") == 5
+    assert value(scraped, "pydory_overload_policy_info", policy="backpressure") == 1
+    assert value(scraped, "pydory_overload_paused") == 1
+    assert value(scraped, "pydory_overload_paused_seconds_total") == 2.5
+    assert value(scraped, "pydory_overload_pauses_total") == 3
+
+
+def test_no_spool_no_spool_metrics(fake_server: DaemonView) -> None:
+    without = dataclasses.replace(fake_server, spool=None, overload=None)
+    scraped = parse(generate_latest(DaemonCollector(without, clock=lambda: NOW)).decode())
+    assert not {n for n in names(scraped) if n.startswith(("pydory_spool", "pydory_overload"))}
 
 
 def test_every_name_is_pydory_and_times_are_in_seconds(scraped: Samples) -> None:
@@ -306,3 +349,34 @@ def test_each_server_has_a_registry_of_its_own(daemon: RunningDaemon) -> None:
     samples = parse(daemon.call(lambda: generate_latest(other)).decode())
     assert value(samples, "pydory_start_time_seconds") == daemon.server.started_at
     assert time.time() >= value(samples, "pydory_start_time_seconds")
+
+
+def test_a_daemon_with_a_spool_reports_it(
+    mock_cluster: MockCluster, tmp_path_factory: pytest.TempPathFactory, topic: str
+) -> None:
+    base = tmp_path_factory.mktemp("s", numbered=True)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        str(base),
+        spool_path=str(base / "spool"),
+        overload_policy="backpressure",
+    )
+    with running_daemon(config) as daemon:
+        with DatagramSender(config.datagram_path) as sender:
+            sender.send_many(encode_message(topic, b"m-%d" % i) for i in range(100))
+
+        def settled() -> bool:
+            samples = scrape(daemon)
+            delivered = ("pydory_delivered_messages_total", frozenset({("topic", topic)}))
+            return samples.get(delivered) == 100
+
+        wait_until(settled, what="100 deliveries in /metrics")
+        samples = scrape(daemon)
+    assert value(samples, "pydory_spool_appended_messages_total") == 100
+    assert value(samples, "pydory_spool_outstanding_messages") == 0
+    assert value(samples, "pydory_spool_segments") >= 1
+    assert value(samples, "pydory_spool_bytes") > 0
+    assert value(samples, "pydory_spool_replayed_messages_total") == 0
+    assert value(samples, "pydory_overload_policy_info", policy="backpressure") == 1
+    assert value(samples, "pydory_overload_paused") == 0
+    assert value(samples, "pydory_overload_pauses_total") == 0

@@ -65,6 +65,11 @@ class Overload:
         intake.hold_when_memory_short = policy is OverloadPolicy.BACKPRESSURE
 
     @property
+    def policy_name(self) -> str:
+        """The policy as configured: discard, backpressure."""
+        return str(self.policy)
+
+    @property
     def paused(self) -> bool:
         return self._paused_since is not None
 

@@ -407,6 +407,8 @@ class Server:
             rerouted=lambda: self.dispatcher.rerouted,
             request_metadata_refresh=self._request_metadata_refresh,
             msg_debug=self.msg_debug if self.msg_debug.enabled else None,
+            spool=self.spool,
+            overload=self.overload,
         )
 
     def _request_metadata_refresh(self) -> None:

@@ -79,6 +79,43 @@ def dashboard_json(daemon: DaemonView, clock: Callable[[], float] = time.time) -
         },
         "commit_point": _commit_point(daemon),
         "msg_debug": _msg_debug(daemon),
+        "spool": _spool(daemon),
+        "overload": _overload(daemon),
+    }
+
+
+def _spool(daemon: DaemonView) -> dict[str, Any] | None:
+    """The write-ahead spool's state (None: ``<spool>`` is off)."""
+    spool = daemon.spool
+    if spool is None:
+        return None
+    counters = daemon.counters
+    return {
+        "directory": spool.directory,
+        "fsync_interval_ms": spool.fsync_interval_ms,
+        "bytes": spool.bytes_on_disk,
+        "max_bytes": spool.max_bytes,
+        "segments": spool.segments,
+        "outstanding": spool.outstanding,
+        "appended": spool.appended_total,
+        "fsyncs": spool.fsyncs_total,
+        "errors": spool.errors_total,
+        "full": spool.full_total,
+        "replayed": counters.get("spool_replayed"),
+        "unprotected": counters.get("spool_unprotected"),
+    }
+
+
+def _overload(daemon: DaemonView) -> dict[str, Any] | None:
+    """The overload policy and the time the inputs spent paused for memory."""
+    overload = daemon.overload
+    if overload is None:
+        return None
+    return {
+        "policy": overload.policy_name,
+        "paused": overload.paused,
+        "paused_seconds": overload.paused_seconds(),
+        "pauses": daemon.counters.get("backpressure_pauses"),
     }
 
 

@@ -62,6 +62,8 @@ class DaemonCollector(Collector):
         yield from self._identity()
         yield from self._traffic()
         yield from self._pool()
+        yield from self._spool()
+        yield from self._overload()
         yield from self._queues()
         yield from self._brokers(now)
         yield from self._metadata(now)
@@ -149,6 +151,82 @@ class DaemonCollector(Collector):
             "pydory_pool_depleted_seconds",
             "Seconds the pool spent depleted; rate() of it is the recent share of time.",
             value=pool.depleted_seconds(),
+        )
+
+    # -- the spool and the overload policy ------------------------------------------------
+
+    def _spool(self) -> Iterator[Metric]:
+        spool = self._view.spool
+        if spool is None:
+            return
+        gauges = (
+            (
+                "pydory_spool_bytes",
+                "Bytes of the spool's segment files on disk.",
+                spool.bytes_on_disk,
+            ),
+            (
+                "pydory_spool_max_bytes",
+                "The spool's size cap (<spool><maxSize>).",
+                spool.max_bytes,
+            ),
+            ("pydory_spool_segments", "The spool's segment files on disk.", spool.segments),
+            (
+                "pydory_spool_outstanding_messages",
+                "Messages written ahead to the spool and not yet settled.",
+                spool.outstanding,
+            ),
+        )
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=value)
+        counters = (
+            (
+                "pydory_spool_appended_messages",
+                "Messages written ahead to the spool since start-up.",
+                spool.appended_total,
+            ),
+            ("pydory_spool_fsyncs", "fsync calls made by the spool.", spool.fsyncs_total),
+            ("pydory_spool_errors", "Disk errors the spool met.", spool.errors_total),
+            (
+                "pydory_spool_full_bursts",
+                "Read bursts refused by the spool at its size cap.",
+                spool.full_total,
+            ),
+            (
+                "pydory_spool_replayed_messages",
+                "Messages replayed from the spool at start-up (possible duplicates).",
+                self._view.counters.get("spool_replayed"),
+            ),
+            (
+                "pydory_spool_unprotected_messages",
+                "Messages processed without the write-ahead (spool full or failing).",
+                self._view.counters.get("spool_unprotected"),
+            ),
+        )
+        for name, documentation, value in counters:
+            yield CounterMetricFamily(name, documentation, value=value)
+
+    def _overload(self) -> Iterator[Metric]:
+        overload = self._view.overload
+        if overload is None:
+            return
+        policy = InfoMetricFamily("pydory_overload_policy", "The overload policy in force.")
+        policy.add_metric([], {"policy": overload.policy_name})
+        yield policy
+        yield GaugeMetricFamily(
+            "pydory_overload_paused",
+            "1 while the inputs are paused because the memory pool is depleted.",
+            value=1 if overload.paused else 0,
+        )
+        yield CounterMetricFamily(
+            "pydory_overload_paused_seconds",
+            "Seconds the inputs spent paused for memory (backpressure).",
+            value=overload.paused_seconds(),
+        )
+        yield CounterMetricFamily(
+            "pydory_overload_pauses",
+            "Times the inputs were paused for memory (backpressure).",
+            value=self._view.counters.get("backpressure_pauses"),
         )
 
     # -- librdkafka's queues and brokers --------------------------------------------------

@@ -33,7 +33,9 @@ __all__ = [
     "DaemonView",
     "MetadataTimes",
     "MsgDebugControl",
+    "OverloadSensors",
     "PoolSensors",
+    "SpoolSensors",
     "StatsReader",
 ]
 
@@ -58,6 +60,41 @@ class PoolSensors(Protocol):
     def available(self) -> int: ...
     def percent_time_depleted(self) -> float: ...
     def depleted_seconds(self) -> float: ...
+
+
+class SpoolSensors(Protocol):
+    """The write-ahead spool (``<spool>``): what is on disk and what it has done."""
+
+    @property
+    def directory(self) -> str: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def fsync_interval_ms(self) -> int | None: ...
+    @property
+    def bytes_on_disk(self) -> int: ...
+    @property
+    def segments(self) -> int: ...
+    @property
+    def outstanding(self) -> int: ...
+    @property
+    def appended_total(self) -> int: ...
+    @property
+    def fsyncs_total(self) -> int: ...
+    @property
+    def errors_total(self) -> int: ...
+    @property
+    def full_total(self) -> int: ...
+
+
+class OverloadSensors(Protocol):
+    """The overload policy: whether the inputs are paused for memory, and for how long."""
+
+    @property
+    def policy_name(self) -> str: ...
+    @property
+    def paused(self) -> bool: ...
+    def paused_seconds(self) -> float: ...
 
 
 class CounterReader(Protocol):
@@ -144,3 +181,7 @@ class DaemonView:
     request_metadata_refresh: Callable[[], None]
     #: Message debugging; None when ``<msgDebug>`` is off (its URLs then say so).
     msg_debug: MsgDebugControl | None = None
+    #: The write-ahead spool; None when ``<spool>`` is off.
+    spool: SpoolSensors | None = None
+    #: The overload policy (``<spool><overloadPolicy>``); None in views built by hand.
+    overload: OverloadSensors | None = None

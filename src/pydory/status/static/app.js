@@ -287,6 +287,7 @@ function render(doc) {
   renderBrokers(doc.brokers);
   renderMetadata(doc);
   renderMsgDebug(doc.msg_debug);
+  renderSpool(doc.spool, doc.overload);
   state.previous = doc;
 }
 
@@ -436,6 +437,35 @@ function renderMetadata(doc) {
         .join(" · "),
     ],
   ]);
+}
+
+// The write-ahead spool (or "off") and the overload policy, with the time paused for memory.
+function renderSpool(spool, overload) {
+  const pairs = [];
+  if (overload) {
+    pairs.push(
+      ["policy", overload.policy],
+      ["inputs", overload.paused ? "paused: memory pool depleted" : "reading", overload.paused ? "warn" : ""],
+      ["paused", `${formatCount(overload.pauses)} times, ${formatDuration(overload.paused_seconds)}`],
+    );
+  }
+  if (!spool) {
+    pairs.push(["spool", "off"]);
+  } else {
+    const fsync =
+      spool.fsync_interval_ms === null ? "none" : spool.fsync_interval_ms === 0 ? "always" : `every ${formatMs(spool.fsync_interval_ms)}`;
+    pairs.push(
+      ["spool", spool.directory],
+      ["on disk", `${formatBytes(spool.bytes)} of ${formatBytes(spool.max_bytes)} in ${formatCount(spool.segments)} segment${spool.segments === 1 ? "" : "s"}`],
+      ["unsettled", formatCount(spool.outstanding)],
+      ["written ahead", formatCount(spool.appended)],
+      ["fsync", `${fsync} (${formatCount(spool.fsyncs)} so far)`],
+      ["replayed at start", formatCount(spool.replayed), spool.replayed > 0 ? "warn" : ""],
+      ["unprotected", formatCount(spool.unprotected), spool.unprotected > 0 ? "bad" : ""],
+      ["errors", `${formatCount(spool.errors)} disk, ${formatCount(spool.full)} full`, spool.errors + spool.full > 0 ? "bad" : ""],
+    );
+  }
+  facts("spool-facts", pairs);
 }
 
 // Which topics message debugging traces (the card is hidden when <msgDebug> is off).
