@@ -188,3 +188,52 @@ def test_a_tiny_run_delivers_everything_and_reports_issue_6_keys(
         assert report[figure] > 0
     assert report["p50_ms"] <= report["p99_ms"]
     assert report["environment"]["max_dgram_qlen"] is not None
+
+
+# --- the spool variants --------------------------------------------------------------------
+
+
+def test_spool_variants_are_checked() -> None:
+    assert BenchSettings(spool=("off", "none", "1000", "always")).spool[2] == "1000"
+    for bad in [(), ("off", "off"), ("sometimes",), ("0",), ("-5",)]:
+        with pytest.raises(ValueError, match="spool"):
+            BenchSettings(spool=bad)
+
+
+def test_each_spool_variant_is_a_kind_that_takes_every_position() -> None:
+    variants = ("off", "none", "1000")
+    kinds = ["raw", "pydory", "pydory+spool:none", "pydory+spool:1000", "direct"]
+    orders = [round_order(r, baselines=True, spool=variants) for r in range(len(kinds))]
+    for position in range(len(kinds)):
+        assert {order[position] for order in orders} == set(kinds)
+    assert round_order(0, baselines=False, spool=variants) == kinds[1:4]
+
+
+@pytest.mark.parametrize(("variant", "fsync_ms"), [("none", None), ("always", 0), ("1000", 1000)])
+def test_the_daemon_config_of_a_spool_variant(
+    variant: str, fsync_ms: int | None, tmp_path: Path
+) -> None:
+    settings = BenchSettings(spool=("off", variant))
+    off = parse_config(daemon_config(settings, "127.0.0.1:9092", tmp_path).render(), "<b>")
+    assert off.spool.path is None
+    config = daemon_config(settings, "127.0.0.1:9092", tmp_path, spool=variant)
+    spool = parse_config(config.render(), source="<bench>").spool
+    assert spool.path == str(tmp_path / "spool")
+    assert spool.fsync_interval_ms == fsync_ms
+
+
+@pytest.mark.slow
+def test_a_tiny_run_measures_every_spool_variant_side_by_side(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--transport", "stream", "-n", "2000", "--rounds", "1", "--no-baselines"]
+    status = bench_main([*argv, "--spool", "off,none,1000", "--json"])
+    assert status == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["spool"] == ["off", "none", "1000"]
+    assert report["delivered"] == 2000
+    for label in ("none", "1000ms"):
+        assert report[f"pydory_spool_{label}_delivered"] == 2000
+        assert report[f"pydory_spool_{label}_discarded"] == 0
+        assert report[f"pydory_spool_{label}_msgs_per_s"] > 0
+        assert report[f"pydory_spool_{label}_cpu_us_per_msg"] > 0

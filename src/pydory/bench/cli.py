@@ -68,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run pydory serve from DIR/pydory (e.g. another checkout's src) instead of "
         "the installed package",
     )
+    parser.add_argument(
+        "--spool",
+        default="off",
+        metavar="VARIANTS",
+        help="the daemon's <spool> in each pydory run, comma-separated variants measured "
+        "side by side in every round: off (no spool), none, always, or an fsync interval in "
+        "ms; e.g. off,none,1000 (default off)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -87,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             baselines=not args.no_baselines,
             profile_path=args.profile,
             daemon_source=args.daemon_src,
+            spool=tuple(v.strip() for v in args.spool.split(",") if v.strip()),
         )
     except ValueError as error:
         print(f"pydory bench: {error}", file=sys.stderr)

@@ -22,7 +22,7 @@ import confluent_kafka
 
 from pydory import __version__
 from pydory.bench import procfs
-from pydory.bench.settings import BROKERS, PARTITIONS, BenchSettings
+from pydory.bench.settings import BROKERS, PARTITIONS, BenchSettings, spool_label
 
 R = TypeVar("R")
 
@@ -117,6 +117,9 @@ class BenchReport:
     pydory: list[PydoryRun] = field(default_factory=list)
     raw: list[RawRun] = field(default_factory=list)
     direct: list[DirectRun] = field(default_factory=list)
+    #: The pydory runs with a spool, by variant (``none``, ``always``, ``1000``); the
+    #: runs without one are ``pydory``.
+    spooled: dict[str, list[PydoryRun]] = field(default_factory=dict)
 
     def spreads(self) -> dict[str, Spread]:
         """Every figure's min / median / max, under its JSON name."""
@@ -142,7 +145,32 @@ class BenchReport:
             "direct_p99_ms": over(direct, lambda r: r.p99_ms),
             "delivered": over(p, lambda r: r.delivered),
             "discarded": over(p, lambda r: r.discarded),
+            **self._spooled_spreads(),
         }
+
+    def _spooled_spreads(self) -> dict[str, Spread]:
+        """Per spool variant: pydory_spool_<variant>_{msgs_per_s, cpu_us_per_msg, ...}."""
+        spreads: dict[str, Spread] = {}
+        for variant in self.settings.spool:
+            if variant == "off":
+                continue
+            runs = self.spooled.get(variant, [])
+            prefix = f"pydory_spool_{spool_label(variant)}"
+            figures: dict[str, Callable[[PydoryRun], float | None]] = {
+                "msgs_per_s": lambda r: r.msgs_per_s,
+                "cpu_us_per_msg": lambda r: r.cpu_us_per_msg,
+                "rss_mb_peak": lambda r: r.rss_mb_peak,
+                "p50_ms": lambda r: r.p50_ms,
+                "p99_ms": lambda r: r.p99_ms,
+                "delivered": lambda r: r.delivered,
+                "discarded": lambda r: r.discarded,
+            }
+            for name, figure in figures.items():
+                spreads[f"{prefix}_{name}"] = Spread.of([figure(run) for run in runs])
+        return spreads
+
+    def _all_pydory_runs(self) -> list[PydoryRun]:
+        return [*self.pydory, *(run for runs in self.spooled.values() for run in runs)]
 
     def to_json(self) -> dict[str, Any]:
         """The medians under issue 6's keys, plus spreads, settings and environment."""
@@ -159,14 +187,20 @@ class BenchReport:
             "linger_ms": settings.linger_ms,
             "max_buffer": settings.max_buffer,
             "daemon_source": str(settings.daemon_source or "installed"),
+            "spool": list(settings.spool),
             "brokers": BROKERS,
             "partitions": PARTITIONS,
         }
         summary.update({name: spread.median for name, spread in spreads.items()})
-        for counted in ("delivered", "discarded"):
+        counts = [
+            n
+            for n in spreads
+            if n in ("delivered", "discarded") or n.endswith(("_delivered", "_discarded"))
+        ]
+        for counted in counts:
             if summary[counted] is not None:
                 summary[counted] = int(summary[counted])
-        summary["discarded_by_reason"] = _merged_reasons(self.pydory)
+        summary["discarded_by_reason"] = _merged_reasons(self._all_pydory_runs())
         summary["spread"] = {name: asdict(spread) for name, spread in spreads.items()}
         summary["environment"] = asdict(self.environment)
         summary["latency_method"] = (
@@ -181,7 +215,8 @@ class BenchReport:
             f"pydory bench: {settings.transport}, {settings.messages:,} messages of "
             f"{settings.value_bytes} B, {settings.processes} generator process(es), "
             f"{settings.batch} per write, compression {settings.compression}, "
-            f"linger {settings.linger_ms} ms, {settings.rounds} round(s)",
+            f"linger {settings.linger_ms} ms, {settings.rounds} round(s), "
+            f"spool {','.join(settings.spool)}",
             f"mock cluster: {BROKERS} brokers, 1 topic of {PARTITIONS} partitions; "
             f"{env.cpus} CPUs, load average at start {env.load_average_at_start[0]:.2f}, "
             f"net.unix.max_dgram_qlen = {env.max_dgram_qlen}",
@@ -192,7 +227,7 @@ class BenchReport:
             lines.append(
                 f"{name:<30}{_fmt(spread.min):>14}{_fmt(spread.median):>14}{_fmt(spread.max):>14}"
             )
-        reasons = _merged_reasons(self.pydory)
+        reasons = _merged_reasons(self._all_pydory_runs())
         if reasons:
             lines.append(f"discard reasons (all rounds): {reasons}")
         lines.append("latency: client send -> consumption of probe messages (upper bound)")

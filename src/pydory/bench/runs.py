@@ -133,9 +133,12 @@ def _mock_cluster() -> MockCluster:
     return cluster
 
 
-def daemon_config(settings: BenchSettings, bootstrap_servers: str, workdir: Path) -> DaemonConfig:
+def daemon_config(
+    settings: BenchSettings, bootstrap_servers: str, workdir: Path, spool: str = "off"
+) -> DaemonConfig:
     """The daemon's config for a run: only the input under test, the run's batching and
-    compression, and a maxBuffer like Dory's anchor (128m)."""
+    compression, a maxBuffer like Dory's anchor (128m), and the spool variant (``off``, or
+    its fsync policy, the spool in the run's directory)."""
     transport = settings.transport
     return DaemonConfig(
         bootstrap_servers=bootstrap_servers,
@@ -147,6 +150,8 @@ def daemon_config(settings: BenchSettings, bootstrap_servers: str, workdir: Path
         batching_time_ms=settings.linger_ms,
         compression=settings.compression,
         shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
+        spool_path=None if spool == "off" else str(workdir / "spool"),
+        spool_fsync="none" if spool == "off" else spool,
         log_level="WARNING",
         log_to_stdout=True,
     )
@@ -163,11 +168,13 @@ def generator_address(config: DaemonConfig, transport: str) -> str | int:
     return config.tcp_port
 
 
-def run_pydory(settings: BenchSettings, workdir: Path, profile: Path | None = None) -> PydoryRun:
+def run_pydory(
+    settings: BenchSettings, workdir: Path, profile: Path | None = None, spool: str = "off"
+) -> PydoryRun:
     """The generators into ``pydory serve``, delivering to a fresh mock cluster."""
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(_mock_cluster())
-        config = daemon_config(settings, cluster.bootstrap_servers, workdir)
+        config = daemon_config(settings, cluster.bootstrap_servers, workdir, spool)
         daemon = DaemonProcess(config, workdir, settings.daemon_source)
         stack.callback(daemon.stop)
         daemon.start(STARTUP_TIMEOUT_S)

@@ -11,6 +11,8 @@ from pydory.bench.workload import MIN_VALUE_BYTES
 
 TRANSPORTS: Final = ("dgram", "stream", "tcp")
 COMPRESSIONS: Final = ("none", "lz4", "snappy", "gzip", "zstd")
+#: The spool variants named by word; any other is an fsync interval in ms.
+SPOOL_POLICIES: Final = ("off", "none", "always")
 #: The mock cluster the harness starts: issue 6's shape.
 BROKERS: Final = 3
 PARTITIONS: Final = 8
@@ -46,6 +48,9 @@ class BenchSettings:
     baselines: bool = True
     profile_path: Path | None = None
     daemon_source: Path | None = None
+    #: The daemon's spool in each pydory run of a round, side by side: "off" (no spool),
+    #: or the spool's fsync policy: "none", "always", or an interval in ms ("1000").
+    spool: tuple[str, ...] = ("off",)
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -68,6 +73,13 @@ class BenchSettings:
             raise ValueError("more generator processes than messages")
         if self.linger_ms < 0 or self.timeout_s <= 0:
             raise ValueError("linger_ms must be >= 0 and timeout_s > 0")
+        if not self.spool or len(set(self.spool)) != len(self.spool):
+            raise ValueError("spool: one or more distinct variants (off, none, always, N ms)")
+        for variant in self.spool:
+            if variant not in SPOOL_POLICIES and not (variant.isdigit() and int(variant) > 0):
+                raise ValueError(
+                    f"spool variant {variant!r}: off, none, always, or an fsync interval in ms"
+                )
         if self.daemon_source is not None and not (self.daemon_source / "pydory").is_dir():
             raise ValueError(f"{self.daemon_source} holds no pydory package")
 
@@ -80,3 +92,8 @@ class BenchSettings:
     def probe_every(self) -> int:
         """A generator sends one latency probe after every this many of its messages."""
         return max(MIN_PROBE_EVERY, self.messages // MAX_PROBES)
+
+
+def spool_label(variant: str) -> str:
+    """A spool variant as it appears in figure names: off, none, always, 1000ms."""
+    return variant if variant in SPOOL_POLICIES else f"{variant}ms"
