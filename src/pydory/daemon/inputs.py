@@ -531,6 +531,9 @@ class StreamInputProtocol(asyncio.Protocol):
         if deadline is not None:  # accepted as the input was closing
             self.drain_and_close(deadline)
         elif self._connections.paused:
+            # uvloop starts reading after connection_made returns, whatever was asked in
+            # it (CPython's loops did the same before 3.12, gh-103607); data_received
+            # pauses again, so a connection accepted while paused is read once at most.
             self.pause()
 
     def close(self) -> None:
@@ -563,6 +566,8 @@ class StreamInputProtocol(asyncio.Protocol):
             # The stream can't be framed any more: close this connection only.
             assert self._transport is not None
             self._transport.close()
+        elif self._connections.paused:
+            self.pause()  # a pause in connection_made does not hold under uvloop (above)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too

@@ -84,6 +84,14 @@ class Overload:
         """Return once the pool is not depleted."""
         await self._room.wait()
 
+    def inputs_opened(self) -> None:
+        """The inputs have just opened: if the pool is depleted already (a spool replay
+        filled it before they existed), they start paused like the others would be."""
+        if self.paused and not self._stopping:
+            for source in self._inputs():
+                source.pause()
+            log.debug("memory pool depleted at start-up: inputs open paused")
+
     def stopping(self) -> None:
         """The daemon is shutting down: the inputs stay paused whatever memory does."""
         self._stopping = True

@@ -149,6 +149,7 @@ class Server:
             if not await self._replay_spool(stop):
                 return
             await self._open_inputs(loop)
+            self.overload.inputs_opened()
             self.status = StatusServer(self.status_view())
             await self.status.start()
             self.ready.set()
