@@ -37,6 +37,8 @@ class DaemonConfig:
     rate_limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # topic -> (ms, n)
     librdkafka: Mapping[str, str] = field(default_factory=dict)
     discard_log_path: str | None = None  # <discardLogging> on, with small limits
+    discard_log_max_file_size: str = "1m"
+    discard_log_max_archive_size: str = "4m"
     msg_debug_path: str | None = None  # <msgDebug> on: the directory of its three files
     msg_debug_time_limit_s: int = 3600
     msg_debug_byte_limit: int = 2 * 1024 * 1024
@@ -179,8 +181,8 @@ class DaemonConfig:
             return ""
         return f"""    <discardLogging enable="true">
         <path value="{self.discard_log_path}" />
-        <maxFileSize value="1m" />
-        <maxArchiveSize value="4m" />
+        <maxFileSize value="{self.discard_log_max_file_size}" />
+        <maxArchiveSize value="{self.discard_log_max_archive_size}" />
         <maxMsgPrefixSize value="64" />
     </discardLogging>
 """
