@@ -69,7 +69,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import struct
 import subprocess
@@ -86,6 +85,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from daemon_process import DaemonProcess
 from pydory import wire
 from pydory.client import UnixStreamSender
 from pydory.daemon.inputs import DATAGRAM_BURST
@@ -97,7 +97,6 @@ from pydory.wire import encode_any_partition
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-START_TIMEOUT_S = 60.0
 #: uvloop reads a stream connection into a buffer of this size (UV_STREAM_RECV_BUF_SIZE).
 STREAM_READ_BYTES = 256_000
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -106,66 +105,6 @@ RETRY_S = 0.02
 
 
 # --- the daemon as a process ------------------------------------------------------------------
-
-
-class DaemonProcess:
-    """``pydory serve`` in a process of its own, its output in a log file."""
-
-    def __init__(
-        self, config: DaemonConfig, config_path: Path, log_path: Path, *, wait_ready: bool = True
-    ) -> None:
-        config_path.write_text(config.render())
-        self.url = f"http://127.0.0.1:{config.http_port}"
-        self._log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pydory", "serve", "--config-path", str(config_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        self.log_path = log_path
-        if wait_ready:
-            self.wait_ready()
-
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self._answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"pydory serve did not start: {self.log_path.read_text()}")
-            time.sleep(0.05)
-
-    def _answers(self) -> bool:
-        try:
-            self.books()
-        except OSError:
-            return False
-        return True
-
-    def page(self, name: str) -> Any:
-        with urllib.request.urlopen(f"{self.url}/{name}", timeout=30) as response:
-            return json.load(response)
-
-    def books(self) -> dict[str, Any]:
-        books: dict[str, Any] = self.page("books/json")
-        return books
-
-    def counters(self) -> dict[str, int]:
-        return {c["name"]: c["value"] for c in self.page("counters/json")["counters"]}
-
-    def kill(self) -> None:
-        """SIGKILL: no flush, no shutdown, nothing written after this instant."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-        self._log.close()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        status = self.process.wait(timeout=60)
-        self._log.close()
-        return status
 
 
 @pytest.fixture

@@ -8,18 +8,13 @@ at a time, each once the pool has room: memory stays near the pool, not the spoo
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from daemon_process import DaemonProcess
 from pydory.daemon.spool import Spool
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.mock_cluster import MockCluster
@@ -37,53 +32,6 @@ MAX_BUFFER = "8m"
 #: 4 MiB spool, is 69 MiB (the interpreter with librdkafka, uvloop, aiohttp loaded).
 #: The bound: that floor, the pool and a replay burst (4 MiB here) twice over, for noise.
 RSS_BOUND_BYTES = 70 * MIB + 2 * (8 + 4) * MIB
-
-
-class DaemonProcess:
-    """``pydory serve`` in a process of its own, its output in a log file."""
-
-    def __init__(self, config: DaemonConfig, config_path: Path, log_path: Path) -> None:
-        config_path.write_text(config.render())
-        self.url = f"http://127.0.0.1:{config.http_port}"
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pydory", "serve", "--config-path", str(config_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as response:
-            return json.load(response)
-
-    def answers(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"pydory serve exited: {self.log_path.read_text()}")
-        try:
-            self.get("/books/json")
-        except OSError:
-            return False
-        return True
-
-    def peak_rss_bytes(self) -> int:
-        """``VmHWM``: the process's peak resident set so far."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError("no VmHWM in /proc/PID/status")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=60)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait(timeout=30)
-            self._log.close()
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -129,19 +77,19 @@ def test_a_spool_twenty_times_the_pool_replays_with_memory_near_the_pool(
         spool_path=str(spool_dir),
         tcp_port=None,
     )
-    daemon = DaemonProcess(config, base / "pydory.xml", base / "pydory.log")
+    daemon = DaemonProcess(config, base / "pydory.xml", base / "pydory.log", wait_ready=False)
     try:
-        wait_for(daemon.answers, 120, "the daemon to replay its spool and open")
+        daemon.wait_ready(120)  # the spool is replayed before the inputs and pages open
 
         def drained() -> bool:
-            books = daemon.get("/books/json")
+            books = daemon.books()
             mine = next((t for t in books["topics"] if t["topic"] == topic), {})
             return mine.get("delivered", 0) >= MESSAGES and mine.get("in_flight", 1) == 0
 
         wait_for(drained, 180, f"{MESSAGES} replayed messages' delivery")
         peak = daemon.peak_rss_bytes()
-        books = daemon.get("/books/json")
-        counters = {c["name"]: c["value"] for c in daemon.get("/counters/json")["counters"]}
+        books = daemon.books()
+        counters = daemon.counters()
     finally:
         status = daemon.stop()
     assert status == 0, daemon.log_path.read_text()
