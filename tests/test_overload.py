@@ -27,8 +27,9 @@ from pydory.daemon.accounting import Counters
 from pydory.daemon.intake import Intake
 from pydory.daemon.overload import Overload
 from pydory.daemon.pool import MemoryPool
-from pydory.daemon.spool import Spool
+from pydory.daemon.spool import HEADER_BYTES, Spool
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
 
@@ -393,3 +394,54 @@ def test_inputs_opened_after_a_replay_that_left_the_pool_depleted_start_paused(
         snapshot = daemon.snapshot()
     assert snapshot["topics"][topic]["delivered"] == total
     assert {reason: n for reason, n in snapshot["discards"].items() if n} == {}
+
+
+@pytest.mark.slow
+def test_spool_policy_keeps_bursts_on_disk_and_delivers_them_in_order_as_memory_frees(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
+    tmp_path: Path,
+) -> None:
+    """The spool policy: the writer never blocks and nothing is discarded; what memory
+    cannot hold waits on disk (the pool stays near its budget) and is delivered, in the
+    order it came, once the brokers are back."""
+    topic = unique_topic("spp")
+    mock_cluster.create_topic(topic, 1)  # one partition: Kafka's order is the daemon's
+    config = daemon_config(mock_cluster, socket_dir, tmp_path / "spool", "spool")
+    stream_values = values(b"s", MESSAGE_COUNT)
+    data = memoryview(b"".join(encode_any_partition(topic, v) for v in stream_values))
+    with running_daemon(config) as daemon:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as writer:
+            writer.connect(config.stream_path)
+            writer.sendall(encode_any_partition(topic, b"warm-up"))
+            wait_until(settled(daemon, topic, 1), what="the warm-up's delivery")
+            brokers(mock_cluster, up=False)
+            writer.setblocking(False)
+            # The daemon keeps reading, to disk: the writer never blocks for long.
+            assert send_until_blocked(writer, data, quiet_s=10) == len(data)
+
+        def all_read() -> bool:
+            return daemon.snapshot()["received"]["unix_stream"] == 1 + MESSAGE_COUNT
+
+        wait_until(all_read, what="every message read")
+        held = daemon.snapshot()
+        deferred = counters(daemon).get("spool_deferred", 0)
+        # Most of the 4 MB waits on disk; memory holds about its 64 KB budget and a burst.
+        assert deferred > MESSAGE_COUNT // 2
+        assert held["pool_used"] < 64 * 1024 + 300 * 1024
+        assert held["discards"]["no_memory"] == 0
+        # They were received: the commit point waits for them.
+        point = get_json(daemon, "/commit_point/json", timeout=5)
+        assert point["open_messages"] == MESSAGE_COUNT
+        brokers(mock_cluster, up=True)
+        wait_until(settled(daemon, topic, 1 + MESSAGE_COUNT), 120, what="every delivery")
+        snapshot = daemon.snapshot()
+    assert {reason: n for reason, n in snapshot["discards"].items() if n} == {}
+    assert_balanced(snapshot)
+    assert snapshot["pool_used"] == 0
+    records = consume_all(mock_cluster.bootstrap_servers, topic, 1 + MESSAGE_COUNT)
+    assert [r.value for r in records] == [b"warm-up", *stream_values]  # in order, once each
+    assert not any((tmp_path / "spool").glob("segment-*.spool")) or all(
+        p.stat().st_size <= HEADER_BYTES for p in (tmp_path / "spool").glob("segment-*.spool")
+    )

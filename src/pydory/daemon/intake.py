@@ -140,6 +140,10 @@ class Intake:
         #: of discarding it: the backpressure policy pauses the inputs meanwhile, and a
         #: spool replay waits for room between bursts. Either way the overshoot is one burst.
         self.hold_when_memory_short = False
+        #: The spool overload policy: while memory is short (or bursts already wait on
+        #: disk, so that order is kept), a burst written ahead is kept on disk only and
+        #: admitted later by :meth:`admit_deferred`.
+        self.defer_when_memory_short = False
 
     # -- from the input agents -------------------------------------------------------------
 
@@ -178,10 +182,41 @@ class Intake:
         self._admit_burst(burst)
 
     def _admit_burst(self, burst: Sequence[bytes]) -> None:
-        books = self._books
+        """Write ``burst`` ahead to the spool (if any), then admit it, or, under the spool
+        overload policy while memory is short, keep it on disk for later."""
         write_ahead = self._write_ahead
-        if write_ahead is not None:
-            write_ahead.begin_burst(burst)
+        if write_ahead is None:
+            self._admit_messages(burst)
+            return
+        write_ahead.begin_burst(burst)
+        try:
+            if self.defer_when_memory_short and (write_ahead.deferring or self._pool.is_depleted):
+                if write_ahead.defer_burst():
+                    return
+                self._admit_messages(burst, hold=False)  # not on disk: Dory's discard
+                return
+            self._admit_messages(burst)
+        finally:
+            write_ahead.end_burst()
+
+    def admit_deferred(self) -> bool:
+        """Admit the oldest burst the spool policy kept on disk; False if none waits."""
+        write_ahead = self._write_ahead
+        burst = None if write_ahead is None else write_ahead.resume_deferred()
+        if write_ahead is None or burst is None:
+            return False
+        try:
+            self._admit_messages(burst)
+        finally:
+            write_ahead.end_burst()
+        return True
+
+    def _admit_messages(self, burst: Sequence[bytes], hold: bool = True) -> None:
+        """Admit each message of ``burst``; ``hold=False`` forbids holding messages when
+        memory is short (see ``hold_when_memory_short``) for this burst."""
+        books = self._books
+        held = self.hold_when_memory_short
+        self.hold_when_memory_short = held and hold
         parse = parse_any_partition
         knows, is_unlimited = self._router.knows, self._limiter.is_unlimited
         pool, max_data = self._pool, self._max_data
@@ -237,8 +272,7 @@ class Intake:
         finally:
             for topic, n in accepted.items():
                 books.accepted(topic, n)
-            if write_ahead is not None:
-                write_ahead.end_burst()
+            self.hold_when_memory_short = held
 
     def _held_anyway(self, cost: int) -> bool:
         """The pool refused ``cost``: charge it all the same if messages must not be

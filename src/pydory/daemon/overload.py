@@ -5,10 +5,16 @@ with reason ``no_memory``. ``backpressure`` (KIP-72's muting): the moment the po
 depleted the inputs stop being read, so stream and TCP writers block on full socket
 buffers and datagram writers meet a full queue; what was already read is kept (the pool
 is charged anyway: the overshoot is one read burst), and reading resumes as soon as
-deliveries give memory back. The time spent paused is counted.
+deliveries give memory back. The time spent paused is counted. ``spool``: while memory
+is short, each burst read is kept in the spool only (written ahead as always, not
+admitted), and bursts are read back and admitted, in order, as deliveries free memory
+(``Intake.admit_deferred``, driven by the server): clients are never slowed, and the
+spool's size cap bounds what waits. If the spool refuses a burst too, that burst meets
+Dory's discard.
 
-:class:`Overload` also gives the spool replay its pace: :meth:`wait_for_room` returns
-once the pool has room, an event set by the pool itself, never a polling loop.
+:class:`Overload` also gives the spool replay and the deferred bursts their pace:
+:meth:`wait_for_room` returns once the pool has room, an event set by the pool itself,
+never a polling loop.
 """
 
 from __future__ import annotations
@@ -62,11 +68,14 @@ class Overload:
         if not pool.is_depleted:
             self._room.set()
         pool.watch(self._on_depleted, self._on_room)
-        intake.hold_when_memory_short = policy is OverloadPolicy.BACKPRESSURE
+        # Neither backpressure nor the spool policy discards a message already read for
+        # memory; the spool policy keeps whole bursts on disk while memory is short.
+        intake.hold_when_memory_short = policy is not OverloadPolicy.DISCARD
+        intake.defer_when_memory_short = policy is OverloadPolicy.SPOOL
 
     @property
     def policy_name(self) -> str:
-        """The policy as configured: discard, backpressure."""
+        """The policy as configured: discard, backpressure or spool."""
         return str(self.policy)
 
     @property

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydory.config import Config
-from pydory.config.model import OverloadPolicy
 from pydory.daemon.accounting import Books, Counters, Transport
 from pydory.daemon.commit_point import CommitPoint
 from pydory.daemon.discard_log import DiscardLog
@@ -162,6 +161,10 @@ class Server:
                 ]
                 if self.spool is not None and self.spool.fsync_interval_ms:
                     background.append(tasks.create_task(self._fsync_spool(), name="spool-fsync"))
+                if self.write_ahead is not None and self.intake.defer_when_memory_short:
+                    background.append(
+                        tasks.create_task(self._admit_deferred(), name="spool-deferred")
+                    )
                 await stop.wait()
                 for task in [*background, *self._autocreations]:
                     task.cancel()
@@ -217,6 +220,17 @@ class Server:
         self.counters.inc("spool_repaired_segments", report.repaired_segments)
         self.counters.inc("spool_truncated_bytes", report.truncated_bytes)
         return True
+
+    async def _admit_deferred(self) -> None:
+        """The spool overload policy: admit the bursts kept on disk, oldest first, each
+        once the pool has room again."""
+        assert self.write_ahead is not None
+        waiting = self.write_ahead.deferred_waiting
+        while True:
+            await waiting.wait()
+            await self.overload.wait_for_room()
+            self.intake.admit_deferred()
+            await asyncio.sleep(0)  # let the inputs and delivery reports in between
 
     async def _fsync_spool(self) -> None:
         """The interval fsync policy: what a burst wrote reaches the disk within it."""
@@ -313,6 +327,10 @@ class Server:
         if self.status is not None:
             await self.status.close()
         self.intake.settle_pending_topics()
+        if self.write_ahead is not None:
+            left = self.write_ahead.abandon_deferred()
+            if left:
+                log.log(25, "spool: %d messages kept on disk for the next start", left)
         max_delay_s = self.config.delivery.shutdown_max_delay_ms / 1000
         try:
             await asyncio.wait_for(
@@ -437,12 +455,6 @@ class Server:
 
 def _spool_of(config: Config) -> Spool | None:
     spool = config.spool
-    if spool.overload_policy is OverloadPolicy.SPOOL:
-        raise ConfigError(
-            "overloadPolicy [spool] (accept to disk only while memory is short) is not "
-            "available yet: use discard or backpressure",
-            path="/doryConfig/spool/overloadPolicy",
-        )
     if spool.path is None:
         return None
     return Spool(

@@ -376,6 +376,8 @@ class Spool:
         self._dirty = False  # written since the last fsync
         self._last_fsync = clock()
         self._report = RecoveryReport()
+        #: ``(start, end)`` file offsets of the last append's frames in its segment.
+        self.last_append = (0, 0)
         self.appended_total = 0
         """Messages appended since open()."""
         self.fsyncs_total = 0
@@ -659,7 +661,31 @@ class Spool:
         current.outstanding += count
         self._outstanding += count
         self.appended_total += count
+        self.last_append = (before, before + written)
         return current.id
+
+    def read_payloads(self, segment_id: int, start: int, end: int) -> list[bytes]:
+        """The client messages an earlier ``append_payloads`` wrote at ``[start, end)`` of
+        ``segment_id`` (its ``last_append``), read back from the file: for messages kept
+        on disk only while memory was short. Raises SpoolError if they cannot be read
+        back whole (a failing disk, or a file changed under the daemon)."""
+        segment = self._segments.get(segment_id)
+        if segment is None or not HEADER_BYTES <= start <= end <= segment.size:
+            raise SpoolError(f"spool segment {segment_id} holds no frames at [{start}, {end})")
+        try:
+            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = _read_exactly(fd, end - start, start)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise self._error(f"cannot read spool segment [{segment.path}]", exc) from exc
+        records, consumed, problem = decode_records(data)
+        if problem is not None or consumed != len(data) or not all(r.is_payload for r in records):
+            raise SpoolError(
+                f"spool segment {segment.path} at [{start}, {end}): {problem or 'not payloads'}"
+            )
+        return [record.value for record in records]
 
     def maybe_fsync(self) -> bool:
         """fsync the current segment if the interval policy says it is time (written to

@@ -21,8 +21,10 @@ caller's overload policy decides whether the inputs pause until the spool has ro
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from pydory.daemon.accounting import Counters
@@ -47,8 +49,23 @@ _GENERATION_MASK = (1 << SEGMENT_SHIFT) - 1
 class SpoolWriter(Protocol):
     """The part of :class:`pydory.daemon.spool.Spool` the write-ahead uses."""
 
+    last_append: tuple[int, int]
+
     def append_payloads(self, payloads: Sequence[bytes]) -> int: ...
+    def read_payloads(self, segment_id: int, start: int, end: int) -> list[bytes]: ...
     def settle(self, segment_id: int, count: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _DeferredBurst:
+    """A burst kept on disk only (the ``spool`` overload policy): where its frames are,
+    and the commit point generation that counts its messages until they settle."""
+
+    segment: int
+    start: int
+    end: int
+    count: int
+    generation: int
 
 
 class WriteAhead:
@@ -70,6 +87,11 @@ class WriteAhead:
         self._burst_size = 0
         self._opened = 0
         self._failing = False  # log a spool problem once per episode, not per burst
+        self._deferred: collections.deque[_DeferredBurst] = collections.deque()
+        #: While a deferred burst is admitted: the generation its messages already hold.
+        self._resumed_generation: int | None = None
+        #: Set while bursts wait on disk for memory (the server's drainer waits on it).
+        self.deferred_waiting = asyncio.Event()
 
     # -- a burst -------------------------------------------------------------------------
 
@@ -94,16 +116,79 @@ class WriteAhead:
     def end_burst(self) -> None:
         """Settle the burst's messages that were never accepted: they are reported now."""
         unaccepted = self._burst_size - self._opened
+        if self._resumed_generation is not None and unaccepted:
+            self._commit_point.close(self._resumed_generation, unaccepted)
         if self._segment and unaccepted:
             self._spool.settle(self._segment, unaccepted)
         self._segment = self._burst_size = self._opened = 0
+        self._resumed_generation = None
+
+    # -- the spool overload policy: bursts kept on disk only while memory is short ---------
+
+    @property
+    def deferring(self) -> bool:
+        """Whether bursts wait on disk: new ones must wait behind them, in order."""
+        return bool(self._deferred)
+
+    def defer_burst(self) -> bool:
+        """Keep the burst just written on disk only, to be admitted once memory frees
+        (:meth:`resume_deferred`); False if it did not reach the spool. Its messages hold
+        the commit point back from now on: they were received."""
+        if not self._segment:
+            return False
+        start, end = self._spool.last_append
+        generation = 0
+        for _ in range(self._burst_size):
+            generation = self._commit_point.open()  # one generation: no sweep runs between
+        self._deferred.append(
+            _DeferredBurst(self._segment, start, end, self._burst_size, generation)
+        )
+        self._counters.inc("spool_deferred", self._burst_size)
+        self._segment = self._burst_size = self._opened = 0  # nothing to settle now
+        self.deferred_waiting.set()
+        return True
+
+    def resume_deferred(self) -> list[bytes] | None:
+        """Read the oldest deferred burst back and begin admitting it (end with
+        :meth:`end_burst`); None when none waits. A burst that cannot be read back stays
+        in the spool for the next start, and is reported."""
+        while self._deferred:
+            burst = self._deferred.popleft()
+            if not self._deferred:
+                self.deferred_waiting.clear()
+            try:
+                payloads = self._spool.read_payloads(burst.segment, burst.start, burst.end)
+            except SpoolError:
+                log.exception("spool: a deferred burst cannot be read back; left for replay")
+                self._commit_point.close(burst.generation, burst.count)
+                self._counters.inc("spool_deferred_unreadable", burst.count)
+                continue
+            self._segment, self._burst_size, self._opened = burst.segment, burst.count, 0
+            self._resumed_generation = burst.generation
+            return payloads
+        return None
+
+    def abandon_deferred(self) -> int:
+        """Shutdown: what still waits on disk stays there for the next start (replayed
+        then); it no longer holds this run's commit point. Returns how many messages."""
+        left = 0
+        while self._deferred:
+            burst = self._deferred.popleft()
+            self._commit_point.close(burst.generation, burst.count)
+            left += burst.count
+        self.deferred_waiting.clear()
+        return left
 
     # -- the commit point's interface ------------------------------------------------------
 
     def open(self) -> int:
-        """A message was accepted: its token names its generation and its segment."""
+        """A message was accepted: its token names its generation and its segment. A
+        message of a deferred burst keeps the generation it was counted in when read."""
         self._opened += 1
-        return self._commit_point.open() | (self._segment << SEGMENT_SHIFT)
+        generation = self._resumed_generation
+        if generation is None:
+            generation = self._commit_point.open()
+        return generation | (self._segment << SEGMENT_SHIFT)
 
     def close(self, token: int, n: int = 1) -> None:
         """``n`` messages under ``token`` are settled: in the commit point and the spool."""
