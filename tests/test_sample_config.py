@@ -1,4 +1,8 @@
-"""The config pydory ships (docs/pydory.sample.xml): Dory's sample plus the spool, on."""
+"""The config pydory ships (docs/pydory.sample.xml): Dory's sample plus the spool, on.
+
+Its paths are the systemd unit's directories (docs/systemd/pydory.service) instead of
+Dory's /var/run/dory and /var/log/dory.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,30 @@ def test_the_shipped_config_loads_with_the_spool_on() -> None:
     assert config.spool.max_bytes == 1024**3
 
 
-def test_apart_from_the_spool_it_is_dorys_sample() -> None:
+def test_its_paths_are_the_units_directories() -> None:
+    config = load_config(SHIPPED)
+    assert config.inputs.unix_datagram.path == "/run/pydory/input_datagram_sock"
+    assert config.logging.file_path == "/var/log/pydory/pydory.log"
+    text = SHIPPED.read_text()
+    assert "/run/pydory/input_stream_sock" in text  # off, as in Dory's sample
+    assert "/var/log/pydory/discard.log" in text
+    assert "/var/log/pydory/msg-debug" in text
+
+
+def test_apart_from_the_spool_and_the_paths_it_is_dorys_sample() -> None:
     shipped, dory = load_config(SHIPPED), load_config(DORY_SAMPLE)
     assert dory.spool.path is None
-    assert dataclasses.replace(shipped, spool=dory.spool) == dory
+    assert dory.inputs.unix_datagram.path == "/var/run/dory/input_datagram_sock"
+    assert dory.logging.file_path == "/var/log/dory/dory.log"
+    with_dorys_paths = dataclasses.replace(
+        shipped,
+        spool=dory.spool,
+        inputs=dataclasses.replace(
+            shipped.inputs,
+            unix_datagram=dataclasses.replace(
+                shipped.inputs.unix_datagram, path=dory.inputs.unix_datagram.path
+            ),
+        ),
+        logging=dataclasses.replace(shipped.logging, file_path=dory.logging.file_path),
+    )
+    assert with_dorys_paths == dory

