@@ -694,3 +694,24 @@ def test_accepted_equals_delivered_plus_discarded_after_plus_in_flight(
     per_topic = books.per_topic().values()
     for reason in DiscardReason:
         assert lifetime[reason] == sum(t.discarded_by_reason.get(reason, 0) for t in per_topic)
+
+
+def test_an_unread_discard_report_is_counted_as_dory_counts_no_discard_query() -> None:
+    books, clock = make_books(interval_s=60)
+
+    clock.now += 60  # a whole interval, not more: still fine
+    assert books.check_report_read() is True
+    clock.now += 2
+    assert books.check_report_read() is False
+    assert books.counters.get("discard_report_unread") == 1
+
+    books.discard_report()  # monitoring asked
+    clock.now += 30
+    assert books.check_report_read() is True
+    assert books.counters.get("discard_report_unread") == 1
+
+
+def test_no_report_interval_means_no_discard_query_check() -> None:
+    books, clock = make_books(interval_s=0)
+    clock.now += 10_000
+    assert books.check_report_read() is True

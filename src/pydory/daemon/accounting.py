@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +45,8 @@ from types import MappingProxyType
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from pydory.errors import PydoryError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AFTER_ACCEPTANCE",
@@ -552,6 +555,7 @@ class Books:
         self._current = _Period(0, int(wall_clock()), recent_limit)
         self._finished: _Period | None = None
         self._discard_sink = discard_sink
+        self._report_read_at = wall_clock()  # when the discard report was last asked for
 
     # --- message lifecycle ---------------------------------------------------------------
 
@@ -651,9 +655,26 @@ class Books:
 
     def discard_report(self) -> DiscardReport:
         """The discard report now: the current period and the latest finished one."""
+        self._report_read_at = self._wall_clock()
         self.maybe_roll()
         finished = self._finished.snapshot() if self._finished is not None else None
         return DiscardReport(self._interval_s, self._current.snapshot(), finished)
+
+    def check_report_read(self) -> bool:
+        """Dory's ``NoDiscardQuery``: False (and counted, logged) when nobody asked for the
+        discard report for longer than a report interval, so a finished period may have
+        been replaced before anyone read it. The daemon calls this every interval + 1 s."""
+        if self._interval_s == 0:
+            return True
+        unread_s = self._wall_clock() - self._report_read_at
+        if unread_s <= self._interval_s:
+            return True
+        self.counters.inc("discard_report_unread")
+        log.warning(
+            "no discard report query in the last %d s: possible loss of discard information",
+            unread_s,
+        )
+        return False
 
     def maybe_roll(self) -> None:
         """Close the current period if ``report_interval_s`` has passed (wall clock).

@@ -160,6 +160,7 @@ class Server:
                 background = [
                     tasks.create_task(self.metadata.run(), name="metadata-refresh"),
                     tasks.create_task(self._roll_discard_reports(), name="discard-report"),
+                    tasks.create_task(self._check_report_reads(), name="discard-query-check"),
                 ]
                 if self.spool is not None and self.spool.fsync_interval_ms:
                     background.append(tasks.create_task(self._fsync_spool(), name="spool-fsync"))
@@ -372,6 +373,16 @@ class Server:
         while True:
             await asyncio.sleep(min(interval, REPORT_ROLL_CHECK_S))
             self.books.maybe_roll()
+
+    async def _check_report_reads(self) -> None:
+        """Dory's discard query check: every report interval + 1 s, warn (and count) when
+        nobody asked for the discard report during a whole interval."""
+        interval = self.config.http.discard_report_interval_s
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval + 1)
+            self.books.check_report_read()
 
     def _create_topic(self, topic: str) -> None:
         async def create() -> None:

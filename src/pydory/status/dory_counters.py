@@ -75,6 +75,8 @@ COUNTED: Mapping[str, Reading] = {
     "TcpInputMsgBodyTooLarge": _counter("stream_oversized_frame_tcp"),
     "TcpInputSocketError": _counter("stream_socket_error_tcp"),
     "TcpInputUncleanDisconnect": _counter("unclean_disconnect_tcp"),
+    # Nobody asked for the discard report during a whole report interval (Dory's check).
+    "NoDiscardQuery": _counter("discard_report_unread"),
     # Every partition's leader is down or unknown: routed anyway, librdkafka holds them.
     "TopicHasNoAvailablePartitions": _counter("topic_no_available_partitions"),
 }
@@ -122,7 +124,6 @@ NEVER_IN_PYDORY: tuple[str, ...] = (
     "MongooseUrlDecodeError",
     "MsgSetCompressionError",
     "MsgUnprocessedDestroy",
-    "NoDiscardQuery",
     "ProduceResponseBadPartitionCount",
     "ProduceResponseBadTopicCount",
     "ProduceResponseBadTopicNameLength",
