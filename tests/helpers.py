@@ -1,12 +1,15 @@
-"""Waiting for and checking a running daemon's books, shared by the end-to-end tests."""
+"""Shared by the tests: waiting for and checking a running daemon's books, and a
+dispatcher that records what the intake sends."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from pydory.daemon.accounting import AFTER_ACCEPTANCE
+from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason
+from pydory.daemon.dispatch import EnqueueRefused
 from pydory.testing.daemon import RunningDaemon
 
 
@@ -42,3 +45,26 @@ def assert_balanced(snapshot: dict[str, Any]) -> None:
         assert t["accepted"] == t["delivered"] + discarded_after_acceptance(t) + t["in_flight"], (
             name
         )
+
+
+@dataclass
+class RecordingDispatcher:
+    """Records what the intake sends; refuses every message of ``refused_topic``."""
+
+    refused_topic: str = "refused"
+    sent: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def send(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes,
+        key: bytes | None,
+        timestamp_ms: int,
+        partition_key: int | None = None,
+        attempt: int = 1,
+        token: int = 0,
+    ) -> None:
+        if topic == self.refused_topic:
+            raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "TOPIC_AUTHORIZATION_FAILED")
+        self.sent.append((topic, partition, value, key, timestamp_ms, partition_key, attempt))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
 
+from helpers import RecordingDispatcher
 from pydory.daemon.accounting import Books, DiscardReason, Transport
 from pydory.daemon.commit_point import CommitPoint
-from pydory.daemon.dispatch import Dispatcher, EnqueueRefused
+from pydory.daemon.dispatch import Dispatcher
 from pydory.daemon.intake import Intake
 from pydory.daemon.pool import MemoryPool
 from pydory.daemon.ratelimit import RateLimit, TopicRateLimiter
@@ -22,29 +23,6 @@ from pydory.wire import encode_any_partition, encode_partition_key
 class Limit:
     interval_ms: int
     max_count: int | None
-
-
-@dataclass
-class RecordingDispatcher:
-    """Records what the intake sends; refuses every message of ``refused_topic``."""
-
-    refused_topic: str = "refused"
-    sent: list[tuple[Any, ...]] = field(default_factory=list)
-
-    def send(
-        self,
-        topic: str,
-        partition: int,
-        value: bytes,
-        key: bytes | None,
-        timestamp_ms: int,
-        partition_key: int | None = None,
-        attempt: int = 1,
-        token: int = 0,
-    ) -> None:
-        if topic == self.refused_topic:
-            raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "TOPIC_AUTHORIZATION_FAILED")
-        self.sent.append((topic, partition, value, key, timestamp_ms, partition_key, attempt))
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 
+from helpers import RecordingDispatcher
 from pydory.config.model import MsgDebugConfig
 from pydory.daemon.accounting import Books, Counters, Transport
 from pydory.daemon.commit_point import CommitPoint
@@ -313,24 +314,6 @@ def test_a_disk_error_is_counted_and_logged_once(
 # --- the intake traces the selected topics only ------------------------------------------
 
 
-@dataclass
-class RecordingDispatcher:
-    sent: list[tuple[str, int, bytes]] = field(default_factory=list)
-
-    def send(
-        self,
-        topic: str,
-        partition: int,
-        value: bytes,
-        key: bytes | None,
-        timestamp_ms: int,
-        partition_key: int | None = None,
-        attempt: int = 1,
-        token: int = 0,
-    ) -> None:
-        self.sent.append((topic, partition, value))
-
-
 def intake(msg_debug: MsgDebug) -> tuple[Intake, Books, RecordingDispatcher]:
     books = Books(600, 64, wall_clock=lambda: 1_700_000_000.0)
 
@@ -380,7 +363,7 @@ def test_the_intake_traces_a_selected_topic_and_leaves_the_others_alone() -> Non
     assert all(m is not None for m in [*received, *sent])
     assert [base64.b64decode(m.group(7)) for m in received if m] == [b"t1", b"t2"]
     assert [int(m.group(1)) for m in sent if m] == [101, 102]
-    partitions = {value: p for topic, p, value in dispatcher.sent}
+    partitions = {value: p for topic, p, value, *_ in dispatcher.sent}
     assert [int(m.group(9)) for m in sent if m] == [partitions[b"t1"], partitions[b"t2"]]
     assert all(b"plain" not in line for s in t.sinks for line in s.lines)
 

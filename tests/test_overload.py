@@ -10,12 +10,13 @@ block (stream) or meet a full queue (datagram) and nothing is discarded; under
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import select
 import socket
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -228,6 +229,21 @@ def brokers(mock_cluster: MockCluster, up: bool) -> None:
         (mock_cluster.broker_up if up else mock_cluster.broker_down)(broker)
 
 
+@contextlib.contextmanager
+def writer_after_the_brokers_went_down(
+    daemon: RunningDaemon, mock_cluster: MockCluster, topic: str
+) -> Iterator[socket.socket]:
+    """A non-blocking UNIX stream writer whose warm-up message was delivered, and then
+    every broker down: from here on the daemon's deliveries are held."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as writer:
+        writer.connect(daemon.daemon_config.stream_path)
+        writer.sendall(encode_any_partition(topic, b"warm-up"))
+        wait_until(settled(daemon, topic, 1), what="the warm-up's delivery")
+        brokers(mock_cluster, up=False)
+        writer.setblocking(False)
+        yield writer
+
+
 def send_until_blocked(sock: socket.socket, data: memoryview, quiet_s: float = 1.0) -> int:
     """Write ``data`` on non-blocking ``sock`` until the socket stays unwritable for
     ``quiet_s``; return how many bytes were written (all of them if it never blocks)."""
@@ -272,12 +288,7 @@ def test_backpressure_blocks_writers_discards_nothing_and_delivers_everything_af
     stream_values = values(b"s", MESSAGE_COUNT)
     data = memoryview(b"".join(encode_any_partition(topic, v) for v in stream_values))
     with running_daemon(config) as daemon:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as writer:
-            writer.connect(config.stream_path)
-            writer.sendall(encode_any_partition(topic, b"warm-up"))
-            wait_until(settled(daemon, topic, 1), what="the warm-up's delivery")
-            brokers(mock_cluster, up=False)
-            writer.setblocking(False)
+        with writer_after_the_brokers_went_down(daemon, mock_cluster, topic) as writer:
             sent = send_until_blocked(writer, data)
             # The writer is blocked: far short of the whole, the daemon paused, nothing lost.
             assert 0 < sent < len(data)
@@ -325,12 +336,7 @@ def test_discard_policy_discards_the_excess_no_memory_in_the_same_scenario(
     stream_values = values(b"s", MESSAGE_COUNT)
     data = memoryview(b"".join(encode_any_partition(topic, v) for v in stream_values))
     with running_daemon(config) as daemon:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as writer:
-            writer.connect(config.stream_path)
-            writer.sendall(encode_any_partition(topic, b"warm-up"))
-            wait_until(settled(daemon, topic, 1), what="the warm-up's delivery")
-            brokers(mock_cluster, up=False)
-            writer.setblocking(False)
+        with writer_after_the_brokers_went_down(daemon, mock_cluster, topic) as writer:
             # The daemon keeps reading (and discarding): the writer never blocks for long.
             assert send_until_blocked(writer, data, quiet_s=10) == len(data)
 
@@ -412,12 +418,7 @@ def test_spool_policy_keeps_bursts_on_disk_and_delivers_them_in_order_as_memory_
     stream_values = values(b"s", MESSAGE_COUNT)
     data = memoryview(b"".join(encode_any_partition(topic, v) for v in stream_values))
     with running_daemon(config) as daemon:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as writer:
-            writer.connect(config.stream_path)
-            writer.sendall(encode_any_partition(topic, b"warm-up"))
-            wait_until(settled(daemon, topic, 1), what="the warm-up's delivery")
-            brokers(mock_cluster, up=False)
-            writer.setblocking(False)
+        with writer_after_the_brokers_went_down(daemon, mock_cluster, topic) as writer:
             # The daemon keeps reading, to disk: the writer never blocks for long.
             assert send_until_blocked(writer, data, quiet_s=10) == len(data)
 

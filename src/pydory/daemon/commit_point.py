@@ -172,14 +172,15 @@ class CommitPoint:
 
     # -- the intake and the ledger (hot path) -----------------------------------------------
 
-    def open(self) -> int:
-        """A message was accepted: count it, and return its token for :meth:`close`."""
+    def open(self, n: int = 1) -> int:
+        """``n`` messages were accepted (or read and kept for later): count them, and
+        return their token for :meth:`close`."""
         generation = self._current
         if generation.open == 0:
             # Whatever is read now arrived after the latest quiet mark: the tightest start.
             generation.start = self._quiet_mark
             self._live[generation.id] = generation
-        generation.open += 1
+        generation.open += n
         if not self._sweep_scheduled:  # no clock read here: it costs as much as the rest
             self._sweep_scheduled = self._schedule(0.0, self._scheduled_sweep)
         return generation.id

@@ -137,9 +137,7 @@ class WriteAhead:
         if not self._segment:
             return False
         start, end = self._spool.last_append
-        generation = 0
-        for _ in range(self._burst_size):
-            generation = self._commit_point.open()  # one generation: no sweep runs between
+        generation = self._commit_point.open(self._burst_size)
         self._deferred.append(
             _DeferredBurst(self._segment, start, end, self._burst_size, generation)
         )
