@@ -24,7 +24,8 @@ def register(subparsers: Any) -> None:
         help="run the daemon (Dory's data path) in the foreground",
         description=(
             "Run pydory: accept Dory messages on the configured sockets and deliver them "
-            "to Kafka. Runs in the foreground; stop it with SIGTERM or SIGINT."
+            "to Kafka. Runs in the foreground; stop it with SIGTERM or SIGINT; SIGHUP "
+            "(or `pydory reload`) reloads the config file without losing a message."
         ),
     )
     parser.add_argument("--config-path", required=True, help="Dory XML config file")
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"cannot read config file {args.config_path}: {error.strerror}", file=sys.stderr)
         return 1
     log_files = configure_logging(config.logging, force_stderr=args.log_stderr)
-    server = Server(config, log_files)
+    server = Server(config, log_files, config_path=args.config_path)
     try:
         uvloop.run(server.serve())
     except ConfigError as error:  # a setting only checkable at start-up (e.g. a socket path)

@@ -557,6 +557,11 @@ class Books:
         self._discard_sink = discard_sink
         self._report_read_at = wall_clock()  # when the discard report was last asked for
 
+    def set_discard_sink(self, sink: DiscardSink | None) -> None:
+        """A config reload changed the discard outputs: every discard from now on goes to
+        ``sink`` (the caller closes the old one after, so nothing falls between)."""
+        self._discard_sink = sink
+
     # --- message lifecycle ---------------------------------------------------------------
 
     def received(self, transport: Transport, n: int = 1) -> None:

@@ -752,15 +752,31 @@ class DiscardLog:
     @classmethod
     def from_config(cls, config: Config, counters: Counters) -> DiscardLog:
         """``<discardLogging>`` and ``<logging><logDiscards>``; starts the writer thread."""
-        settings = config.discard_logging
-        file = None
-        if settings.path is not None:
-            rotating = RotatingFile(
-                settings.path, settings.max_file_size, settings.max_archive_size, counters
-            )
-            file = DiscardLogFile(rotating, settings.max_msg_prefix_size, counters)
         lines = DiscardLogLines() if config.logging.log_discards else None
-        return cls(file, lines)
+        return cls(_file_of(config, counters), lines)
+
+    def reconfigured(self, running: Config, new: Config, counters: Counters) -> DiscardLog:
+        """A config reload: the outputs ``new`` asks for, this log's own where their
+        settings did not change (a file is never open twice). Hand the books the new
+        sink first, then :meth:`close_replaced` this one, so no discard falls between."""
+        file = (
+            self.file if new.discard_logging == running.discard_logging else _file_of(new, counters)
+        )
+        lines = (
+            self.lines
+            if new.logging.log_discards == running.logging.log_discards
+            else DiscardLogLines()
+            if new.logging.log_discards
+            else None
+        )
+        return DiscardLog(file, lines)
+
+    def close_replaced(self, successor: DiscardLog) -> None:
+        """Close the outputs ``successor`` does not reuse (after a reload)."""
+        if self.file is not None and self.file is not successor.file:
+            self.file.close()
+        if self.lines is not None and self.lines is not successor.lines:
+            self.lines.close()
 
     def reopen(self) -> None:
         """SIGUSR1: reopen the discard log file (after what is queued)."""
@@ -773,3 +789,14 @@ class DiscardLog:
             self.file.close()
         if self.lines is not None:
             self.lines.close()
+
+
+def _file_of(config: Config, counters: Counters) -> DiscardLogFile | None:
+    """The discard log file ``<discardLogging>`` asks for (its writer thread started)."""
+    settings = config.discard_logging
+    if settings.path is None:
+        return None
+    rotating = RotatingFile(
+        settings.path, settings.max_file_size, settings.max_archive_size, counters
+    )
+    return DiscardLogFile(rotating, settings.max_msg_prefix_size, counters)

@@ -346,6 +346,10 @@ class _ProducerHandle:
         its own: flush until ``flush_until()`` (a monotonic time, asked again as the flush
         goes on), purge what is left, destroy it. Its reports reach the loop in batches."""
         if self.stopping:
+            # Already closing (retired by a reload, flushing without a deadline): the
+            # shutdown's deadline applies to it too.
+            earlier = self._flush_until
+            self._flush_until = lambda: min(earlier(), flush_until())
             return
         self.stopping = True
         self._flush_until = flush_until
@@ -540,6 +544,70 @@ class Dispatcher:
         handle.start(self._loop)
         log.info("producer %s: %s", name, profile.properties())
         return handle
+
+    # -- config reload (loop thread) -----------------------------------------------------
+
+    def reconfigure(
+        self,
+        settings: DeliverySettings,
+        profile_for: Callable[[str], ProducerProfile],
+        topics: Iterable[str],
+    ) -> None:
+        """A config reload: from now on messages go to producers with the new settings.
+
+        The producers the new config needs for ``topics`` and for every topic seen so far
+        are created first; a producer whose settings did not change is kept. If librdkafka
+        refuses a new one, nothing changes (raises ConfigError). A producer no longer
+        needed is retired, not purged: a closing thread flushes it until it holds nothing
+        (librdkafka's message.timeout.ms bounds that), and its delivery reports settle as
+        always -- a failure rerouted through the new producers -- so no message is lost,
+        sent twice by us, or counted twice.
+        """
+        keep = settings == self._settings
+        wanted: dict[ProducerProfile, _ProducerHandle] = {}
+        created: list[_ProducerHandle] = []
+        previous_settings, self._settings = self._settings, settings  # _new_handle reads it
+        try:
+            for topic in dict.fromkeys([*topics, *self._by_topic]):
+                profile = profile_for(topic)
+                if profile in wanted:
+                    continue
+                handle = self._by_profile.get(profile) if keep else None
+                if handle is None or handle.fatal_error is not None:
+                    handle = self._new_handle(profile)
+                    created.append(handle)
+                wanted[profile] = handle
+        except KafkaException as exc:
+            self._settings = previous_settings
+            for handle in created:
+                handle.request_stop(time.monotonic)  # never sent anything
+            raise ConfigError(
+                f"librdkafka refuses the new producer settings: {exc.args[0].str()}"
+            ) from None
+        retiring = [h for h in self._by_profile.values() if h not in wanted.values()]
+        self._profile_for = profile_for
+        self._max_attempts = max(1, settings.max_failed_delivery_attempts)
+        self._by_profile = wanted
+        self._by_topic = {}  # each topic finds its producer again with its next message
+        for handle in retiring:
+            self._retire(handle)
+        if retiring:
+            log.info(
+                "config reload: producers %s retired (they deliver what they hold), %s new",
+                [h.name for h in retiring],
+                [h.name for h in created],
+            )
+
+    def _retire(self, handle: _ProducerHandle) -> None:
+        """Stop sending through ``handle``; let it deliver what it holds, then close."""
+        handle.retired = True
+        self._retired.add(handle)
+        handle.request_stop(lambda: float("inf"))
+        assert handle.finished is not None
+        handle.finished.add_done_callback(lambda _: self._retired.discard(handle))
+        if self._stats is not None:
+            self._stats.forget(handle.name)
+        self._counters.inc("producers_retired")
 
     # -- fatal errors (loop thread) ------------------------------------------------------
 

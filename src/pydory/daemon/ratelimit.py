@@ -68,13 +68,28 @@ class TopicRateLimiter:
     ) -> None:
         """``config_for(topic)`` gives a topic's limit; ``clock`` returns monotonic seconds.
 
-        ``config_for`` is asked once per topic, on its first message: the configuration
-        does not change while the daemon runs.
+        ``config_for`` is asked once per topic, on its first message, and again after
+        :meth:`reconfigure` (a config reload).
         """
         self._config_for = config_for
         self._clock = clock
         # None marks a topic known to be unlimited, so it costs one dict lookup per message.
         self._windows: dict[str, _TopicWindow | None] = {}
+
+    def reconfigure(self, config_for: Callable[[str], RateLimit]) -> None:
+        """A config reload: limits come from ``config_for`` from now on. A topic whose
+        limit is unchanged keeps its window and count (a reload is no way to reset a
+        flooding topic's allowance); any other topic starts afresh with its next message."""
+        self._config_for = config_for
+        for topic, window in list(self._windows.items()):
+            limit = config_for(topic)
+            unchanged = (
+                limit.max_count is None
+                if window is None
+                else (limit.interval_ms, limit.max_count) == (window.interval_ms, window.max_count)
+            )
+            if not unchanged:
+                del self._windows[topic]
 
     def is_unlimited(self, topic: str) -> bool:
         """True if ``topic`` is known to have no limit: :meth:`admit` would admit its

@@ -231,6 +231,15 @@ class StatusPages:
             },
         }
 
+    # /config/json (pydory's own)
+
+    def config_json(self) -> dict[str, Any]:
+        """``/config/json``: the config file, when it was loaded, and how the reloads went
+        (``pydory reload`` reads it to report the outcome of the one it asked for)."""
+        reloads = self._view.reloads
+        history = reloads.as_json() if reloads is not None else {}
+        return {**self._header(self._clock()), **history}
+
     # /dashboard/json (pydory's own)
 
     def dashboard_json(self) -> dict[str, Any]:

@@ -295,6 +295,7 @@ class StatusServer:
             web.get("/metadata_fetch_time/json", _json_handler(pages.metadata_fetch_time_json)),
             web.post("/metadata_update", _action_handler(pages.metadata_update)),
             web.get("/books/json", _json_handler(pages.books_json)),
+            web.get("/config/json", _json_handler(pages.config_json)),
             *commit_point_routes(self._view),
             *msg_debug_routes(self._view),
             web.get("/metrics", self._metrics),

@@ -35,6 +35,7 @@ __all__ = [
     "MsgDebugControl",
     "OverloadSensors",
     "PoolSensors",
+    "ReloadHistoryReader",
     "SpoolSensors",
     "StatsReader",
 ]
@@ -95,6 +96,12 @@ class OverloadSensors(Protocol):
     @property
     def paused(self) -> bool: ...
     def paused_seconds(self) -> float: ...
+
+
+class ReloadHistoryReader(Protocol):
+    """The running config's file, load time and reload outcomes (``/config/json``)."""
+
+    def as_json(self) -> dict[str, object]: ...
 
 
 class CounterReader(Protocol):
@@ -185,3 +192,5 @@ class DaemonView:
     spool: SpoolSensors | None = None
     #: The overload policy (``<spool><overloadPolicy>``); None in views built by hand.
     overload: OverloadSensors | None = None
+    #: The config file and its reloads; None in views built by hand.
+    reloads: ReloadHistoryReader | None = None

@@ -7,6 +7,7 @@ uvloop loop in a background thread and stops it gracefully.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 import uvloop
 
 from pydory.config import parse_config
+from pydory.daemon.reload import ReloadOutcome
 from pydory.daemon.server import Server
 from pydory.testing.daemon_config import DaemonConfig
 
@@ -63,6 +65,21 @@ class RunningDaemon:
 
     def snapshot(self) -> dict[str, Any]:
         return self.call(self.server.snapshot)  # type: ignore[no-any-return]
+
+    def reload(self, config: DaemonConfig, timeout: float = 60.0) -> ReloadOutcome:
+        """Reload the daemon with ``config`` (what SIGHUP does with the file) and return
+        how it went; the daemon keeps running either way."""
+        loaded = parse_config(config.render(), source="<test config>")
+        future = asyncio.run_coroutine_threadsafe(self.server.reload(loaded), self._loop())
+        outcome: ReloadOutcome = future.result(timeout)
+        if outcome.ok:
+            self.daemon_config = config
+        return outcome
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.server._loop
+        assert loop is not None, "the daemon is not running"
+        return loop
 
     def stop(self, timeout: float = 60.0) -> None:
         self.server.request_shutdown()

@@ -49,14 +49,16 @@ class DaemonConfig:
     overload_policy: str = "discard"  # discard | backpressure (needs spool_path)
     log_level: str = "INFO"
     log_to_stdout: bool = False
+    datagram_file: str = "dgram.sock"  # the socket files' names in socket_dir
+    stream_file: str = "stream.sock"
 
     @property
     def datagram_path(self) -> str:
-        return os.path.join(self.socket_dir, "dgram.sock")
+        return os.path.join(self.socket_dir, self.datagram_file)
 
     @property
     def stream_path(self) -> str:
-        return os.path.join(self.socket_dir, "stream.sock")
+        return os.path.join(self.socket_dir, self.stream_file)
 
     def render(self) -> str:
         """The config as Dory XML."""

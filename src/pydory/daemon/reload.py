@@ -1,0 +1,197 @@
+"""What a config reload (SIGHUP, ``pydory reload``) changes: a pure plan, no I/O.
+
+A reload never half-applies a file. The server reads and validates the new file; this
+module compares it with the running config and answers two questions:
+
+- which sections change and can change while messages flow (batching, compression,
+  topic configs, rate limits, inputs, logging, the discard log, and a few delivery
+  settings): the server applies those;
+- which changed settings only a restart can apply (the brokers to bootstrap from, the
+  memory pool's size, the status port, the spool...): those keep their running values,
+  and the reload says so, naming each element.
+
+The result is the *effective* config: the file's values where a reload applies them, the
+running ones elsewhere. Everything the server derives after a reload derives from it, so
+what runs is always one consistent ``Config``, never a mix of two files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pydory.config import Config
+
+__all__ = ["RELOADED_SECTIONS", "ReloadPlan", "plan_reload"]
+
+#: Config fields a reload applies, and the XML element each comes from.
+RELOADED_SECTIONS: dict[str, str] = {
+    "batching": "batching",
+    "compression": "compression",
+    "rate_limiting": "topicRateLimiting",
+    "inputs": "inputSources",
+    "kafka": "kafkaConfig",
+    "logging": "logging",
+    "discard_logging": "discardLogging",
+    "quotas": "quotas",
+}
+
+#: Config fields only a restart applies (their resources are made once, at start-up).
+RESTART_SECTIONS: dict[str, str] = {
+    "initial_brokers": "initialBrokers",
+    "input_config": "inputConfig",
+    "http": "httpInterface",
+    "msg_debug": "msgDebug",
+    "spool": "spool",
+    "librdkafka": "librdkafka",
+}
+
+#: <msgDelivery> settings a reload applies; the others (metadata refresh and pause
+#: timings) belong to the metadata service, built once.
+RELOADED_DELIVERY_FIELDS = frozenset(
+    {
+        "topic_autocreate",
+        "max_failed_delivery_attempts",
+        "shutdown_max_delay_ms",
+        "kafka_socket_timeout_s",
+    }
+)
+
+#: XML names of the <msgDelivery> fields, for the messages that name them.
+_DELIVERY_ELEMENTS = {
+    "topic_autocreate": "topicAutocreate",
+    "max_failed_delivery_attempts": "maxFailedDeliveryAttempts",
+    "shutdown_max_delay_ms": "shutdownMaxDelay",
+    "dispatcher_restart_max_delay_ms": "dispatcherRestartMaxDelay",
+    "metadata_refresh_interval_min": "metadataRefreshInterval",
+    "compare_metadata_on_refresh": "compareMetadataOnRefresh",
+    "kafka_socket_timeout_s": "kafkaSocketTimeout",
+    "pause_rate_limit_initial_ms": "pauseRateLimitInitial",
+    "pause_rate_limit_max_double": "pauseRateLimitMaxDouble",
+    "min_pause_delay_ms": "minPauseDelay",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    """What a reload does: run ``effective``; ``changed`` names the sections it changes
+    (XML element names), ``restart_needed`` the elements whose new values wait for a
+    restart (the running values stay)."""
+
+    effective: Config
+    changed: tuple[str, ...]
+    restart_needed: tuple[str, ...]
+    #: The ``Config`` fields whose effective value differs from the running one.
+    changed_fields: frozenset[str] = frozenset()
+
+    def changes(self, field_name: str) -> bool:
+        """Whether the reload changes the Config field ``field_name``."""
+        return field_name in self.changed_fields
+
+
+def plan_reload(running: Config, loaded: Config) -> ReloadPlan:
+    """Compare the running config with a freshly loaded one (both valid)."""
+    changes: dict[str, object] = {}
+    changed: list[str] = []
+    restart_needed: list[str] = []
+    for spec in dataclasses.fields(Config):
+        name = spec.name
+        old, new = getattr(running, name), getattr(loaded, name)
+        if old == new:
+            continue
+        if name == "delivery":
+            delivery, applied, waiting = _plan_delivery(old, new)
+            if applied:
+                changes[name] = delivery
+            changed += applied
+            restart_needed += waiting
+        elif name in RELOADED_SECTIONS:
+            changes[name] = new
+            changed.append(RELOADED_SECTIONS[name])
+        else:
+            # Unknown sections too: a section nobody taught the reload waits for a restart.
+            restart_needed.append(RESTART_SECTIONS.get(name, name))
+    return ReloadPlan(
+        effective=dataclasses.replace(running, **changes),  # type: ignore[arg-type]
+        changed=tuple(changed),
+        restart_needed=tuple(restart_needed),
+        changed_fields=frozenset(changes),
+    )
+
+
+def _plan_delivery(old: object, new: object) -> tuple[object, list[str], list[str]]:
+    """<msgDelivery>: the running settings with the reloadable fields taken from ``new``."""
+    updates: dict[str, object] = {}
+    applied: list[str] = []
+    waiting: list[str] = []
+    for spec in dataclasses.fields(old):  # type: ignore[arg-type]
+        name = spec.name
+        if getattr(old, name) == getattr(new, name):
+            continue
+        element = f"msgDelivery/{_DELIVERY_ELEMENTS.get(name, name)}"
+        if name in RELOADED_DELIVERY_FIELDS:
+            updates[name] = getattr(new, name)
+            applied.append(element)
+        else:
+            waiting.append(element)
+    return dataclasses.replace(old, **updates), applied, waiting  # type: ignore[type-var]
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    """How one reload went: ``ok`` and what it changed, or the errors that refused it
+    (the daemon then runs on exactly as before)."""
+
+    attempt: int
+    ok: bool
+    at: float  # epoch seconds
+    errors: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    restart_needed: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "attempt": self.attempt,
+            "ok": self.ok,
+            "at": round(self.at, 3),
+            "errors": list(self.errors),
+            "changed": list(self.changed),
+            "restart_needed": list(self.restart_needed),
+        }
+
+
+class ReloadHistory:
+    """The running config's story: the file, when it was loaded, every reload's outcome
+    (the latest kept), for ``/config/json`` and ``pydory reload``."""
+
+    def __init__(self, path: str | None, loaded_at: float) -> None:
+        self.path = path
+        self.loaded_at = loaded_at
+        self.attempts = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.last: ReloadOutcome | None = None
+
+    def next_attempt(self) -> int:
+        self.attempts += 1
+        return self.attempts
+
+    def record(self, outcome: ReloadOutcome) -> None:
+        self.last = outcome
+        if outcome.ok:
+            self.succeeded += 1
+            self.loaded_at = outcome.at
+        else:
+            self.failed += 1
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "loaded_at": round(self.loaded_at, 3),
+            "reloads": {
+                "attempted": self.attempts,
+                "succeeded": self.succeeded,
+                "failed": self.failed,
+            },
+            "last_reload": None if self.last is None else self.last.as_json(),
+        }

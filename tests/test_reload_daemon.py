@@ -1,0 +1,262 @@
+"""Config reload on a running daemon, on Apache Kafka: nothing lost, nothing twice.
+
+Clients on all three transports send without pause while the daemon reloads its config
+(batching, compression, rate limits, inputs moved, added and removed, the discard log);
+every message is then read back from Kafka exactly once, the books balance exactly, and
+the messages sent after a reload were stored with the new config's codec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import assert_balanced, settled, wait_until
+from pydory.client import DatagramSender, TcpSender, UnixStreamSender
+from pydory.client.messages import encode_message
+from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory.testing.kafka_broker import KafkaCluster
+from pydory.testing.kafka_util import consume_all
+from pydory.testing.ports import free_loopback_port
+from test_daemon_kafka import CODEC_IDS, stored_codecs
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(180)]
+
+PER_TRANSPORT = 6000
+BURST = 20
+TRANSPORTS = ("unix_dgram", "unix_stream", "tcp")
+
+
+@pytest.fixture
+def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("s", numbered=True))  # UNIX paths: keep them short
+
+
+@pytest.fixture
+def topic(kafka_broker: KafkaCluster, unique_topic: Callable[[str], str]) -> str:
+    name = unique_topic("reload")
+    kafka_broker.create_topic(name, 4)
+    return name
+
+
+class Flood:
+    """One client per transport, each sending PER_TRANSPORT numbered messages in bursts
+    without pause, on its own thread."""
+
+    def __init__(self, config: DaemonConfig, tcp_port: int, topic: str) -> None:
+        self._senders = {
+            "unix_dgram": DatagramSender(config.datagram_path),
+            "unix_stream": UnixStreamSender(config.stream_path),
+            "tcp": TcpSender(tcp_port),
+        }
+        self._topic = topic
+        self.sent = Counter[str]()
+        self.errors: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._send, args=(transport,), daemon=True)
+            for transport in TRANSPORTS
+        ]
+
+    def _send(self, transport: str) -> None:
+        sender = self._senders[transport]
+        try:
+            with sender:
+                for start in range(0, PER_TRANSPORT, BURST):
+                    sender.send_many(
+                        encode_message(self._topic, b"%s-%d" % (transport.encode(), i))
+                        for i in range(start, start + BURST)
+                    )
+                    self.sent[transport] += BURST
+                    time.sleep(0.001)  # ~3 s in all: long enough to reload twice meanwhile
+        except BaseException as error:  # noqa: BLE001 -- reported by the test thread
+            self.errors.append(error)
+
+    def __enter__(self) -> Flood:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for thread in self._threads:
+            thread.join(60)
+
+    def reached(self, fraction: float) -> Callable[[], bool]:
+        return lambda: min(self.sent[t] for t in TRANSPORTS) >= fraction * PER_TRANSPORT
+
+
+def all_delivered(daemon: RunningDaemon, topic: str, expected: int) -> dict[str, object]:
+    wait_until(settled(daemon, topic, expected), timeout_s=90, what=f"{expected} to {topic}")
+    snapshot = daemon.snapshot()
+    books = snapshot["topics"][topic]
+    assert books["accepted"] == books["delivered"] == expected, books
+    assert books["discarded"] == {}, books
+    assert snapshot["pool_used"] == 0
+    assert_balanced(snapshot)
+    return snapshot
+
+
+def test_reloads_under_load_on_every_transport_lose_and_repeat_nothing(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+) -> None:
+    first = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir, compression="none")
+    second = dataclasses.replace(first, compression="zstd", batching_time_ms=5)
+    third = dataclasses.replace(second, compression="lz4", batching_time_ms=50)
+    with running_daemon(first) as daemon:
+        with Flood(first, daemon.tcp_port, topic) as flood:
+            wait_until(flood.reached(0.3), what="a third of the messages sent")
+            outcome = daemon.reload(second)
+            assert outcome.ok, outcome
+            assert set(outcome.changed) == {"batching", "compression"}
+            wait_until(flood.reached(0.6), what="two thirds of the messages sent")
+            assert daemon.reload(third).ok
+        assert not flood.errors, flood.errors
+        snapshot = all_delivered(daemon, topic, 3 * PER_TRANSPORT)
+        assert snapshot["received"] == dict.fromkeys(TRANSPORTS, PER_TRANSPORT)
+        counters = daemon.server.counters
+        assert counters.get("config_reloads") == 2
+        assert counters.get("producers_retired") >= 2  # the none and zstd producers
+        assert daemon.call(daemon.server.dispatcher.in_librdkafka) == 0
+
+    records = consume_all(kafka_broker.bootstrap_servers, topic, 3 * PER_TRANSPORT)
+    values = Counter(record.value for record in records)
+    assert len(values) == 3 * PER_TRANSPORT
+    assert set(values.values()) == {1}
+    expected = {b"%s-%d" % (t.encode(), i) for t in TRANSPORTS for i in range(PER_TRANSPORT)}
+    assert set(values) == expected
+    # Batches of each config are in the log: uncompressed, zstd, then lz4.
+    codecs = stored_codecs(kafka_broker, topic)
+    assert {0, CODEC_IDS["zstd"], CODEC_IDS["lz4"]} <= set(codecs), codecs
+
+
+def test_a_rate_limit_added_and_removed_by_reload_applies_from_the_next_message(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+) -> None:
+    config = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir)
+    limited = dataclasses.replace(config, rate_limits={topic: (60_000, 5)})
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as client:
+        client.send_many(encode_message(topic, b"free-%d" % i) for i in range(20))
+        wait_until(settled(daemon, topic, 20))
+        assert daemon.reload(limited).ok
+        client.send_many(encode_message(topic, b"limited-%d" % i) for i in range(20))
+        wait_until(lambda: daemon.snapshot()["discards"].get("rate_limit") == 15)
+        assert daemon.reload(config).ok
+        client.send_many(encode_message(topic, b"free-again-%d" % i) for i in range(20))
+        wait_until(settled(daemon, topic, 45))
+        books = daemon.snapshot()["topics"][topic]
+        assert books["delivered"] == 45
+    values = {r.value for r in consume_all(kafka_broker.bootstrap_servers, topic, 45)}
+    assert {b"limited-%d" % i for i in range(5)} <= values
+    assert b"limited-5" not in values
+    assert b"free-again-19" in values
+
+
+def test_inputs_moved_removed_and_added_by_reload(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+) -> None:
+    config = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir)
+    moved = dataclasses.replace(
+        config,
+        datagram_file="dgram2.sock",
+        stream_file="stream2.sock",
+        tcp_port=free_loopback_port(),
+    )
+    with running_daemon(config) as daemon:
+        old_tcp_port = daemon.tcp_port
+        # A client connected across the reload: what it sent before is read, then the
+        # daemon closes its connection (its listener moved).
+        kept = UnixStreamSender(config.stream_path)
+        kept.send_many(encode_message(topic, b"kept-%d" % i) for i in range(100))
+        send_on_each_transport(config, old_tcp_port, topic, b"before")
+
+        outcome = daemon.reload(moved)
+        assert outcome.ok, outcome
+        assert outcome.changed == ("inputSources",)
+        assert not os.path.exists(config.datagram_path)
+        assert not os.path.exists(config.stream_path)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", old_tcp_port), timeout=5).close()
+        assert daemon.tcp_port == moved.tcp_port
+        send_on_each_transport(moved, daemon.tcp_port, topic, b"after")
+        kept.close()
+
+        # Removed, then added back.
+        no_stream = dataclasses.replace(moved, unix_stream=False, tcp_port=None)
+        assert daemon.reload(no_stream).ok
+        assert not os.path.exists(moved.stream_path)
+        assert [s.kind for s in daemon.server.stream_inputs] == []
+        assert daemon.reload(moved).ok
+        send_on_each_transport(moved, daemon.tcp_port, topic, b"again")
+
+        all_delivered(daemon, topic, 100 + 3 * 3 * 10)
+    values = {r.value for r in consume_all(kafka_broker.bootstrap_servers, topic, 190)}
+    assert len(values) == 190
+    assert {b"kept-%d" % i for i in range(100)} <= values
+
+
+def send_on_each_transport(config: DaemonConfig, tcp_port: int, topic: str, tag: bytes) -> None:
+    senders = (
+        DatagramSender(config.datagram_path),
+        UnixStreamSender(config.stream_path),
+        TcpSender(tcp_port),
+    )
+    for n, sender in enumerate(senders):
+        with sender:
+            sender.send_many(encode_message(topic, b"%s-%d-%d" % (tag, n, i)) for i in range(10))
+
+
+def test_a_discard_log_switched_on_by_reload_gets_the_discards_after_it(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str, tmp_path: Path
+) -> None:
+    config = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir)
+    log_path = tmp_path / "discards.log"
+    logged = dataclasses.replace(config, discard_log_path=str(log_path))
+    with running_daemon(config) as daemon, DatagramSender(config.datagram_path) as client:
+        client.send("no-such-topic-before", b"x")
+        wait_until(lambda: daemon.snapshot()["discards"].get("bad_topic") == 1)
+        outcome = daemon.reload(logged)
+        assert outcome.ok, outcome
+        assert outcome.changed == ("discardLogging",)
+        client.send("no-such-topic-after", b"x")
+        wait_until(lambda: daemon.snapshot()["discards"].get("bad_topic") == 2)
+        wait_until(lambda: log_path.exists() and "no-such-topic-after" in log_path.read_text())
+    assert "no-such-topic-before" not in log_path.read_text()
+
+
+def test_a_reload_that_cannot_open_its_new_input_changes_nothing(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+) -> None:
+    config = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir)
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        # The new stream socket opens; the new TCP port is taken: the reload fails
+        # after opening the first, which must be closed again.
+        taken_port = squatter.getsockname()[1]
+        broken = dataclasses.replace(
+            config, stream_file="stream2.sock", compression="gzip", tcp_port=taken_port
+        )
+        with running_daemon(config) as daemon:
+            producers_before = set(daemon.server.dispatcher.producers)
+            outcome = daemon.reload(broken)
+            assert not outcome.ok
+            assert "address already in use" in outcome.errors[0], outcome
+            # Nothing changed: the old inputs serve, the new stream socket is gone again,
+            # the producers and the config are the old ones.
+            assert not os.path.exists(broken.stream_path)
+            assert os.path.exists(config.stream_path)
+            assert daemon.server.dispatcher.producers.keys() == producers_before
+            assert daemon.server.config.compression.default_topic.type == "none"
+            assert daemon.server.counters.get("config_reload_failures") == 1
+            assert daemon.server.reloads.as_json()["reloads"] == {
+                "attempted": 1,
+                "succeeded": 0,
+                "failed": 1,
+            }
+            send_on_each_transport(config, daemon.tcp_port, topic, b"still")
+            all_delivered(daemon, topic, 30)
