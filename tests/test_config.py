@@ -25,7 +25,13 @@ from pydory.config import (
     load_config,
     parse_config,
 )
-from pydory.config.model import OverloadPolicy, SpoolConfig
+from pydory.config.model import (
+    ClientRate,
+    ListenerQuotas,
+    OverloadPolicy,
+    QuotasConfig,
+    SpoolConfig,
+)
 
 SAMPLE = Path(__file__).parent / "data" / "dory_conf.xml"
 
@@ -1064,3 +1070,165 @@ def test_spool_unknown_and_duplicate_children() -> None:
 def test_a_disabled_spool_is_still_validated() -> None:
     error = the_error(spool_section('<segmentSize value="2x" />', enable="false"))
     assert error.path == "/doryConfig/spool/segmentSize"
+
+
+# --- <quotas> (pydory extension) ---------------------------------------------------------------
+
+QUOTAS = """    <quotas>
+        <unixStream>
+            <maxConnections value="256" />
+            <clientRate bytesPerSec="8m" msgsPerSec="50k" window="2000" />
+        </unixStream>
+        <tcp>
+            <maxConnections value="64" />
+            <clientRate bytesPerSec="1m" />
+        </tcp>
+    </quotas>"""
+
+
+def quotas_section(*children: str, listener: str = "tcp") -> str:
+    inner = "\n".join(f"            {child}" for child in children)
+    return with_section(f"""    <quotas>
+        <{listener}>
+{inner}
+        </{listener}>
+    </quotas>""")
+
+
+def test_quotas_are_off_when_absent(sample: Config) -> None:
+    assert parse_config(MINIMAL).quotas == QuotasConfig()
+    assert sample.quotas == QuotasConfig()
+    assert not sample.quotas.enabled
+    assert not parse_config(with_section("    <quotas />")).quotas.enabled
+
+
+def test_quotas_element() -> None:
+    quotas = parse_config(with_section(QUOTAS)).quotas
+    assert quotas == QuotasConfig(
+        unix_stream=ListenerQuotas(256, ClientRate(8 * 1024**2, 50 * 1024, 2000)),
+        tcp=ListenerQuotas(64, ClientRate(1024**2, None, 1000)),
+    )
+    assert quotas.enabled
+    assert quotas.unix_stream.enabled
+    assert quotas.tcp.client_rate.limited
+
+
+@pytest.mark.parametrize(
+    ("children", "expected"),
+    [
+        (['<maxConnections value="unlimited" />'], ListenerQuotas()),
+        (['<maxConnections value="1k" />'], ListenerQuotas(1024)),
+        (
+            ['<clientRate msgsPerSec="100" />'],
+            ListenerQuotas(None, ClientRate(msgs_per_sec=100)),
+        ),
+        (
+            ['<clientRate bytesPerSec="unlimited" msgsPerSec="unlimited" />'],
+            ListenerQuotas(),
+        ),
+        (
+            ['<clientRate bytesPerSec="512k" window="100" />'],
+            ListenerQuotas(None, ClientRate(512 * 1024, None, 100)),
+        ),
+    ],
+)
+def test_quota_values(children: list[str], expected: ListenerQuotas) -> None:
+    assert parse_config(quotas_section(*children)).quotas.tcp == expected
+    unix = parse_config(quotas_section(*children, listener="unixStream")).quotas
+    assert unix.unix_stream == expected
+    assert unix.tcp == ListenerQuotas()
+
+
+@pytest.mark.parametrize(
+    ("child", "path", "reason"),
+    [
+        (
+            '<maxConnections value="0" />',
+            "/doryConfig/quotas/tcp/maxConnections",
+            "Bad value for attribute [value]: Value [0] is out of range: must be at least 1",
+        ),
+        (
+            '<maxConnections value="lots" />',
+            "/doryConfig/quotas/tcp/maxConnections",
+            "Bad value for attribute [value]: Invalid number [lots]",
+        ),
+        (
+            '<maxConnections value="2147483648" />',
+            "/doryConfig/quotas/tcp/maxConnections",
+            "Bad value for attribute [value]: Value [2147483648] is out of range",
+        ),
+        (
+            "<maxConnections />",
+            "/doryConfig/quotas/tcp/maxConnections",
+            "Missing required attribute [value]",
+        ),
+        (
+            '<clientRate bytesPerSec="0" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Bad value for attribute [bytesPerSec]: Value [0] is out of range: must be at least 1",
+        ),
+        (
+            '<clientRate bytesPerSec="1g" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Bad value for attribute [bytesPerSec]: Suffix [g] not allowed in [1g]",
+        ),
+        (
+            '<clientRate msgsPerSec="1m" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Bad value for attribute [msgsPerSec]: Suffix [m] not allowed in [1m]",
+        ),
+        (
+            '<clientRate msgsPerSec="-5" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Bad value for attribute [msgsPerSec]: Invalid number [-5]",
+        ),
+        (
+            '<clientRate msgsPerSec="10" window="99" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Bad value for attribute [window]: Value [99] is out of range: must be at least 100",
+        ),
+        (
+            '<clientRate msgsPerSec="10" window="60001" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Bad value for attribute [window]: Value [60001] is out of range: must be at most "
+            "60000",
+        ),
+        (
+            '<clientRate window="1000" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Missing attribute: give bytesPerSec or msgsPerSec (or both) in clientRate",
+        ),
+        (
+            '<clientRate msgsPerSec="10" burst="5" />',
+            "/doryConfig/quotas/tcp/clientRate",
+            "Unknown attribute [burst]: expected one of: bytesPerSec, msgsPerSec, window",
+        ),
+        (
+            '<maxConnection value="5" />',
+            "/doryConfig/quotas/tcp/maxConnection",
+            "Unknown element [maxConnection]: expected one of: maxConnections, clientRate",
+        ),
+    ],
+)
+def test_quota_bad_values_name_their_element(child: str, path: str, reason: str) -> None:
+    text = quotas_section(child)
+    error = the_error(text)
+    assert error.path == path
+    assert error.reason.startswith(reason), error.reason
+    assert (error.line, error.column) == position_of(text, child.split()[0])
+
+
+def test_quota_listeners_and_duplicates() -> None:
+    errors = errors_of(
+        with_section("""    <quotas enable="true">
+        <udp />
+        <tcp><maxConnections value="1" /><maxConnections value="2" /></tcp>
+        <tcp />
+    </quotas>""")
+    )
+    assert [(e.path, e.reason.split(":")[0]) for e in errors] == [
+        ("/doryConfig/quotas", "Unknown attribute [enable]"),
+        ("/doryConfig/quotas/udp", "Unknown element [udp]"),
+        ("/doryConfig/quotas/tcp[1]/maxConnections[2]", "Duplicate element [maxConnections]"),
+        ("/doryConfig/quotas/tcp[2]", "Duplicate element [tcp]"),
+    ]

@@ -31,6 +31,7 @@ from pydory.config.model import (
     BatchingConfig,
     BatchingThresholds,
     Broker,
+    ClientRate,
     CompressionCodec,
     CompressionConfig,
     CompressionType,
@@ -40,11 +41,13 @@ from pydory.config.model import (
     InputConfig,
     InputSourcesConfig,
     KafkaConfig,
+    ListenerQuotas,
     LoggingConfig,
     LogLevel,
     MsgDebugConfig,
     MsgDeliveryConfig,
     OverloadPolicy,
+    QuotasConfig,
     RateLimit,
     RateLimitingConfig,
     SpoolConfig,
@@ -522,6 +525,7 @@ def _read_config(reader: _Reader, root: Element) -> Config:
             "logging",
             "librdkafka",
             "spool",
+            "quotas",
         ),
     )
     batching = sections.get("batching")
@@ -544,6 +548,7 @@ def _read_config(reader: _Reader, root: Element) -> Config:
         msg_debug=_read_msg_debug(reader, sections.get("msgDebug")),
         logging=_read_logging(reader, sections.get("logging")),
         spool=_read_spool(reader, sections.get("spool")),
+        quotas=_read_quotas(reader, sections.get("quotas")),
         librdkafka=_read_librdkafka(reader, sections.get("librdkafka")),
     )
 
@@ -1089,6 +1094,72 @@ def _read_spool(reader: _Reader, element: Element | None) -> SpoolConfig:
             f"[{spool.max_bytes}]: a segment must fit in the spool",
         )
     return spool
+
+
+# --- quotas on the stream listeners (pydory extension) ----------------------------------------
+
+#: The rate window's bounds (ms): at least ten samples of 10 ms, at most a minute.
+QUOTA_WINDOW_MIN_MS = 100
+QUOTA_WINDOW_MAX_MS = 60_000
+_CLIENT_RATE_ATTRIBUTES = ("bytesPerSec", "msgsPerSec", "window")
+
+
+def _read_quotas(reader: _Reader, element: Element | None) -> QuotasConfig:
+    """<quotas> with a <unixStream> and a <tcp> element, each optional (= no quota)."""
+    if element is None:
+        return QuotasConfig()
+    reader.attributes(element)
+    parts = reader.children(element, optional=("unixStream", "tcp"))
+    return QuotasConfig(
+        unix_stream=_read_listener_quotas(reader, parts.get("unixStream")),
+        tcp=_read_listener_quotas(reader, parts.get("tcp")),
+    )
+
+
+def _read_listener_quotas(reader: _Reader, element: Element | None) -> ListenerQuotas:
+    """A listener's <maxConnections value="N|unlimited"/> and <clientRate .../>."""
+    if element is None:
+        return ListenerQuotas()
+    reader.attributes(element)
+    parts = reader.children(element, optional=("maxConnections", "clientRate"))
+    max_connections = None
+    limit_element = parts.get("maxConnections")
+    if limit_element is not None:
+        reader.leaf(limit_element)
+        reader.attributes(limit_element, required=("value",))
+        max_connections = reader.unsigned_or(
+            limit_element,
+            "value",
+            "unlimited",
+            suffixes=COUNT_SUFFIXES,
+            minimum=1,
+            maximum=INT32_MAX,
+        )
+    rate_element = parts.get("clientRate")
+    rate = ClientRate() if rate_element is None else _read_client_rate(reader, rate_element)
+    return ListenerQuotas(max_connections, rate)
+
+
+def _read_client_rate(reader: _Reader, element: Element) -> ClientRate:
+    """<clientRate bytesPerSec="size|unlimited" msgsPerSec="count|unlimited" window="ms"/>:
+    at least one of the two rates must be given."""
+    reader.leaf(element)
+    attributes = reader.attributes(element, optional=_CLIENT_RATE_ATTRIBUTES)
+    if "bytesPerSec" not in attributes and "msgsPerSec" not in attributes:
+        reader.report(
+            element, "Missing attribute: give bytesPerSec or msgsPerSec (or both) in clientRate"
+        )
+    bytes_per_sec = reader.unsigned_or(
+        element, "bytesPerSec", "unlimited", suffixes=SIZE_SUFFIXES, minimum=1, maximum=INT32_MAX
+    )
+    msgs_per_sec = reader.unsigned_or(
+        element, "msgsPerSec", "unlimited", suffixes=COUNT_SUFFIXES, minimum=1, maximum=INT32_MAX
+    )
+    window_ms = ClientRate().window_ms
+    if "window" in attributes:
+        parse = partial(parse_unsigned, minimum=QUOTA_WINDOW_MIN_MS, maximum=QUOTA_WINDOW_MAX_MS)
+        window_ms = reader.convert(element, "window", attributes["window"], parse) or window_ms
+    return ClientRate(bytes_per_sec, msgs_per_sec, window_ms)
 
 
 # --- brokers and librdkafka -------------------------------------------------------------------

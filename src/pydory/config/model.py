@@ -313,6 +313,55 @@ class SpoolConfig:
         return self.path is not None
 
 
+# --- quotas on the stream listeners (pydory extension) ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRate:
+    """A ``<clientRate>``: the most one client may send per second, measured over
+    ``window_ms`` (None = that quantity is not limited). Above it the client is slowed
+    (its reads paused), never refused."""
+
+    bytes_per_sec: int | None = None
+    msgs_per_sec: int | None = None
+    window_ms: int = 1000
+
+    @property
+    def limited(self) -> bool:
+        """True when a byte or a message rate is set."""
+        return self.bytes_per_sec is not None or self.msgs_per_sec is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerQuotas:
+    """The quotas of one stream listener. ``max_connections`` None = no limit."""
+
+    max_connections: int | None = None
+    client_rate: ClientRate = ClientRate()
+
+    @property
+    def enabled(self) -> bool:
+        """True when this listener limits connections or client rates."""
+        return self.max_connections is not None or self.client_rate.limited
+
+
+@dataclass(frozen=True, slots=True)
+class QuotasConfig:
+    """The ``<quotas>`` section (pydory extension): per listener, a connection quota and
+    a per-client rate quota enforced by delay. Omitted = no quota (as Dory)."""
+
+    unix_stream: ListenerQuotas = ListenerQuotas()
+    tcp: ListenerQuotas = ListenerQuotas()
+
+    @property
+    def enabled(self) -> bool:
+        """True when any listener has a quota."""
+        return self.unix_stream.enabled or self.tcp.enabled
+
+
+NO_QUOTAS = QuotasConfig()
+
+
 # --- logging ----------------------------------------------------------------------------------
 
 
@@ -375,6 +424,8 @@ class Config:
     logging: LoggingConfig = LoggingConfig()
     spool: SpoolConfig = SpoolConfig()
     """The durable spool (pydory's ``<spool>`` extension); off by default."""
+    quotas: QuotasConfig = QuotasConfig()
+    """Connection and client rate quotas (pydory's ``<quotas>`` extension); off by default."""
     librdkafka: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Extra librdkafka producer properties (pydory's ``<librdkafka>`` extension)."""
 

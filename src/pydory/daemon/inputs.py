@@ -10,6 +10,13 @@ a message in the ``Intake`` it hands them to. The daemon never writes to a clien
   maxStreamMsgSize closes that connection only; a stream ending mid-message is an unclean
   disconnect. asyncio's accept loop already backs off on EMFILE/ENFILE.
 
+Quotas (``<quotas>``, pydory.daemon.quotas has the logic): a stream listener may refuse
+connections above its limit (closed at once, counted) and slow a client above its rate
+by pausing that connection's reads for the throttle time. A connection then has two
+reasons not to be read, kept apart: the input's pause (backpressure, shutdown) and its own
+throttle; it is read again only when neither holds. Without a rate quota the read path
+pays one ``if``.
+
 Two more duties:
 
 - Closing at shutdown: stop accepting, then hand the intake what the kernel already holds
@@ -40,7 +47,9 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
-from pydory.daemon.accounting import Transport
+from pydory.config.model import NO_QUOTAS, ListenerQuotas, QuotasConfig
+from pydory.daemon.accounting import Counters, Transport
+from pydory.daemon.quotas import ClientQuota, ListenerQuota
 from pydory.errors import ClientProtocolError, ConfigError
 from pydory.wire import NEED_DATA, StreamFramer
 
@@ -59,6 +68,8 @@ DRAIN_READ_SIZE = 256 * 1024
 DEFAULT_WMEM_FILE = "/proc/sys/net/core/wmem_default"
 #: The length of a UNIX datagram socket's receive queue, fixed when the socket is created.
 MAX_DGRAM_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
+#: struct ucred (SO_PEERCRED): pid, uid, gid.
+_UCRED = struct.Struct("3i")
 
 
 class Intake(Protocol):
@@ -420,13 +431,14 @@ class DatagramInput:
 class _FrameReader:
     """One connection's byte stream, framed into messages for the intake (no I/O)."""
 
-    __slots__ = ("_framer", "_intake", "_kind", "broken")
+    __slots__ = ("_framer", "_intake", "_kind", "broken", "frames_read")
 
     def __init__(self, kind: Transport, max_msg_size: int, intake: Intake) -> None:
         self._kind = kind
         self._intake = intake
         self._framer = StreamFramer(max_msg_size)
         self.broken = False
+        self.frames_read = 0  # whole messages framed so far (the rate quota counts them)
 
     def feed(self, data: bytes) -> bool:
         """Hand the intake every whole message ``data`` completes; False once the stream
@@ -449,6 +461,7 @@ class _FrameReader:
             return False
         if frames:
             # Handed over as one burst: the intake counts and books once per burst.
+            self.frames_read += len(frames)
             self._intake.frames(frames, self._kind)
         return True
 
@@ -463,7 +476,21 @@ class _FrameReader:
 class _Connections:
     """The connections of one stream input, from the moment the loop accepts them."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        kind: Transport,
+        quota: ListenerQuota,
+        counters: Counters,
+        clock: Callable[[], float],
+    ) -> None:
+        self.kind = kind
+        #: The listener's quotas; the connections ask it and count what it decides.
+        self.quota = quota
+        self.counters = counters
+        self.clock = clock
+        self.refused_counter = f"quota_connections_refused_{kind}"
+        self.throttles_counter = f"quota_throttles_{kind}"
+        self.throttled_ms_counter = f"quota_throttled_ms_{kind}"
         #: Connections whose ``connection_made`` has run: their sockets are known.
         self.ready: set[StreamInputProtocol] = set()
         #: Protocols the loop created for a connection it is accepting (uvloop calls the
@@ -519,22 +546,115 @@ class StreamInputProtocol(asyncio.Protocol):
         self.fd = -1  # the connection's socket, once connection_made has run
         self.bytes_read = 0
         self.lost = False
+        # The rate quota: this client's (None: no rate quota, the read path skips it),
+        # the frames it has been charged for, and the timer ending a throttle under way.
+        self._client: ClientQuota | None = None
+        self._frames_charged = 0
+        self._throttle: asyncio.TimerHandle | None = None
+        self._refused = False  # closed at once by the connection quota
         connections.accepting.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
         self.fd = transport.get_extra_info("socket").fileno()
-        self._connections.made(self)
+        connections = self._connections
+        deadline = connections.drain_deadline
+        if deadline is None and not connections.quota.admit(len(connections.ready)):
+            self._refuse()
+            return
+        connections.made(self)
         self._intake.connection_opened(self._kind)
-        deadline = self._connections.drain_deadline
         if deadline is not None:  # accepted as the input was closing
             self.drain_and_close(deadline)
-        elif self._connections.paused:
+            return
+        if connections.quota.rate_limited:
+            self.attach_quota()
+        if connections.paused:
             # uvloop starts reading after connection_made returns, whatever was asked in
             # it (CPython's loops did the same before 3.12, gh-103607); data_received
             # pauses again, so a connection accepted while paused is read once at most.
             self.pause()
+
+    def _refuse(self) -> None:
+        """Over the connection quota: close at once (unread), count it; the client sees
+        its connection closed (its next send fails)."""
+        self._refused = True
+        connections = self._connections
+        connections.accepting.discard(self)
+        connections.counters.inc(connections.refused_counter)
+        log.debug("%s input: connection refused by the connection quota", self._kind)
+        assert self._transport is not None
+        self._transport.abort()
+
+    # -- the rate quota --------------------------------------------------------------------
+
+    def client_key(self) -> object:
+        """Who this client is for its rate quota: its uid on a UNIX socket (every
+        connection of a uid shares one quota), else this connection."""
+        if self._kind is Transport.UNIX_STREAM and self._transport is not None:
+            sock = self._transport.get_extra_info("socket")
+            with contextlib.suppress(OSError):
+                cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+                _pid, uid, _gid = _UCRED.unpack(cred)
+                return ("uid", uid)
+        return self
+
+    def attach_quota(self) -> None:
+        """Take this client's rate quota from the listener's (again, after a change of
+        settings: the measurement starts afresh); None if no rate is limited now."""
+        quota = self._connections.quota
+        if self._client is not None:
+            quota.detach(self._client)
+            self._client = None
+        if self.lost or self._refused or self._transport is None:
+            return
+        self._client = quota.attach(self.client_key()) if quota.rate_limited else None
+        self._frames_charged = self._reader.frames_read
+
+    def _charge(self, nbytes: int) -> None:
+        """Charge a read to this client's rate quota; over it, pause reading for the
+        throttle time."""
+        assert self._client is not None
+        frames = self._reader.frames_read
+        messages = frames - self._frames_charged
+        self._frames_charged = frames
+        connections = self._connections
+        wait = self._client.on_read(connections.clock(), nbytes, messages)
+        if wait <= 0.0 or self._transport is None or self._transport.is_closing():
+            return
+        if self._throttle is not None:  # cannot happen while paused; be safe
+            self._throttle.cancel()
+        self._transport.pause_reading()
+        self._throttle = asyncio.get_running_loop().call_later(wait, self._throttle_over)
+        connections.quota.throttled(wait)
+        connections.counters.inc(connections.throttles_counter)
+        connections.counters.inc(connections.throttled_ms_counter, round(wait * 1000))
+
+    def _throttle_over(self) -> None:
+        """The throttle time is up: read again, unless the input is paused meanwhile
+        (backpressure or shutdown: their resume reads it, or the drain does)."""
+        self._throttle = None
+        if not self._connections.paused:
+            self.resume()
+
+    @property
+    def throttled(self) -> bool:
+        """Whether this connection is paused by its rate quota now."""
+        return self._throttle is not None
+
+    @property
+    def reading(self) -> bool:
+        """Whether the loop reads this connection now (paused by neither reason)."""
+        transport = self._transport
+        return transport is not None and not transport.is_closing() and transport.is_reading()
+
+    def _end_throttle(self) -> None:
+        if self._throttle is not None:
+            self._throttle.cancel()
+            self._throttle = None
+
+    # -- reading -------------------------------------------------------------------------
 
     def close(self) -> None:
         if self._transport is not None:
@@ -546,11 +666,18 @@ class StreamInputProtocol(asyncio.Protocol):
             self._transport.pause_reading()
 
     def resume(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
+        """Read again, unless the rate quota holds this connection (its timer resumes)."""
+        if (
+            self._throttle is None
+            and self._transport is not None
+            and not self._transport.is_closing()
+        ):
             self._transport.resume_reading()
 
     def drain_and_close(self, deadline: float) -> None:
-        """Shutdown: hand the intake what the kernel holds for this connection, then close."""
+        """Shutdown: hand the intake what the kernel holds for this connection, then close.
+        Throttled or not: the quotas only pace reading while the daemon runs."""
+        self._end_throttle()
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -566,15 +693,24 @@ class StreamInputProtocol(asyncio.Protocol):
             # The stream can't be framed any more: close this connection only.
             assert self._transport is not None
             self._transport.close()
-        elif self._connections.paused:
+            return
+        if self._client is not None:
+            self._charge(len(data))
+        if self._connections.paused:
             self.pause()  # a pause in connection_made does not hold under uvloop (above)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._reader.finish()
         self.lost = True
+        if self._refused:
+            return  # never made: neither opened nor read
+        self._end_throttle()
+        if self._client is not None:
+            self._connections.quota.detach(self._client)
+            self._client = None
+        self._reader.finish()
         self._connections.lost(self)
         self._intake.connection_closed(self._kind, exc)
 
@@ -591,7 +727,12 @@ class StreamInput:
         path: str | None = None,
         mode: int | None = None,
         port: int | None = None,
+        quotas: QuotasConfig = NO_QUOTAS,
+        counters: Counters | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``quotas``: the ``<quotas>`` section (this listener's part applies);
+        ``counters``: where quota refusals and throttles are counted."""
         self.kind = kind
         self.path = path
         self.port = port
@@ -600,7 +741,28 @@ class StreamInput:
         self._intake = intake
         self._servers: list[asyncio.Server] = []
         self._listening_fds: list[int] = []
-        self._connections = _Connections()
+        self._quota = ListenerQuota(self._quotas_of(quotas))
+        self._connections = _Connections(
+            kind, self._quota, Counters() if counters is None else counters, clock
+        )
+
+    def _quotas_of(self, quotas: QuotasConfig) -> ListenerQuotas:
+        return quotas.tcp if self.kind is Transport.TCP else quotas.unix_stream
+
+    @property
+    def quota(self) -> ListenerQuota:
+        """This listener's quotas (their settings and what they did)."""
+        return self._quota
+
+    def set_quotas(self, quotas: QuotasConfig) -> None:
+        """Replace the quota settings at run time (a config reload): ``quotas`` is the
+        whole ``<quotas>`` section, this listener takes its part. A new connection limit
+        applies to connections made from now on (open ones stay); every open connection
+        takes the new rate quota at once, measured afresh; a throttle under way ends at
+        its time."""
+        self._quota.configure(self._quotas_of(quotas))
+        for connection in list(self._connections.ready):
+            connection.attach_quota()
 
     def _protocol(self) -> StreamInputProtocol:
         return StreamInputProtocol(self.kind, self._max, self._intake, self._connections)

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from pydory import __version__
-from pydory.daemon.accounting import DiscardReason, TopicTotals
+from pydory.daemon.accounting import DiscardReason, TopicTotals, Transport
 from pydory.daemon.kafka_stats import USABLE_STATES, BrokerStats
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ __all__ = ["QUEUE_STAGES", "DaemonCollector", "build_registry"]
 
 #: The librdkafka queues a message passes through, in order (Dory's /queues names).
 QUEUE_STAGES = ("batch", "send_wait", "ack_wait")
+#: The listeners that have quotas (pydory.daemon.inputs counts per transport).
+QUOTA_TRANSPORTS = (str(Transport.UNIX_STREAM), str(Transport.TCP))
 
 
 def build_registry(view: DaemonView) -> CollectorRegistry:
@@ -64,6 +66,7 @@ class DaemonCollector(Collector):
         yield from self._pool()
         yield from self._spool()
         yield from self._overload()
+        yield from self._quotas()
         yield from self._queues()
         yield from self._brokers(now)
         yield from self._metadata(now)
@@ -228,6 +231,33 @@ class DaemonCollector(Collector):
             "Times the inputs were paused for memory (backpressure).",
             value=self._view.counters.get("backpressure_pauses"),
         )
+
+    # -- the quotas on the stream listeners -----------------------------------------------
+
+    def _quotas(self) -> Iterator[Metric]:
+        counters = self._view.counters
+        refused = CounterMetricFamily(
+            "pydory_quota_refused_connections",
+            "Connections closed at once because the listener was at <maxConnections>.",
+            labels=["transport"],
+        )
+        throttles = CounterMetricFamily(
+            "pydory_quota_throttles",
+            "Times a client above its <clientRate> had its reads paused.",
+            labels=["transport"],
+        )
+        throttled = CounterMetricFamily(
+            "pydory_quota_throttled_seconds",
+            "Total throttle time imposed on clients above their <clientRate>.",
+            labels=["transport"],
+        )
+        for transport in QUOTA_TRANSPORTS:
+            refused.add_metric([transport], counters.get(f"quota_connections_refused_{transport}"))
+            throttles.add_metric([transport], counters.get(f"quota_throttles_{transport}"))
+            throttled.add_metric(
+                [transport], counters.get(f"quota_throttled_ms_{transport}") / 1000
+            )
+        yield from (refused, throttles, throttled)
 
     # -- librdkafka's queues and brokers --------------------------------------------------
 
