@@ -41,6 +41,7 @@ LIVE_PAGES = {
     "queues": "/queues/json",
     "books": "/books/json",
     "dashboard": "/dashboard/json",
+    "config": "/config/json",
 }
 
 

@@ -1,4 +1,5 @@
-"""sd_notify: ``pydory serve`` tells systemd READY=1 once open and STOPPING=1 on the way out."""
+"""sd_notify: ``pydory serve`` tells systemd READY=1 once open, RELOADING=1 and READY=1
+around a reload, and STOPPING=1 on the way out."""
 
 from __future__ import annotations
 
@@ -85,6 +86,13 @@ def test_serve_is_ready_after_its_inputs_open_and_says_when_it_stops(
             assert Path(config.stream_path).exists()
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
                 client.connect(config.stream_path)
+            # A reload (ExecReload's SIGHUP) says RELOADING=1, then READY=1 when done
+            # (what Type=notify-reload expects; Type=notify ignores it).
+            process.send_signal(signal.SIGHUP)
+            reloading = receiver.recv(4096).split(b"\n")
+            assert reloading[0] == b"RELOADING=1"
+            assert reloading[1].startswith(b"MONOTONIC_USEC=")
+            assert receiver.recv(4096) == b"READY=1"
             process.send_signal(signal.SIGTERM)
             assert receiver.recv(4096) == b"STOPPING=1"
             assert process.wait(timeout=60) == 0

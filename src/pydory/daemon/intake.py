@@ -145,9 +145,7 @@ class Intake:
         #: admitted later by :meth:`admit_deferred`.
         self.defer_when_memory_short = False
 
-    def reconfigure(
-        self, message_max_bytes: int, autocreate: Callable[[str], None] | None
-    ) -> None:
+    def reconfigure(self, message_max_bytes: int, autocreate: Callable[[str], None] | None) -> None:
         """A config reload: the largest message and topic autocreation, from the next
         message on (messages already admitted keep the decisions taken for them)."""
         self._max_data = message_max_bytes - KAFKA_RECORD_OVERHEAD

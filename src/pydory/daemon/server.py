@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pydory.config import Config
+from pydory.config import Config, load_config
 from pydory.daemon.accounting import Books, Counters, Transport
 from pydory.daemon.commit_point import CommitPoint
 from pydory.daemon.discard_log import DiscardLog
@@ -34,11 +36,12 @@ from pydory.daemon.msg_debug import MsgDebug
 from pydory.daemon.overload import Overload
 from pydory.daemon.pool import MemoryPool
 from pydory.daemon.ratelimit import TopicRateLimiter
+from pydory.daemon.reload import ReloadHistory, ReloadOutcome, ReloadPlan, plan_reload
 from pydory.daemon.router import Router
 from pydory.daemon.spool import Spool, SpoolError
 from pydory.daemon.systemd import notify as systemd_notify
 from pydory.daemon.write_ahead import WriteAhead, replay_spool
-from pydory.errors import ConfigError
+from pydory.errors import ConfigError, ConfigErrors
 from pydory.status import DaemonView, StatusServer
 
 log = logging.getLogger(__name__)
@@ -54,10 +57,19 @@ T = TypeVar("T")
 class Server:
     """Dory's data path, from client sockets to Kafka acknowledgements."""
 
-    def __init__(self, config: Config, log_files: LogFiles | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        log_files: LogFiles | None = None,
+        config_path: str | None = None,
+    ) -> None:
+        """``config_path``: the file SIGHUP reloads (None: reloads need a Config given)."""
         self.config = config
         self.started_at = time.time()
         self._log_files = log_files
+        self.config_path = config_path
+        self.reloads = ReloadHistory(config_path, self.started_at)
+        self._reload_lock = asyncio.Lock()
         self.counters = Counters()
         self.discard_log = DiscardLog.from_config(config, self.counters)
         self.msg_debug = MsgDebug(config.msg_debug, self.counters)
@@ -93,7 +105,7 @@ class Server:
         )
         self.dispatcher = Dispatcher(
             settings,
-            lambda topic: producer_profile(config, topic),
+            functools.partial(producer_profile, config),
             self.router,
             DeliveryLedger(self.books, self.pool, tokens),
             on_partition_trouble=self.metadata.request_refresh,
@@ -112,7 +124,7 @@ class Server:
             message_max_bytes=config.batching.message_max_bytes,
             prefix_size=config.http.bad_msg_prefix_size,
             on_unknown_topic=lambda topic: self.metadata.request_refresh(),
-            autocreate=self._create_topic if config.delivery.topic_autocreate else None,
+            autocreate=self._autocreate_of(config),
             msg_debug=self.msg_debug,
             write_ahead=self.write_ahead,
         )
@@ -254,11 +266,10 @@ class Server:
     def _configured_topics(self) -> list[str]:
         """A topic of the default profile ("" is never configured) and every topic that
         the config gives its own batching or compression."""
-        return [
-            "",
-            *self.config.batching.topic_configs,
-            *self.config.compression.topic_configs,
-        ]
+        return _configured_topics(self.config)
+
+    def _autocreate_of(self, config: Config) -> Callable[[str], None] | None:
+        return self._create_topic if config.delivery.topic_autocreate else None
 
     def request_shutdown(self) -> None:
         """Thread-safe: begin a graceful shutdown."""
@@ -289,36 +300,57 @@ class Server:
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
 
     async def _open_inputs(self, loop: asyncio.AbstractEventLoop) -> None:
-        sources = self.config.inputs
-        limits = self.config.input_config
-        if sources.unix_datagram.enabled:
-            assert sources.unix_datagram.path is not None
-            self.datagram_input = DatagramInput(
-                sources.unix_datagram.path,
-                sources.unix_datagram.mode,
-                limits.max_datagram_msg_size,
-                limits.allow_large_unix_datagrams,
+        self.datagram_input = self._open_datagram_input(self.config, loop)
+        for kind in (Transport.UNIX_STREAM, Transport.TCP):
+            stream_input = self._new_stream_input(self.config, kind)
+            if stream_input is not None:
+                self.stream_inputs.append(stream_input)
+                await stream_input.start(loop)
+
+    def _open_datagram_input(
+        self, config: Config, loop: asyncio.AbstractEventLoop
+    ) -> DatagramInput | None:
+        """The UNIX datagram input ``config`` asks for, listening; None if it is off."""
+        source = config.inputs.unix_datagram
+        if source.path is None:
+            return None
+        limits = config.input_config
+        datagram_input = DatagramInput(
+            source.path,
+            source.mode,
+            limits.max_datagram_msg_size,
+            limits.allow_large_unix_datagrams,
+            self.intake,
+        )
+        datagram_input.start(loop)
+        return datagram_input
+
+    def _new_stream_input(self, config: Config, kind: Transport) -> StreamInput | None:
+        """The UNIX stream or TCP input ``config`` asks for (not started); None if off."""
+        limits = config.input_config
+        if kind is Transport.UNIX_STREAM:
+            source = config.inputs.unix_stream
+            if source.path is None:
+                return None
+            return StreamInput(
+                kind,
+                limits.max_stream_msg_size,
                 self.intake,
+                path=source.path,
+                mode=source.mode,
+                quotas=config.quotas,
+                counters=self.counters,
             )
-            self.datagram_input.start(loop)
-        if sources.unix_stream.enabled:
-            self.stream_inputs.append(
-                StreamInput(
-                    Transport.UNIX_STREAM,
-                    limits.max_stream_msg_size,
-                    self.intake,
-                    path=sources.unix_stream.path,
-                    mode=sources.unix_stream.mode,
-                )
-            )
-        if sources.tcp.enabled:
-            self.stream_inputs.append(
-                StreamInput(
-                    Transport.TCP, limits.max_stream_msg_size, self.intake, port=sources.tcp.port
-                )
-            )
-        for stream_input in self.stream_inputs:
-            await stream_input.start(loop)
+        if config.inputs.tcp.port is None:
+            return None
+        return StreamInput(
+            kind,
+            limits.max_stream_msg_size,
+            self.intake,
+            port=config.inputs.tcp.port,
+            quotas=config.quotas,
+            counters=self.counters,
+        )
 
     async def _shutdown(self) -> None:
         log.log(25, "pydory shutting down")
@@ -396,15 +428,171 @@ class Server:
         else:
             self.intake.topic_creation_settled(topic)
 
+    # -- config reload (SIGHUP, ``pydory reload``) -----------------------------------------
+
+    def request_reload(self) -> None:
+        """On the loop (SIGHUP): reload the config file, in the background."""
+        if self._tasks is None or self._stop_requested_at is not None:
+            log.warning("config reload asked for while starting or stopping: ignored")
+            return
+        self._tasks.create_task(self.reload(), name="config-reload")
+
+    async def reload(self, loaded: Config | None = None) -> ReloadOutcome:
+        """Read the config file again (or take ``loaded``) and apply it without losing,
+        duplicating or double-counting a message. An invalid file changes nothing: the
+        daemon runs on, every error is logged and the failure counted. One at a time."""
+        async with self._reload_lock:
+            attempt = self.reloads.next_attempt()
+            systemd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+            try:
+                outcome = await self._reload(attempt, loaded)
+            finally:
+                systemd_notify("READY=1")
+            self.reloads.record(outcome)
+            self.counters.inc("config_reloads" if outcome.ok else "config_reload_failures")
+            return outcome
+
+    async def _reload(self, attempt: int, loaded: Config | None) -> ReloadOutcome:
+        if self._stop_requested_at is not None:
+            return _refused(attempt, ["the daemon is shutting down"])
+        if loaded is None and self.config_path is None:
+            return _refused(attempt, ["no config file to reload (the daemon was given a Config)"])
+        try:
+            if loaded is None:
+                assert self.config_path is not None
+                try:
+                    loaded = load_config(self.config_path)
+                except OSError as error:
+                    raise ConfigError(
+                        f"cannot read config file {self.config_path}: {error.strerror}"
+                    ) from None
+            plan = plan_reload(self.config, loaded)
+            await self._apply(plan)
+        except ConfigErrors as errors:
+            return _refused(attempt, [str(error) for error in errors.errors])
+        except ConfigError as error:
+            return _refused(attempt, [str(error)])
+        except OSError as error:  # a new socket or log file could not be opened
+            return _refused(attempt, [str(error)])
+        for element in plan.restart_needed:
+            log.warning("config reload: <%s> changed; it takes effect at the next restart", element)
+        log.log(
+            25,
+            "config reloaded from %s: changed %s",
+            self.config_path or "<given config>",
+            ", ".join(plan.changed) or "nothing",
+        )
+        return ReloadOutcome(
+            attempt, True, time.time(), changed=plan.changed, restart_needed=plan.restart_needed
+        )
+
+    async def _apply(self, plan: ReloadPlan) -> None:
+        """Apply a reload plan: first each step that can fail (open the new inputs, the
+        new log file, create the new producers), undoing those done if one does; then
+        the steps that cannot fail. Messages already taken in settle on the producers
+        that took them; every message read after this returns meets the new config."""
+        new = plan.effective
+        loop = asyncio.get_running_loop()
+        inputs = await self._open_changed_inputs(new, loop)
+        try:
+            if plan.changes("logging") and self._log_files is not None:
+                self._log_files.apply(new.logging)
+            try:
+                if any(plan.changes(f) for f in ("batching", "compression", "kafka", "delivery")):
+                    self.dispatcher.reconfigure(
+                        delivery_settings(new),
+                        functools.partial(producer_profile, new),
+                        _configured_topics(new),
+                    )
+            except BaseException:
+                if plan.changes("logging") and self._log_files is not None:
+                    self._log_files.apply(self.config.logging)
+                raise
+        except BaseException:
+            await inputs.close_opened()
+            raise
+        if plan.changes("rate_limiting"):
+            self.limiter.reconfigure(new.rate_limit_for)
+        self.intake.reconfigure(new.batching.message_max_bytes, self._autocreate_of(new))
+        if plan.changes("discard_logging") or plan.changes("logging"):
+            await self._swap_discard_log(new)
+        running, self.config = self.config, new
+        await self._swap_inputs(inputs, running, new)
+        if plan.changes("quotas"):
+            for stream_input in self.stream_inputs:
+                stream_input.set_quotas(new.quotas)  # a new input already has them
+
+    async def _open_changed_inputs(
+        self, new: Config, loop: asyncio.AbstractEventLoop
+    ) -> _InputSwap:
+        """Open each input the new config adds or moves, beside the running ones."""
+        old_sources, new_sources = self.config.inputs, new.inputs
+        swap = _InputSwap()
+        try:
+            if old_sources.unix_datagram.path != new_sources.unix_datagram.path:
+                swap.datagram_changed = True
+                swap.datagram = self._open_datagram_input(new, loop)
+            for kind in (Transport.UNIX_STREAM, Transport.TCP):
+                if _stream_address(self.config, kind) != _stream_address(new, kind):
+                    stream_input = swap.streams[kind] = self._new_stream_input(new, kind)
+                    if stream_input is not None:
+                        await stream_input.start(loop)
+        except BaseException:
+            await swap.close_opened()
+            raise
+        return swap
+
+    async def _swap_inputs(self, swap: _InputSwap, running: Config, new: Config) -> None:
+        """Put the inputs opened for a reload in place, then close those they replace:
+        each hands the intake what its clients already sent, then closes."""
+        replaced: list[DatagramInput | StreamInput] = []
+        if swap.datagram_changed:
+            if self.datagram_input is not None:
+                replaced.append(self.datagram_input)
+            self.datagram_input = swap.datagram
+        for kind, stream_input in swap.streams.items():
+            replaced += [s for s in self.stream_inputs if s.kind is kind]
+            self.stream_inputs = [s for s in self.stream_inputs if s.kind is not kind]
+            if stream_input is not None:
+                self.stream_inputs.append(stream_input)
+        for old_source, new_source in (
+            (running.inputs.unix_datagram, new.inputs.unix_datagram),
+            (running.inputs.unix_stream, new.inputs.unix_stream),
+        ):
+            path, mode = new_source.path, new_source.mode
+            # A mode of None leaves the file as the umask made it.
+            if (
+                path is not None
+                and mode is not None
+                and (path, mode) != (old_source.path, old_source.mode)
+            ):
+                os.chmod(path, mode)
+        if swap.opened:
+            self.overload.inputs_opened()  # memory short right now: they start paused too
+        for source in replaced:
+            log.info("config reload: closing the input %s", _describe(source))
+            if isinstance(source, DatagramInput):
+                source.close()
+            else:
+                await source.close()
+
+    async def _swap_discard_log(self, new: Config) -> None:
+        """Hand the books the discard outputs of the new config before closing the old
+        ones that are not reused, so that no discard falls between the two."""
+        old = self.discard_log
+        self.discard_log = old.reconfigured(self.config, new, self.counters)
+        self.books.set_discard_sink(self.discard_log.sink)
+        await asyncio.to_thread(old.close_replaced, self.discard_log)
+
     # -- signals --------------------------------------------------------------------------
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # tests run servers in threads; signals only reach the main thread
         assert self._stop is not None
-        # SIGHUP too: a closed terminal must not kill the daemon without its flush.
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         loop.add_signal_handler(signal.SIGUSR1, self._reopen_log_files)
 
     def _reopen_log_files(self) -> None:
@@ -442,6 +630,7 @@ class Server:
             msg_debug=self.msg_debug if self.msg_debug.enabled else None,
             spool=self.spool,
             overload=self.overload,
+            reloads=self.reloads,
         )
 
     def _request_metadata_refresh(self) -> None:
@@ -465,6 +654,52 @@ class Server:
             "pool_used": self.pool.used,
             "rerouted": self.dispatcher.rerouted,
         }
+
+
+class _InputSwap:
+    """The inputs a reload opened (None: the new config turns that input off), and
+    which the running ones they replace."""
+
+    def __init__(self) -> None:
+        self.datagram_changed = False
+        self.datagram: DatagramInput | None = None
+        self.streams: dict[Transport, StreamInput | None] = {}
+
+    @property
+    def opened(self) -> bool:
+        return self.datagram is not None or any(self.streams.values())
+
+    async def close_opened(self) -> None:
+        """The reload failed: close what it opened (reading what clients already sent)."""
+        if self.datagram is not None:
+            self.datagram.close()
+        for stream_input in self.streams.values():
+            if stream_input is not None:
+                await stream_input.close()
+
+
+def _stream_address(config: Config, kind: Transport) -> str | int | None:
+    """Where a stream input listens: its socket path, or its TCP port (0: any)."""
+    sources = config.inputs
+    return sources.unix_stream.path if kind is Transport.UNIX_STREAM else sources.tcp.port
+
+
+def _describe(source: DatagramInput | StreamInput) -> str:
+    if isinstance(source, DatagramInput):
+        return f"unix datagram {source.path}"
+    return f"{source.kind} {source.path or source.port}"
+
+
+def _configured_topics(config: Config) -> list[str]:
+    """A topic of the default profile ("" is never configured) and every topic that the
+    config gives its own batching or compression."""
+    return ["", *config.batching.topic_configs, *config.compression.topic_configs]
+
+
+def _refused(attempt: int, errors: list[str]) -> ReloadOutcome:
+    for error in errors:
+        log.error("config reload refused, running on as before: %s", error)
+    return ReloadOutcome(attempt, False, time.time(), errors=tuple(errors))
 
 
 def _spool_of(config: Config) -> Spool | None:
