@@ -8,6 +8,7 @@ the messages sent after a reload were stored with the new config's codec.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -260,3 +261,35 @@ def test_a_reload_that_cannot_open_its_new_input_changes_nothing(
             }
             send_on_each_transport(config, daemon.tcp_port, topic, b"still")
             all_delivered(daemon, topic, 30)
+
+
+def test_a_connection_quota_added_by_reload_applies_to_new_connections_only(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+) -> None:
+    from test_quotas_daemon import QuotaDaemonConfig
+
+    config = QuotaDaemonConfig(kafka_broker.bootstrap_servers, socket_dir, tcp_port=None)
+    quota = dataclasses.replace(
+        config,
+        quotas_xml="""    <quotas>
+        <unixStream>
+            <maxConnections value="1" />
+        </unixStream>
+    </quotas>
+""",
+    )
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as first:
+        first.send_many(encode_message(topic, b"first-%d" % i) for i in range(10))
+        wait_until(settled(daemon, topic, 10))
+        outcome = daemon.reload(quota)
+        assert outcome.ok, outcome
+        assert outcome.changed == ("quotas",)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+            second.connect(config.stream_path)  # the kernel accepts; the daemon closes it
+            second.settimeout(5)
+            with contextlib.suppress(ConnectionResetError):  # as good as an EOF
+                assert second.recv(1) == b""
+        # The connection open before the reload is served on.
+        first.send_many(encode_message(topic, b"first-again-%d" % i) for i in range(10))
+        all_delivered(daemon, topic, 20)
+        assert daemon.server.counters.get("quota_connections_refused_unix_stream") == 1
