@@ -529,3 +529,30 @@ def test_quotas_replaced_at_run_time_apply_to_open_connections(socket_dir: str) 
         await stream_input.close()
 
     run(scenario())
+
+
+def test_a_message_rate_counts_the_frames_each_read_completed(socket_dir: str) -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        intake = RecordingIntake()
+        # 1000 messages/s over 100 ms: 100 messages of credit; bytes are not limited.
+        quotas = tcp_quotas(msgs_per_sec=1000, window_ms=100)
+        stream_input, counters = await started(Transport.TCP, socket_dir, quotas, intake)
+        client = await connected(Transport.TCP, stream_input)
+        await intake.until(lambda: stream_input.connection_count == 1)
+        connection = only_connection(stream_input)
+        await loop.sock_sendall(client, MESSAGE * 99 + MESSAGE[:50])  # 99 and a half
+        await intake.until(lambda: intake.frames_seen == 99)
+        await asyncio.sleep(0.05)
+        assert not connection.throttled
+        began = time.monotonic()
+        await loop.sock_sendall(client, MESSAGE[50:] + MESSAGE * 400)  # 401 completed
+        await intake.until(lambda: intake.frames_seen == 500)
+        assert connection.throttled  # 500 in the window: 0.4 s over at 1000/s
+        await eventually(lambda: not connection.throttled)
+        assert 0.2 < time.monotonic() - began < 1.0  # about 0.35 s: 400 over, 50 ms idle
+        assert counters.get("quota_throttles_tcp") == 1
+        client.close()
+        await stream_input.close()
+
+    run(scenario())
