@@ -23,6 +23,7 @@ from pydory.daemon.accounting import Books, Counters, DiscardReason, Transport
 from pydory.daemon.commit_point import CommitPointView
 from pydory.daemon.kafka_stats import BrokerStats, StatsSnapshot, TopicQueues
 from pydory.daemon.pool import MemoryPool
+from pydory.daemon.reload import ReloadHistory, ReloadOutcome
 from pydory.daemon.router import MetadataSnapshot
 from pydory.status.metrics import DaemonCollector, build_registry
 from pydory.status.view import DaemonView
@@ -240,6 +241,21 @@ def test_spool_and_overload(fake_server: DaemonView) -> None:
     assert value(scraped, "pydory_overload_paused") == 1
     assert value(scraped, "pydory_overload_paused_seconds_total") == 2.5
     assert value(scraped, "pydory_overload_pauses_total") == 3
+
+
+def test_config_reloads(fake_server: DaemonView) -> None:
+    history = ReloadHistory("/etc/pydory/pydory.xml", loaded_at=NOW - 100)
+    history.record(ReloadOutcome(history.next_attempt(), True, NOW - 50))
+    history.record(ReloadOutcome(history.next_attempt(), False, NOW - 10, errors=("bad",)))
+    with_reloads = dataclasses.replace(fake_server, reloads=history)
+    scraped = parse(generate_latest(DaemonCollector(with_reloads, clock=lambda: NOW)).decode())
+    assert value(scraped, "pydory_config_last_reload_successful") == 0
+    assert value(scraped, "pydory_config_loaded_timestamp_seconds") == NOW - 50
+    assert value(scraped, "pydory_config_reloads_total", outcome="success") == 1
+    assert value(scraped, "pydory_config_reloads_total", outcome="failure") == 1
+    history.record(ReloadOutcome(history.next_attempt(), True, NOW))
+    scraped = parse(generate_latest(DaemonCollector(with_reloads, clock=lambda: NOW)).decode())
+    assert value(scraped, "pydory_config_last_reload_successful") == 1
 
 
 def test_no_spool_no_spool_metrics(fake_server: DaemonView) -> None:

@@ -172,6 +172,11 @@ class ReloadHistory:
         self.failed = 0
         self.last: ReloadOutcome | None = None
 
+    @property
+    def last_ok(self) -> bool:
+        """Whether the last reload succeeded (True before the first)."""
+        return self.last is None or self.last.ok
+
     def next_attempt(self) -> int:
         self.attempts += 1
         return self.attempts

@@ -67,6 +67,7 @@ class DaemonCollector(Collector):
         yield from self._spool()
         yield from self._overload()
         yield from self._quotas()
+        yield from self._config()
         yield from self._queues()
         yield from self._brokers(now)
         yield from self._metadata(now)
@@ -258,6 +259,32 @@ class DaemonCollector(Collector):
                 [transport], counters.get(f"quota_throttled_ms_{transport}") / 1000
             )
         yield from (refused, throttles, throttled)
+
+    # -- the config and its reloads ---------------------------------------------------------
+
+    def _config(self) -> Iterator[Metric]:
+        """Like Prometheus' own ``prometheus_config_last_reload_successful``."""
+        history = self._view.reloads
+        if history is None:
+            return
+        yield GaugeMetricFamily(
+            "pydory_config_last_reload_successful",
+            "1 if the last config reload succeeded (or none was tried), 0 if it was refused.",
+            value=1 if history.last_ok else 0,
+        )
+        yield GaugeMetricFamily(
+            "pydory_config_loaded_timestamp_seconds",
+            "When the running config was loaded: start-up or the last successful reload.",
+            value=history.loaded_at,
+        )
+        reloads = CounterMetricFamily(
+            "pydory_config_reloads",
+            "Config reloads (SIGHUP, pydory reload) by outcome.",
+            labels=["outcome"],
+        )
+        reloads.add_metric(["success"], history.succeeded)
+        reloads.add_metric(["failure"], history.failed)
+        yield reloads
 
     # -- librdkafka's queues and brokers --------------------------------------------------
 
