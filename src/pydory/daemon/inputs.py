@@ -63,6 +63,9 @@ SHUTDOWN_DRAIN_S = 1.0
 SHUTDOWN_DATAGRAMS_MAX = 100_000
 #: Bytes asked of a stream socket per read while draining it at shutdown.
 DRAIN_READ_SIZE = 256 * 1024
+#: A stream read at least this large may have left more behind: the connection then
+#: waits for the loop's next turn before it is read again (see ``_yield_turn``).
+TURN_READ_BYTES = 64 * 1024
 #: A UNIX datagram larger than this needs the client to raise SO_SNDBUF (Dory's
 #: allowLargeUnixDatagrams); Linux's default net.core.wmem_default is 212992.
 DEFAULT_WMEM_FILE = "/proc/sys/net/core/wmem_default"
@@ -552,6 +555,7 @@ class StreamInputProtocol(asyncio.Protocol):
         self._frames_charged = 0
         self._throttle: asyncio.TimerHandle | None = None
         self._refused = False  # closed at once by the connection quota
+        self._next_turn_handle: asyncio.Handle | None = None  # see _yield_turn
         connections.accepting.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -698,6 +702,23 @@ class StreamInputProtocol(asyncio.Protocol):
             self._charge(len(data))
         if self._connections.paused:
             self.pause()  # a pause in connection_made does not hold under uvloop (above)
+        elif len(data) >= TURN_READ_BYTES and self._throttle is None:
+            self._yield_turn()
+
+    def _yield_turn(self) -> None:
+        """A large read: the client may have more waiting, and libuv would read this
+        connection up to 32 times in a row (8 MiB) before the loop serves anything else,
+        so one busy client delayed every other input and the status pages by a quarter of
+        a second. Pause it until the loop's next turn instead: every input gets a read
+        per turn. Costs two epoll_ctl calls per large read, and only under load."""
+        assert self._transport is not None
+        self._transport.pause_reading()
+        self._next_turn_handle = asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._next_turn_handle = None
+        if not self._connections.paused:  # else their resume (or the drain) reads it
+            self.resume()
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
