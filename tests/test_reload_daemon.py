@@ -104,10 +104,16 @@ def all_delivered(daemon: RunningDaemon, topic: str, expected: int) -> dict[str,
     return snapshot
 
 
+@pytest.mark.parametrize("spool", [False, True], ids=["memory", "spool"])
 def test_reloads_under_load_on_every_transport_lose_and_repeat_nothing(
-    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str, tmp_path: Path, spool: bool
 ) -> None:
-    first = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir, compression="none")
+    first = DaemonConfig(
+        kafka_broker.bootstrap_servers,
+        socket_dir,
+        compression="none",
+        spool_path=str(tmp_path / "spool") if spool else None,
+    )
     second = dataclasses.replace(first, compression="zstd", batching_time_ms=5)
     third = dataclasses.replace(second, compression="lz4", batching_time_ms=50)
     with running_daemon(first) as daemon:
@@ -125,6 +131,9 @@ def test_reloads_under_load_on_every_transport_lose_and_repeat_nothing(
         assert counters.get("config_reloads") == 2
         assert counters.get("producers_retired") >= 2  # the none and zstd producers
         assert daemon.call(daemon.server.dispatcher.in_librdkafka) == 0
+        spooled = daemon.server.spool
+        if spooled is not None:  # every message settled: its spool segment with it
+            wait_until(lambda: daemon.call(lambda: spooled.outstanding) == 0)
 
     records = consume_all(kafka_broker.bootstrap_servers, topic, 3 * PER_TRANSPORT)
     values = Counter(record.value for record in records)
