@@ -180,10 +180,11 @@ def test_inputs_moved_removed_and_added_by_reload(
     )
     with running_daemon(config) as daemon:
         old_tcp_port = daemon.tcp_port
-        # A client connected across the reload: what it sent before is read, then the
-        # daemon closes its connection (its listener moved).
-        kept = UnixStreamSender(config.stream_path)
-        kept.send_many(encode_message(topic, b"kept-%d" % i) for i in range(100))
+        # Clients connected across the reload: their listeners move, their connections
+        # stay open and served until they close them.
+        kept = [UnixStreamSender(config.stream_path), TcpSender(old_tcp_port)]
+        for n, client in enumerate(kept):
+            client.send_many(encode_message(topic, b"kept-%d-%d" % (n, i)) for i in range(100))
         send_on_each_transport(config, old_tcp_port, topic, b"before")
 
         outcome = daemon.reload(moved)
@@ -195,20 +196,26 @@ def test_inputs_moved_removed_and_added_by_reload(
             socket.create_connection(("127.0.0.1", old_tcp_port), timeout=5).close()
         assert daemon.tcp_port == moved.tcp_port
         send_on_each_transport(moved, daemon.tcp_port, topic, b"after")
-        kept.close()
+        for n, client in enumerate(kept):
+            client.send_many(encode_message(topic, b"kept-%d-%d" % (n, i)) for i in range(100, 200))
+            client.close()
+        retired = daemon.server.retired_stream_inputs
+        assert len(retired) == 2
+        wait_until(lambda: daemon.call(lambda: all(s.idle for s in retired)))
 
         # Removed, then added back.
         no_stream = dataclasses.replace(moved, unix_stream=False, tcp_port=None)
         assert daemon.reload(no_stream).ok
         assert not os.path.exists(moved.stream_path)
-        assert [s.kind for s in daemon.server.stream_inputs] == []
+        assert daemon.server.stream_inputs == []
+        assert daemon.server.retired_stream_inputs == []  # idle ones are let go
         assert daemon.reload(moved).ok
         send_on_each_transport(moved, daemon.tcp_port, topic, b"again")
 
-        all_delivered(daemon, topic, 100 + 3 * 3 * 10)
-    values = {r.value for r in consume_all(kafka_broker.bootstrap_servers, topic, 190)}
-    assert len(values) == 190
-    assert {b"kept-%d" % i for i in range(100)} <= values
+        all_delivered(daemon, topic, 400 + 3 * 3 * 10)
+    values = {r.value for r in consume_all(kafka_broker.bootstrap_servers, topic, 490)}
+    assert len(values) == 490
+    assert {b"kept-%d-%d" % (n, i) for n in range(2) for i in range(200)} <= values
 
 
 def send_on_each_transport(config: DaemonConfig, tcp_port: int, topic: str, tag: bytes) -> None:

@@ -891,6 +891,8 @@ class StreamInput:
         """Stop the loop accepting, keeping each listening socket (and its backlog of
         connected clients) open on a duplicate; remove the socket file, so that no new
         UNIX client can connect."""
+        if not self._listening_fds:
+            return []  # stopped already (by stop_accepting): the file may be another's now
         backlogs = [_dup_socket(fd) for fd in self._listening_fds]
         self._listening_fds = []
         for server in self._servers:
@@ -898,6 +900,34 @@ class StreamInput:
         if self.path is not None:
             _remove_socket_file(self.path)
         return backlogs
+
+    async def stop_accepting(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A reload moved or removed this listener: accept no new connection (the socket
+        file goes at once), but serve the connections open on it, those waiting in the
+        listen backlog included, until their clients close them. Closing them instead
+        would lose what a TCP client sends in the meantime (its writes succeed until the
+        reset). :meth:`close` still drains and closes them at shutdown."""
+        backlogs = self._stop_listening()
+        try:
+            for listener in backlogs:
+                while True:
+                    try:
+                        sock, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:
+                        log.warning("%s input: cannot accept a waiting client: %s", self.kind, exc)
+                        break
+                    sock.setblocking(False)
+                    await loop.connect_accepted_socket(self._protocol, sock)
+        finally:
+            for listener in backlogs:
+                listener.close()
+
+    @property
+    def idle(self) -> bool:
+        """No connection open or being accepted (a listener a reload retired may go)."""
+        return not self._connections.ready and not self._connections.accepting
 
     def _drain_backlog(self, listener: socket.socket, deadline: float) -> None:
         """Accept the connections waiting in the backlog and read what those clients sent."""

@@ -85,7 +85,7 @@ class Server:
         self.kafka_stats = KafkaStats()  # every producer's librdkafka statistics, merged
         settings = delivery_settings(config)
         self.commit_point = CommitPoint(
-            lambda: mark_inputs(self.datagram_input, self.stream_inputs)
+            lambda: mark_inputs(self.datagram_input, self._stream_inputs())
         )
         self.spool = _spool_of(config)
         self.write_ahead = (
@@ -133,6 +133,9 @@ class Server:
         )
         self.datagram_input: DatagramInput | None = None
         self.stream_inputs: list[StreamInput] = []
+        #: Stream listeners a reload moved or removed: no longer accepting, still reading
+        #: the connections open on them until their clients close them.
+        self.retired_stream_inputs: list[StreamInput] = []
         self.status: StatusServer | None = None
         self.ready = threading.Event()  # set once inputs are open (for tests and tools)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -261,7 +264,12 @@ class Server:
     def _inputs(self) -> list[DatagramInput | StreamInput]:
         """The input agents open now (the overload policy pauses and resumes them)."""
         datagram = [] if self.datagram_input is None else [self.datagram_input]
-        return [*datagram, *self.stream_inputs]
+        return [*datagram, *self._stream_inputs()]
+
+    def _stream_inputs(self) -> list[StreamInput]:
+        """Every stream listener with connections to read: those configured now and those
+        a reload retired."""
+        return [*self.stream_inputs, *self.retired_stream_inputs]
 
     def _configured_topics(self) -> list[str]:
         """A topic of the default profile ("" is never configured) and every topic that
@@ -285,7 +293,7 @@ class Server:
             # paused, the inputs leave it in the kernel for the shutdown read.
             if self.datagram_input is not None:
                 self.datagram_input.pause()
-            for stream_input in self.stream_inputs:
+            for stream_input in self._stream_inputs():
                 stream_input.pause()
         assert self._stop is not None
         self._stop.set()
@@ -357,7 +365,7 @@ class Server:
         systemd_notify("STOPPING=1")
         if self.datagram_input is not None:
             self.datagram_input.close()
-        for stream_input in self.stream_inputs:
+        for stream_input in self._stream_inputs():
             await stream_input.close()  # each reads what clients already sent, then closes
         self.commit_point.release_waiters()  # long-polls answer now, not at the close timeout
         if self.status is not None:
@@ -543,15 +551,21 @@ class Server:
         return swap
 
     async def _swap_inputs(self, swap: _InputSwap, running: Config, new: Config) -> None:
-        """Put the inputs opened for a reload in place, then close those they replace:
-        each hands the intake what its clients already sent, then closes."""
-        replaced: list[DatagramInput | StreamInput] = []
+        """Put the inputs opened for a reload in place, then retire those they replace.
+
+        A datagram socket replaced is closed: the datagrams queued are read first, and a
+        client sending to the old path from then on gets an error (nothing silently
+        lost). A stream listener replaced stops accepting but keeps reading its open
+        connections until their clients close them: closing a TCP connection would lose
+        whatever its client wrote in the meantime, unknown to it.
+        """
+        replaced_datagram = None
         if swap.datagram_changed:
-            if self.datagram_input is not None:
-                replaced.append(self.datagram_input)
+            replaced_datagram = self.datagram_input
             self.datagram_input = swap.datagram
+        replaced_streams: list[StreamInput] = []
         for kind, stream_input in swap.streams.items():
-            replaced += [s for s in self.stream_inputs if s.kind is kind]
+            replaced_streams += [s for s in self.stream_inputs if s.kind is kind]
             self.stream_inputs = [s for s in self.stream_inputs if s.kind is not kind]
             if stream_input is not None:
                 self.stream_inputs.append(stream_input)
@@ -569,12 +583,27 @@ class Server:
                 os.chmod(path, mode)
         if swap.opened:
             self.overload.inputs_opened()  # memory short right now: they start paused too
-        for source in replaced:
-            log.info("config reload: closing the input %s", _describe(source))
-            if isinstance(source, DatagramInput):
-                source.close()
-            else:
-                await source.close()
+        if replaced_datagram is not None:
+            log.info("config reload: closing the input %s", _describe(replaced_datagram))
+            replaced_datagram.close()
+        loop = asyncio.get_running_loop()
+        for stream_input in replaced_streams:
+            log.info(
+                "config reload: %s no longer accepts connections; its %d open ones are "
+                "served until their clients close them",
+                _describe(stream_input),
+                stream_input.connection_count,
+            )
+            await stream_input.stop_accepting(loop)
+            self.retired_stream_inputs.append(stream_input)
+        await self._close_idle_retired_inputs()
+
+    async def _close_idle_retired_inputs(self) -> None:
+        """Let go of the retired stream listeners whose last connection has closed."""
+        idle = [s for s in self.retired_stream_inputs if s.idle]
+        self.retired_stream_inputs = [s for s in self.retired_stream_inputs if not s.idle]
+        for stream_input in idle:
+            await stream_input.close()
 
     async def _swap_discard_log(self, new: Config) -> None:
         """Hand the books the discard outputs of the new config before closing the old
