@@ -68,7 +68,7 @@ def test_restart_only_sections_keep_the_running_values_and_are_named() -> None:
     assert plan.effective.compression == new.compression
 
 
-def test_msg_delivery_is_split_field_by_field() -> None:
+def test_msg_delivery_is_reloaded_whole() -> None:
     running = config()
     new_delivery = dataclasses.replace(
         running.delivery,
@@ -77,23 +77,18 @@ def test_msg_delivery_is_split_field_by_field() -> None:
         metadata_refresh_interval_min=1,
     )
     plan = plan_reload(running, dataclasses.replace(running, delivery=new_delivery))
-    assert set(plan.changed) == {
-        "msgDelivery/maxFailedDeliveryAttempts",
-        "msgDelivery/shutdownMaxDelay",
-    }
-    assert plan.restart_needed == ("msgDelivery/metadataRefreshInterval",)
-    assert plan.effective.delivery.max_failed_delivery_attempts == 9
-    assert plan.effective.delivery.shutdown_max_delay_ms == 1234
-    assert plan.effective.delivery.metadata_refresh_interval_min == 15
+    assert plan.changed == ("msgDelivery",)
+    assert plan.restart_needed == ()
+    assert plan.effective.delivery == new_delivery
     assert plan.changes("delivery")
 
 
-def test_only_restart_changes_leave_delivery_untouched() -> None:
+def test_librdkafka_properties_wait_for_a_restart() -> None:
     running = config()
-    new_delivery = dataclasses.replace(running.delivery, min_pause_delay_ms=1)
-    plan = plan_reload(running, dataclasses.replace(running, delivery=new_delivery))
+    new = dataclasses.replace(running, librdkafka={"linger.ms": "7"})
+    plan = plan_reload(running, new)
     assert plan.changed == ()
-    assert not plan.changes("delivery")
+    assert plan.restart_needed == ("librdkafka",)
     assert plan.effective == running
 
 

@@ -160,6 +160,23 @@ class MetadataService:
                 return True
         return False
 
+    def reconfigure(
+        self,
+        *,
+        refresh_interval_s: float,
+        compare_on_refresh: bool,
+        min_pause_delay_s: float,
+        pause_initial_s: float,
+        pause_max_double: int,
+    ) -> None:
+        """A config reload: the refresh timings and comparison from the next refresh on
+        (a wait under way ends at its old time)."""
+        self._interval_s = refresh_interval_s
+        self._compare = compare_on_refresh
+        self._min_pause_s = min_pause_delay_s
+        self._pause_initial_s = pause_initial_s
+        self._pause_max_double = pause_max_double
+
     def request_refresh(self) -> None:
         """Ask for a refresh soon (unknown topic, delivery trouble, POST /metadata_update)."""
         self._wanted.set()

@@ -4,8 +4,8 @@ A reload never half-applies a file. The server reads and validates the new file;
 module compares it with the running config and answers two questions:
 
 - which sections change and can change while messages flow (batching, compression,
-  topic configs, rate limits, inputs, logging, the discard log, and a few delivery
-  settings): the server applies those;
+  topic configs, rate limits, inputs, delivery settings, logging, the discard log,
+  quotas): the server applies those;
 - which changed settings only a restart can apply (the brokers to bootstrap from, the
   memory pool's size, the status port, the spool...): those keep their running values,
   and the reload says so, naming each element.
@@ -30,6 +30,7 @@ RELOADED_SECTIONS: dict[str, str] = {
     "compression": "compression",
     "rate_limiting": "topicRateLimiting",
     "inputs": "inputSources",
+    "delivery": "msgDelivery",
     "kafka": "kafkaConfig",
     "logging": "logging",
     "discard_logging": "discardLogging",
@@ -44,31 +45,6 @@ RESTART_SECTIONS: dict[str, str] = {
     "msg_debug": "msgDebug",
     "spool": "spool",
     "librdkafka": "librdkafka",
-}
-
-#: <msgDelivery> settings a reload applies; the others (metadata refresh and pause
-#: timings) belong to the metadata service, built once.
-RELOADED_DELIVERY_FIELDS = frozenset(
-    {
-        "topic_autocreate",
-        "max_failed_delivery_attempts",
-        "shutdown_max_delay_ms",
-        "kafka_socket_timeout_s",
-    }
-)
-
-#: XML names of the <msgDelivery> fields, for the messages that name them.
-_DELIVERY_ELEMENTS = {
-    "topic_autocreate": "topicAutocreate",
-    "max_failed_delivery_attempts": "maxFailedDeliveryAttempts",
-    "shutdown_max_delay_ms": "shutdownMaxDelay",
-    "dispatcher_restart_max_delay_ms": "dispatcherRestartMaxDelay",
-    "metadata_refresh_interval_min": "metadataRefreshInterval",
-    "compare_metadata_on_refresh": "compareMetadataOnRefresh",
-    "kafka_socket_timeout_s": "kafkaSocketTimeout",
-    "pause_rate_limit_initial_ms": "pauseRateLimitInitial",
-    "pause_rate_limit_max_double": "pauseRateLimitMaxDouble",
-    "min_pause_delay_ms": "minPauseDelay",
 }
 
 
@@ -99,13 +75,7 @@ def plan_reload(running: Config, loaded: Config) -> ReloadPlan:
         old, new = getattr(running, name), getattr(loaded, name)
         if old == new:
             continue
-        if name == "delivery":
-            delivery, applied, waiting = _plan_delivery(old, new)
-            if applied:
-                changes[name] = delivery
-            changed += applied
-            restart_needed += waiting
-        elif name in RELOADED_SECTIONS:
+        if name in RELOADED_SECTIONS:
             changes[name] = new
             changed.append(RELOADED_SECTIONS[name])
         else:
@@ -117,24 +87,6 @@ def plan_reload(running: Config, loaded: Config) -> ReloadPlan:
         restart_needed=tuple(restart_needed),
         changed_fields=frozenset(changes),
     )
-
-
-def _plan_delivery(old: object, new: object) -> tuple[object, list[str], list[str]]:
-    """<msgDelivery>: the running settings with the reloadable fields taken from ``new``."""
-    updates: dict[str, object] = {}
-    applied: list[str] = []
-    waiting: list[str] = []
-    for spec in dataclasses.fields(old):  # type: ignore[arg-type]
-        name = spec.name
-        if getattr(old, name) == getattr(new, name):
-            continue
-        element = f"msgDelivery/{_DELIVERY_ELEMENTS.get(name, name)}"
-        if name in RELOADED_DELIVERY_FIELDS:
-            updates[name] = getattr(new, name)
-            applied.append(element)
-        else:
-            waiting.append(element)
-    return dataclasses.replace(old, **updates), applied, waiting  # type: ignore[type-var]
 
 
 @dataclass(frozen=True, slots=True)

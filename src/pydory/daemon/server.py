@@ -95,13 +95,7 @@ class Server:
         # settle the spool as well as the commit point, when there is a spool.
         tokens = self.commit_point if self.write_ahead is None else self.write_ahead
         self.metadata = MetadataService(
-            settings.properties(),
-            self.router,
-            refresh_interval_s=config.delivery.metadata_refresh_interval_min * 60,
-            compare_on_refresh=config.delivery.compare_metadata_on_refresh,
-            min_pause_delay_s=config.delivery.min_pause_delay_ms / 1000,
-            pause_initial_s=config.delivery.pause_rate_limit_initial_ms / 1000,
-            pause_max_double=config.delivery.pause_rate_limit_max_double,
+            settings.properties(), self.router, **_metadata_timings(config)
         )
         self.dispatcher = Dispatcher(
             settings,
@@ -521,6 +515,8 @@ class Server:
             raise
         if plan.changes("rate_limiting"):
             self.limiter.reconfigure(new.rate_limit_for)
+        if plan.changes("delivery"):
+            self.metadata.reconfigure(**_metadata_timings(new))
         self.intake.reconfigure(new.batching.message_max_bytes, self._autocreate_of(new))
         if plan.changes("discard_logging") or plan.changes("logging"):
             await self._swap_discard_log(new)
@@ -717,6 +713,18 @@ def _describe(source: DatagramInput | StreamInput) -> str:
     if isinstance(source, DatagramInput):
         return f"unix datagram {source.path}"
     return f"{source.kind} {source.path or source.port}"
+
+
+def _metadata_timings(config: Config) -> dict[str, Any]:
+    """The metadata service's refresh settings, from <msgDelivery>."""
+    delivery = config.delivery
+    return {
+        "refresh_interval_s": delivery.metadata_refresh_interval_min * 60,
+        "compare_on_refresh": delivery.compare_metadata_on_refresh,
+        "min_pause_delay_s": delivery.min_pause_delay_ms / 1000,
+        "pause_initial_s": delivery.pause_rate_limit_initial_ms / 1000,
+        "pause_max_double": delivery.pause_rate_limit_max_double,
+    }
 
 
 def _configured_topics(config: Config) -> list[str]:
