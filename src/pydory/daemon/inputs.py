@@ -505,6 +505,8 @@ class _Connections:
         #: While set, connections are not read (backpressure, or a shutdown on its way);
         #: one accepted meanwhile starts paused.
         self.paused = False
+        #: Called when the last connection is gone (set on a listener a reload retired).
+        self.on_idle: Callable[[], None] | None = None
         self._lost: asyncio.Event | None = None
 
     def made(self, connection: StreamInputProtocol) -> None:
@@ -515,6 +517,8 @@ class _Connections:
         self.ready.discard(connection)
         if self._lost is not None:
             self._lost.set()
+        if self.on_idle is not None and not self.ready and not self.accepting:
+            self.on_idle()
 
     async def wait_all_lost(self, deadline: float) -> bool:
         """Wait until every connection is gone; False if some remain at ``deadline``."""
@@ -901,12 +905,15 @@ class StreamInput:
             _remove_socket_file(self.path)
         return backlogs
 
-    async def stop_accepting(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def stop_accepting(
+        self, loop: asyncio.AbstractEventLoop, on_idle: Callable[[], None] | None = None
+    ) -> None:
         """A reload moved or removed this listener: accept no new connection (the socket
         file goes at once), but serve the connections open on it, those waiting in the
         listen backlog included, until their clients close them. Closing them instead
         would lose what a TCP client sends in the meantime (its writes succeed until the
-        reset). :meth:`close` still drains and closes them at shutdown."""
+        reset). :meth:`close` still drains and closes them at shutdown. ``on_idle`` is
+        called when the last of them closes (not if there is none: see :attr:`idle`)."""
         backlogs = self._stop_listening()
         try:
             for listener in backlogs:
@@ -923,6 +930,7 @@ class StreamInput:
         finally:
             for listener in backlogs:
                 listener.close()
+        self._connections.on_idle = on_idle
 
     @property
     def idle(self) -> bool:

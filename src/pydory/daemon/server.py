@@ -590,16 +590,23 @@ class Server:
                 _describe(stream_input),
                 stream_input.connection_count,
             )
-            await stream_input.stop_accepting(loop)
             self.retired_stream_inputs.append(stream_input)
-        await self._close_idle_retired_inputs()
+            await stream_input.stop_accepting(loop, functools.partial(self._let_go, stream_input))
+            if stream_input.idle:
+                self._let_go(stream_input)
 
-    async def _close_idle_retired_inputs(self) -> None:
-        """Let go of the retired stream listeners whose last connection has closed."""
-        idle = [s for s in self.retired_stream_inputs if s.idle]
-        self.retired_stream_inputs = [s for s in self.retired_stream_inputs if not s.idle]
-        for stream_input in idle:
-            await stream_input.close()
+    def _let_go(self, stream_input: StreamInput) -> None:
+        """A stream listener a reload retired has no connection left: close it. (At
+        shutdown, the shutdown closes it with the others.)"""
+        if (
+            self._tasks is None
+            or self._stop_requested_at is not None
+            or stream_input not in self.retired_stream_inputs
+        ):
+            return
+        self.retired_stream_inputs.remove(stream_input)
+        log.info("config reload: %s closed (its last client left)", _describe(stream_input))
+        self._tasks.create_task(stream_input.close(), name="close-retired-input")
 
     async def _swap_discard_log(self, new: Config) -> None:
         """Hand the books the discard outputs of the new config before closing the old
