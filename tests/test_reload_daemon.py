@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AclOperation
 
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
@@ -308,3 +309,53 @@ def test_a_connection_quota_added_by_reload_applies_to_new_connections_only(
         first.send_many(encode_message(topic, b"first-again-%d" % i) for i in range(10))
         all_delivered(daemon, topic, 20)
         assert daemon.server.counters.get("quota_connections_refused_unix_stream") == 1
+
+
+def test_brokers_and_credentials_change_by_reload_under_load(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+) -> None:
+    """Rotating credentials, or moving to another listener, without a restart: the same
+    broker over PLAINTEXT, then SASL/PLAIN as alice, then TLS, while clients send."""
+    from pydory.testing.pytest_plugin import KAFKA_SASL_USERS
+    from test_daemon_kafka import grant, sasl_login
+
+    alice = KAFKA_SASL_USERS[0]
+    grant(kafka_broker, topic, alice, [AclOperation.WRITE, AclOperation.DESCRIBE])
+    assert kafka_broker.ca_path is not None
+    plain = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir)
+    sasl = dataclasses.replace(
+        plain,
+        bootstrap_servers=kafka_broker.sasl_bootstrap_servers,
+        librdkafka=sasl_login(alice),
+    )
+    tls = dataclasses.replace(
+        plain,
+        bootstrap_servers=kafka_broker.ssl_bootstrap_servers,
+        librdkafka={"security.protocol": "SSL", "ssl.ca.location": str(kafka_broker.ca_path)},
+    )
+    with running_daemon(plain) as daemon:
+        metadata = daemon.server.metadata
+        with Flood(plain, daemon.tcp_port, topic) as flood:
+            wait_until(flood.reached(0.3), what="a third of the messages sent")
+            fetched = metadata.fetch_successes
+            outcome = daemon.reload(sasl)
+            assert outcome.ok, outcome
+            assert set(outcome.changed) == {"initialBrokers", "librdkafka"}
+            # Metadata is fetched at once through the new client (SASL, as alice).
+            wait_until(lambda: metadata.fetch_successes > fetched, what="a metadata fetch")
+            wait_until(flood.reached(0.6), what="two thirds of the messages sent")
+            assert daemon.reload(tls).ok
+        assert not flood.errors, flood.errors
+        all_delivered(daemon, topic, 3 * PER_TRANSPORT)
+        # A property librdkafka refuses: the reload is refused, TLS goes on.
+        refused = daemon.reload(
+            dataclasses.replace(tls, librdkafka={**tls.librdkafka, "no.such.property": "1"})
+        )
+        assert not refused.ok
+        assert "/doryConfig/librdkafka" in refused.errors[0], refused
+        assert "no.such.property" in refused.errors[0], refused
+        assert daemon.server.config.librdkafka == tls.librdkafka
+        send_on_each_transport(tls, daemon.tcp_port, topic, b"still")
+        all_delivered(daemon, topic, 3 * PER_TRANSPORT + 30)
+    records = consume_all(kafka_broker.bootstrap_servers, topic, 3 * PER_TRANSPORT + 30)
+    assert len({r.value for r in records}) == len(records) == 3 * PER_TRANSPORT + 30

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pydory.config import Config, RateLimit, parse_config
+from pydory.config import Broker, Config, RateLimit, parse_config
 from pydory.config.model import LoggingConfig, LogLevel
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.ratelimit import TopicRateLimiter
@@ -83,12 +83,25 @@ def test_msg_delivery_is_reloaded_whole() -> None:
     assert plan.changes("delivery")
 
 
-def test_librdkafka_properties_wait_for_a_restart() -> None:
+def test_brokers_and_librdkafka_properties_are_reloaded() -> None:
     running = config()
-    new = dataclasses.replace(running, librdkafka={"linger.ms": "7"})
+    new = dataclasses.replace(
+        running,
+        librdkafka={"security.protocol": "SSL"},
+        initial_brokers=(Broker("kafka-2", 9093),),
+    )
+    plan = plan_reload(running, new)
+    assert set(plan.changed) == {"librdkafka", "initialBrokers"}
+    assert plan.restart_needed == ()
+    assert plan.effective == new
+
+
+def test_spool_and_msg_debug_wait_for_a_restart() -> None:
+    running = config()
+    new = config(spool_path="/var/lib/pydory/spool", msg_debug_path="/var/log/pydory")
     plan = plan_reload(running, new)
     assert plan.changed == ()
-    assert plan.restart_needed == ("librdkafka",)
+    assert set(plan.restart_needed) == {"spool", "msgDebug"}
     assert plan.effective == running
 
 

@@ -96,9 +96,7 @@ class MetadataService:
         pause_max_double: int = 4,
         on_replaced: Callable[[MetadataSnapshot], None] = lambda snapshot: None,
     ) -> None:
-        # A producer that never produces: list_topics(topic) on a producer also asks the
-        # broker to auto-create the topic, which is how Dory requests topic creation.
-        self._client = Producer({**properties, "allow.auto.create.topics": True})
+        self._client = self.new_client(properties)
         self._router = router
         self._interval_s = refresh_interval_s
         self._compare = compare_on_refresh
@@ -159,6 +157,21 @@ class MetadataService:
             else:
                 return True
         return False
+
+    @staticmethod
+    def new_client(properties: dict[str, Any]) -> Producer:
+        """A metadata client for ``properties``; raises KafkaException if librdkafka
+        refuses them. A producer that never produces: list_topics(topic) on a producer
+        also asks the broker to auto-create the topic, which is how Dory requests topic
+        creation."""
+        return Producer({**properties, "allow.auto.create.topics": True})
+
+    def use_client(self, client: Producer) -> None:
+        """A config reload changed the brokers or librdkafka's properties: fetch through
+        ``client`` from now on (a fetch under way ends on the old one), and at once."""
+        old, self._client = self._client, client
+        old.flush(0)
+        self.request_refresh()
 
     def reconfigure(
         self,

@@ -4,11 +4,11 @@ A reload never half-applies a file. The server reads and validates the new file;
 module compares it with the running config and answers two questions:
 
 - which sections change and can change while messages flow (batching, compression,
-  topic configs, rate limits, inputs, delivery settings, logging, the discard log,
-  quotas): the server applies those;
-- which changed settings only a restart can apply (the brokers to bootstrap from, the
-  memory pool's size, the status port, the spool...): those keep their running values,
-  and the reload says so, naming each element.
+  topic configs, rate limits, inputs, delivery settings, the brokers and librdkafka's
+  properties, logging, the discard log, quotas): the server applies those;
+- which changed settings only a restart can apply (the memory pool's size and message
+  size limits, the status port, the spool, message debugging): those keep their running
+  values, and the reload says so, naming each element.
 
 The result is the *effective* config: the file's values where a reload applies them, the
 running ones elsewhere. Everything the server derives after a reload derives from it, so
@@ -35,16 +35,16 @@ RELOADED_SECTIONS: dict[str, str] = {
     "logging": "logging",
     "discard_logging": "discardLogging",
     "quotas": "quotas",
+    "initial_brokers": "initialBrokers",
+    "librdkafka": "librdkafka",
 }
 
 #: Config fields only a restart applies (their resources are made once, at start-up).
 RESTART_SECTIONS: dict[str, str] = {
-    "initial_brokers": "initialBrokers",
     "input_config": "inputConfig",
     "http": "httpInterface",
     "msg_debug": "msgDebug",
     "spool": "spool",
-    "librdkafka": "librdkafka",
 }
 
 

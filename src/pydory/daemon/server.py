@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from confluent_kafka import KafkaException, Producer
+
 from pydory.config import Config, load_config
 from pydory.daemon.accounting import Books, Counters, Transport
 from pydory.daemon.commit_point import CommitPoint
@@ -500,7 +502,8 @@ class Server:
             if plan.changes("logging") and self._log_files is not None:
                 self._log_files.apply(new.logging)
             try:
-                if any(plan.changes(f) for f in ("batching", "compression", "kafka", "delivery")):
+                metadata_client = self._new_metadata_client(plan)
+                if any(plan.changes(f) for f in _PRODUCER_SECTIONS):
                     self.dispatcher.reconfigure(
                         delivery_settings(new),
                         functools.partial(producer_profile, new),
@@ -513,6 +516,8 @@ class Server:
         except BaseException:
             await inputs.close_opened()
             raise
+        if metadata_client is not None:
+            self.metadata.use_client(metadata_client)
         if plan.changes("rate_limiting"):
             self.limiter.reconfigure(new.rate_limit_for)
         if plan.changes("delivery"):
@@ -525,6 +530,18 @@ class Server:
         if plan.changes("quotas"):
             for stream_input in self.stream_inputs:
                 stream_input.set_quotas(new.quotas)  # a new input already has them
+
+    def _new_metadata_client(self, plan: ReloadPlan) -> Producer | None:
+        """A metadata client for new brokers or librdkafka properties (None: unchanged)."""
+        if not (plan.changes("initial_brokers") or plan.changes("librdkafka")):
+            return None
+        try:
+            return MetadataService.new_client(delivery_settings(plan.effective).properties())
+        except KafkaException as exc:
+            raise ConfigError(
+                f"librdkafka refuses the new settings: {exc.args[0].str()}",
+                "/doryConfig/librdkafka",
+            ) from None
 
     async def _open_changed_inputs(
         self, new: Config, loop: asyncio.AbstractEventLoop
@@ -686,6 +703,17 @@ class Server:
             "pool_used": self.pool.used,
             "rerouted": self.dispatcher.rerouted,
         }
+
+
+#: The Config fields that make the producers' settings (delivery_settings, producer_profile).
+_PRODUCER_SECTIONS = (
+    "batching",
+    "compression",
+    "kafka",
+    "delivery",
+    "initial_brokers",
+    "librdkafka",
+)
 
 
 class _InputSwap:
