@@ -81,6 +81,23 @@ def test_non_positive_budget_is_rejected(budget: int) -> None:
         MemoryPool(budget)
 
 
+def test_resize_below_what_is_held_depletes_and_above_gives_room() -> None:
+    events: list[str] = []
+    pool = MemoryPool(100)
+    pool.watch(lambda: events.append("depleted"), lambda: events.append("room"))
+    assert pool.try_allocate(60)
+    pool.resize(50)  # a reload lowered maxBuffer below what is held
+    assert pool.is_depleted
+    assert not pool.try_allocate(1)
+    assert events == ["depleted"]
+    pool.resize(200)
+    assert not pool.is_depleted
+    assert pool.available == 140
+    assert events == ["depleted", "room"]
+    with pytest.raises(ValueError, match="positive"):
+        pool.resize(0)
+
+
 def test_percent_time_depleted_follows_a_scripted_timeline() -> None:
     clock = FakeClock(100.0)
     pool = MemoryPool(100, clock=clock)

@@ -17,6 +17,7 @@ from pydory.client import UnixStreamSender
 from pydory.client.messages import encode_message
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.mock_cluster import MockCluster
+from pydory.testing.ports import free_loopback_port
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -52,12 +53,13 @@ def test_a_restart_only_change_is_named(
     daemon: tuple[DaemonProcess, DaemonConfig, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     process, config, config_path = daemon
-    config_path.write_text(dataclasses.replace(config, max_buffer="32m").render())
+    moved = dataclasses.replace(config, http_port=free_loopback_port(), max_buffer="32m")
+    config_path.write_text(moved.render())
     assert main(["reload", "--url", process.url]) == 0
     assert capsys.readouterr().out == (
-        "reloaded: nothing (the file is unchanged)\n"
-        "  <inputConfig> changed: takes effect at the next restart\n"
+        "reloaded: inputConfig\n  <httpInterface> changed: takes effect at the next restart\n"
     )
+    assert process.books()["pool"]["budget"] == 32 * 1024 * 1024  # on the old port still
 
 
 def test_the_command_refuses_an_invalid_file_without_signalling(

@@ -359,3 +359,36 @@ def test_brokers_and_credentials_change_by_reload_under_load(
         all_delivered(daemon, topic, 3 * PER_TRANSPORT + 30)
     records = consume_all(kafka_broker.bootstrap_servers, topic, 3 * PER_TRANSPORT + 30)
     assert len({r.value for r in records}) == len(records) == 3 * PER_TRANSPORT + 30
+
+
+def test_input_limits_and_the_memory_pool_change_by_reload(
+    kafka_broker: KafkaCluster, topic: str, socket_dir: str
+) -> None:
+    config = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir, max_buffer="64m")
+    smaller = dataclasses.replace(
+        config, max_buffer="8m", max_stream_msg_size="4k", max_datagram_msg_size="2k"
+    )
+    with running_daemon(config) as daemon:
+        big = b"x" * 3000
+        with UnixStreamSender(config.stream_path) as kept:
+            kept.send(topic, big)  # a connection made before the reload keeps its limit
+            outcome = daemon.reload(smaller)
+            assert outcome.ok, outcome
+            assert outcome.changed == ("inputConfig",)
+            assert daemon.server.pool.budget == 8 * 1024 * 1024
+            kept.send(topic, big)
+        with DatagramSender(config.datagram_path) as client:
+            client.send(topic, big)  # above the new 2k: discarded as malformed
+            client.send(topic, b"small")
+        with UnixStreamSender(config.stream_path) as fresh:
+            fresh.send(topic, b"x" * 5000)  # above the new 4k: the connection is closed
+        counters = daemon.server.counters
+        wait_until(lambda: counters.get("datagram_over_max_size") == 1)
+        wait_until(lambda: counters.get("stream_oversized_frame_unix_stream") == 1)
+        all_delivered(daemon, topic, 3)
+        # Too large for the kernel's datagram limit without allowLargeUnixDatagrams:
+        # refused, nothing changed.
+        refused = daemon.reload(dataclasses.replace(smaller, max_datagram_msg_size="1m"))
+        assert not refused.ok
+        assert "maxDatagramMsgSize" in refused.errors[0], refused
+        assert daemon.server.config.input_config.max_datagram_msg_size == 2048

@@ -61,10 +61,10 @@ def test_restart_only_sections_keep_the_running_values_and_are_named() -> None:
     running = config()
     new = config(max_buffer="128m", http_port=7999, compression="lz4")
     plan = plan_reload(running, new)
-    assert plan.changed == ("compression",)
-    assert set(plan.restart_needed) == {"inputConfig", "httpInterface"}
-    assert plan.effective.input_config == running.input_config
+    assert set(plan.changed) == {"compression", "inputConfig"}
+    assert plan.restart_needed == ("httpInterface",)
     assert plan.effective.http == running.http
+    assert plan.effective.input_config == new.input_config
     assert plan.effective.compression == new.compression
 
 

@@ -308,8 +308,19 @@ class DatagramInput:
     ) -> None:
         self.path = path
         self._mode = mode
-        self._max = max_msg_size
         self._intake = intake
+        self.check_limits(max_msg_size, allow_large)
+        self._set_max(max_msg_size)
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # For the commit point's marks (see _DatagramMark).
+        self.datagrams_read = 0
+        self.times_drained = 0  # reads that found the queue empty
+        self.queue_limit: int | None = None
+
+    @staticmethod
+    def check_limits(max_msg_size: int, allow_large: bool) -> None:
+        """Raise ConfigError if clients could not send datagrams of ``max_msg_size``."""
         if max_msg_size > kernel_datagram_limit() and not allow_large:
             raise ConfigError(
                 f"maxDatagramMsgSize {max_msg_size} exceeds the kernel's default datagram "
@@ -317,15 +328,17 @@ class DatagramInput:
                 "(clients must then raise SO_SNDBUF) or lower maxDatagramMsgSize",
                 "/doryConfig/inputConfig/maxDatagramMsgSize",
             )
+
+    def set_max_msg_size(self, max_msg_size: int) -> None:
+        """A config reload: the largest datagram from the next read on (checked first
+        with :meth:`check_limits`); the socket's receive buffer stays as it is."""
+        self._set_max(max_msg_size)
+
+    def _set_max(self, max_msg_size: int) -> None:
+        self._max = max_msg_size
         # One extra byte tells an oversized datagram apart; MSG_TRUNC reports its true size.
         self._buffer = bytearray(max_msg_size + 1)
         self._view = memoryview(self._buffer)
-        self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # For the commit point's marks (see _DatagramMark).
-        self.datagrams_read = 0
-        self.times_drained = 0  # reads that found the queue empty
-        self.queue_limit: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -788,6 +801,11 @@ class StreamInput:
         self._quota.configure(self._quotas_of(quotas))
         for connection in list(self._connections.ready):
             connection.attach_quota()
+
+    def set_max_msg_size(self, max_msg_size: int) -> None:
+        """A config reload: the largest message on connections made from now on (an
+        open connection keeps the limit it was framed with)."""
+        self._max = max_msg_size
 
     def _protocol(self) -> StreamInputProtocol:
         return StreamInputProtocol(self.kind, self._max, self._intake, self._connections)

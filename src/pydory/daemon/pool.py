@@ -140,6 +140,15 @@ class MemoryPool:
             return 0.0
         return 100.0 * self.depleted_seconds() / elapsed
 
+    def resize(self, budget_bytes: int) -> None:
+        """A config reload changed maxBuffer: the new budget applies from now on. Messages
+        already held stay charged; if they exceed the new budget the pool is depleted
+        until enough of them settle (the overload policy is told, as always)."""
+        if budget_bytes <= 0:
+            raise ValueError(f"memory pool budget must be positive, got {budget_bytes}")
+        self._budget = budget_bytes
+        self._note_depletion_state()
+
     def watch(self, on_depleted: Callable[[], None], on_room: Callable[[], None]) -> None:
         """Call ``on_depleted`` when the pool becomes depleted, ``on_room`` when it has room
         again (both on the thread that allocates and releases: the event loop)."""

@@ -4,11 +4,12 @@ A reload never half-applies a file. The server reads and validates the new file;
 module compares it with the running config and answers two questions:
 
 - which sections change and can change while messages flow (batching, compression,
-  topic configs, rate limits, inputs, delivery settings, the brokers and librdkafka's
-  properties, logging, the discard log, quotas): the server applies those;
-- which changed settings only a restart can apply (the memory pool's size and message
-  size limits, the status port, the spool, message debugging): those keep their running
-  values, and the reload says so, naming each element.
+  topic configs, rate limits, inputs and their limits, the memory pool's size, delivery
+  settings, the brokers and librdkafka's properties, logging, the discard log, quotas):
+  the server applies those;
+- which changed settings only a restart can apply (the status port, the spool, message
+  debugging): those keep their running values, and the reload says so, naming each
+  element.
 
 The result is the *effective* config: the file's values where a reload applies them, the
 running ones elsewhere. Everything the server derives after a reload derives from it, so
@@ -30,6 +31,7 @@ RELOADED_SECTIONS: dict[str, str] = {
     "compression": "compression",
     "rate_limiting": "topicRateLimiting",
     "inputs": "inputSources",
+    "input_config": "inputConfig",
     "delivery": "msgDelivery",
     "kafka": "kafkaConfig",
     "logging": "logging",
@@ -41,7 +43,6 @@ RELOADED_SECTIONS: dict[str, str] = {
 
 #: Config fields only a restart applies (their resources are made once, at start-up).
 RESTART_SECTIONS: dict[str, str] = {
-    "input_config": "inputConfig",
     "http": "httpInterface",
     "msg_debug": "msgDebug",
     "spool": "spool",

@@ -497,6 +497,11 @@ class Server:
         that took them; every message read after this returns meets the new config."""
         new = plan.effective
         loop = asyncio.get_running_loop()
+        if new.inputs.unix_datagram.enabled:
+            limits = new.input_config
+            DatagramInput.check_limits(
+                limits.max_datagram_msg_size, limits.allow_large_unix_datagrams
+            )
         inputs = await self._open_changed_inputs(new, loop)
         try:
             if plan.changes("logging") and self._log_files is not None:
@@ -522,6 +527,8 @@ class Server:
             self.limiter.reconfigure(new.rate_limit_for)
         if plan.changes("delivery"):
             self.metadata.reconfigure(**_metadata_timings(new))
+        if plan.changes("input_config"):
+            self._apply_input_limits(new)
         self.intake.reconfigure(new.batching.message_max_bytes, self._autocreate_of(new))
         if plan.changes("discard_logging") or plan.changes("logging"):
             await self._swap_discard_log(new)
@@ -530,6 +537,16 @@ class Server:
         if plan.changes("quotas"):
             for stream_input in self.stream_inputs:
                 stream_input.set_quotas(new.quotas)  # a new input already has them
+
+    def _apply_input_limits(self, new: Config) -> None:
+        """<inputConfig>: the pool's budget now, the message size limits from the next
+        datagram read and the next stream connection on."""
+        limits = new.input_config
+        self.pool.resize(limits.max_buffer)
+        if self.datagram_input is not None:
+            self.datagram_input.set_max_msg_size(limits.max_datagram_msg_size)
+        for stream_input in self.stream_inputs:
+            stream_input.set_max_msg_size(limits.max_stream_msg_size)
 
     def _new_metadata_client(self, plan: ReloadPlan) -> Producer | None:
         """A metadata client for new brokers or librdkafka properties (None: unchanged)."""
@@ -707,6 +724,7 @@ class Server:
 
 #: The Config fields that make the producers' settings (delivery_settings, producer_profile).
 _PRODUCER_SECTIONS = (
+    "input_config",  # librdkafka's queue limit follows maxBuffer
     "batching",
     "compression",
     "kafka",
