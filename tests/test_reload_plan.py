@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pydory.config import Broker, Config, RateLimit, parse_config
 from pydory.config.model import LoggingConfig, LogLevel
@@ -206,3 +208,45 @@ def test_log_files_apply_keeps_the_old_handlers_when_the_new_file_cannot_open(
     finally:
         files.remove()
     assert "still here" in first.read_text()
+
+
+# -- a property: every section lands in exactly one place ----------------------------------
+
+VARIANTS: dict[str, dict[str, object]] = {
+    "compression": {"compression": "zstd"},
+    "batching": {"batching_time_ms": 77},
+    "topicRateLimiting": {"rate_limits": {"t": (1000, 5)}},
+    "inputSources": {"tcp_port": 7555},
+    "inputConfig": {"max_buffer": "32m"},
+    "msgDelivery": {"max_failed_delivery_attempts": 2},
+    "httpInterface": {"http_port": 7556},
+    "discardLogging": {"discard_log_path": "/var/log/pydory/d.log"},
+    "msgDebug": {"msg_debug_path": "/var/log/pydory"},
+    "spool": {"spool_path": "/var/lib/pydory/spool"},
+    "logging": {"log_level": "DEBUG"},
+    "librdkafka": {"librdkafka": {"client.rack": "r1"}},
+    "initialBrokers": {"bootstrap_servers": "127.0.0.2:9092"},
+}
+
+
+@given(st.sets(st.sampled_from(sorted(VARIANTS))))
+def test_each_changed_section_is_applied_or_named_for_a_restart(sections: set[str]) -> None:
+    knobs: dict[str, object] = {}
+    for section in sections:
+        knobs.update(VARIANTS[section])
+    bootstrap = str(knobs.pop("bootstrap_servers", "127.0.0.1:9092"))
+    rendered = DaemonConfig(
+        bootstrap,
+        "/run/pydory",
+        **{"tcp_port": 7000, "http_port": 7001, **knobs},  # type: ignore[arg-type]
+    ).render()
+    running, new = config(), parse_config(rendered, source="<test>")
+    plan = plan_reload(running, new)
+    assert set(plan.changed) | set(plan.restart_needed) == sections
+    assert not set(plan.changed) & set(plan.restart_needed)
+    assert set(plan.restart_needed) <= {"httpInterface", "msgDebug", "spool"}
+    # What runs: the new file where the reload applies it, the running config elsewhere.
+    again = plan_reload(plan.effective, new)
+    assert again.changed == ()
+    assert set(again.restart_needed) == set(plan.restart_needed)
+    assert plan_reload(running, plan.effective).restart_needed == ()

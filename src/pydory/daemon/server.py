@@ -549,8 +549,9 @@ class Server:
             stream_input.set_max_msg_size(limits.max_stream_msg_size)
 
     def _new_metadata_client(self, plan: ReloadPlan) -> Producer | None:
-        """A metadata client for new brokers or librdkafka properties (None: unchanged)."""
-        if not (plan.changes("initial_brokers") or plan.changes("librdkafka")):
+        """A metadata client for new brokers, librdkafka properties or client id (None:
+        none of them changed)."""
+        if not any(plan.changes(f) for f in ("initial_brokers", "librdkafka", "kafka")):
             return None
         try:
             return MetadataService.new_client(delivery_settings(plan.effective).properties())
