@@ -18,6 +18,7 @@ from pydory.commands.status import (
     byte_size,
     discards_by_reason,
     duration,
+    render_config,
     render_discards,
     render_metadata,
     render_queues,
@@ -178,6 +179,8 @@ def test_the_summary_shows_topics_discards_queues_and_metadata(
     assert "memory pool: 0 B of 64.0 MiB used (0.0 %)" in out
     assert "QUEUES" in out
     assert "metadata last fetched: 20" in out  # a date, not "never"
+    assert "config: (given in memory), loaded 20" in out
+    assert "reloads: 0 applied, 0 refused" in out
 
 
 def test_each_view_prints_its_table(
@@ -212,7 +215,7 @@ def test_json_prints_the_daemons_pages(
     code, out, _ = status(capsys, "--json", "--url", url)
     assert code == 0
     pages = json.loads(out)
-    assert set(pages) == {"server_info", "books", "counters", "queues", "metadata"}
+    assert set(pages) == {"server_info", "books", "counters", "queues", "metadata", "config"}
     books = {t["topic"]: t for t in pages["books"]["topics"]}
     assert books[topic]["delivered"] == 7
     code, out, _ = status(capsys, "discards", "--json", "--url", url)
@@ -305,6 +308,39 @@ BOOKS = {
     "topics": [], "received": {"unix_dgram": 0, "unix_stream": 0, "tcp": 0},
     "pool": {"budget": 1024, "used": 0, "available": 1024, "percent_time_depleted": 0.0},
 }  # fmt: skip
+
+
+def test_the_config_view_tells_a_refused_reload_and_what_waits_for_a_restart() -> None:
+    page = {
+        "pid": 1, "version": "x", "since": 1795246000, "now": 1795246741,
+        "path": "/etc/pydory/pydory.xml", "loaded_at": 1795246600.5,
+        "reloads": {"attempted": 3, "succeeded": 2, "failed": 1},
+        "last_reload": {
+            "attempt": 3, "ok": False, "at": 1795246700.0, "changed": [],
+            "errors": ["/doryConfig/logging/level: 'LOUD' is not a level (line 3, column 9)"],
+            "restart_needed": [],
+        },
+    }  # fmt: skip
+    lines = render_config(page).splitlines()
+    assert lines[0].startswith("config: /etc/pydory/pydory.xml, loaded 20")
+    assert lines[0].endswith("(2m 20s ago)")
+    assert lines[1] == "reloads: 2 applied, 1 refused"
+    assert lines[2].startswith("last reload: REFUSED at 20")
+    assert lines[2].endswith("(41 s ago); running on the config loaded before:")
+    assert lines[3] == "  /doryConfig/logging/level: 'LOUD' is not a level (line 3, column 9)"
+    applied = {
+        **page,
+        "last_reload": {
+            **page["last_reload"],  # type: ignore[dict-item]
+            "ok": True,
+            "errors": [],
+            "changed": ["compression"],
+            "restart_needed": ["spool"],
+        },
+    }
+    lines = render_config(applied).splitlines()
+    assert lines[2].endswith("ago): compression")
+    assert lines[3] == "  <spool> changed in the file: takes effect at the next restart"
 
 
 def test_a_daemon_without_queues_is_summarised_with_a_note(

@@ -11,6 +11,7 @@ discards   /discards/json: the current and the latest finished reporting period
 queues     /queues/json: librdkafka's queues per topic (Dory's /queues)
 metadata   /metadata_fetch_time/json: when metadata was last fetched and changed
 books      /books/json: per-topic accounting, messages received, the memory pool
+config     /config/json: the config file, when it was loaded, its reloads
 =========  ======================================================================
 
 Exit status: 0; 1 for a bad config file or an answer that is not a status page;
@@ -45,9 +46,12 @@ PAGES = {
     "discards": "/discards/json",
     "queues": "/queues/json",
     "metadata": "/metadata_fetch_time/json",
+    "config": "/config/json",
 }
-SUMMARY_PAGES = ("server_info", "books", "counters", "queues", "metadata")
-VIEWS = ("counters", "discards", "queues", "metadata", "books")
+SUMMARY_PAGES = ("server_info", "books", "counters", "queues", "metadata", "config")
+#: Summary pages an older pydory, or Dory, may lack (404): their section is left out.
+OPTIONAL_SUMMARY_PAGES = ("queues", "config")
+VIEWS = ("counters", "discards", "queues", "metadata", "books", "config")
 
 
 class DaemonUnreachable(PydoryError):
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     client = StatusClient(base_url, args.timeout)
     try:
         if args.view is None:
-            pages = client.get_pages(SUMMARY_PAGES, optional=("queues",))
+            pages = client.get_pages(SUMMARY_PAGES, optional=OPTIONAL_SUMMARY_PAGES)
             print(json.dumps(pages, indent=4) if args.json else render_summary(pages, base_url))
         else:
             page = client.get(PAGES[args.view])
@@ -266,6 +270,8 @@ def render_summary(pages: Mapping[str, Any], base_url: str) -> str:
         _queues_section(pages["queues"]),
         render_metadata(pages["metadata"]),
     ]
+    if pages.get("config") is not None:
+        sections.append(render_config(pages["config"]))
     return "\n\n".join(sections)
 
 
@@ -359,6 +365,31 @@ def render_metadata(page: Page) -> str:
         f"metadata last fetched: {_ms_time(page['last_updated'], now_ms)}\n"
         f"metadata last changed: {_ms_time(page['last_modified'], now_ms)}"
     )
+
+
+def render_config(page: Page) -> str:
+    """``pydory status config``: the config file, when it was loaded, how reloads went."""
+    now = page["now"]
+    reloads = page["reloads"]
+    lines = [
+        f"config: {page['path'] or '(given in memory)'}, loaded {local_time(page['loaded_at'])} "
+        f"({duration(now - page['loaded_at'])} ago)",
+        f"reloads: {reloads['succeeded']} applied, {reloads['failed']} refused",
+    ]
+    last = page["last_reload"]
+    if last is not None:
+        when = f"{local_time(last['at'])} ({duration(now - last['at'])} ago)"
+        if last["ok"]:
+            changed = ", ".join(last["changed"]) or "nothing"
+            lines.append(f"last reload: applied at {when}: {changed}")
+        else:
+            lines.append(f"last reload: REFUSED at {when}; running on the config loaded before:")
+            lines += [f"  {error}" for error in last["errors"]]
+        lines += [
+            f"  <{element}> changed in the file: takes effect at the next restart"
+            for element in last["restart_needed"]
+        ]
+    return "\n".join(lines)
 
 
 def render_books(page: Page) -> str:
@@ -456,4 +487,5 @@ RENDERERS: dict[str, Callable[[Page], str]] = {
     "queues": render_queues,
     "metadata": render_metadata,
     "books": render_books,
+    "config": render_config,
 }
