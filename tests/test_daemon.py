@@ -278,7 +278,7 @@ def test_tcp_listens_on_loopback_only(
     with running_daemon(config) as daemon:
         addresses = {
             sock.getsockname()[0]
-            for stream_input in daemon.server.stream_inputs
+            for stream_input in daemon.server.inputs.streams
             if stream_input.port is not None
             for server in stream_input._servers
             for sock in server.sockets

@@ -356,7 +356,7 @@ def test_the_connection_above_the_limit_is_closed_at_once_the_first_n_delivered(
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(config.stream_path)
             clients.append(sock)
-        (stream_input,) = daemon.server.stream_inputs
+        (stream_input,) = daemon.server.inputs.streams
         wait_until(lambda: daemon.call(lambda: stream_input.connection_count) == limit)
         extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         extra.connect(config.stream_path)  # the kernel accepts; the daemon closes it

@@ -201,14 +201,14 @@ def test_inputs_moved_removed_and_added_by_reload(
             client.send_many(encode_message(topic, b"kept-%d-%d" % (n, i)) for i in range(100, 200))
             client.close()
         # Their last clients gone, the retired listeners are let go.
-        wait_until(lambda: daemon.call(lambda: daemon.server.retired_stream_inputs == []))
+        wait_until(lambda: daemon.call(lambda: daemon.server.inputs.retired_streams == []))
 
         # Removed, then added back.
         no_stream = dataclasses.replace(moved, unix_stream=False, tcp_port=None)
         assert daemon.reload(no_stream).ok
         assert not os.path.exists(moved.stream_path)
-        assert daemon.server.stream_inputs == []
-        assert daemon.server.retired_stream_inputs == []  # nobody was connected
+        assert daemon.server.inputs.streams == []
+        assert daemon.server.inputs.retired_streams == []  # nobody was connected
         assert daemon.reload(moved).ok
         send_on_each_transport(moved, daemon.tcp_port, topic, b"again")
 

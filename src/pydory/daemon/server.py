@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import signal
 import threading
 import time
@@ -24,11 +23,12 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaException, Producer
 
 from pydory.config import Config, load_config
-from pydory.daemon.accounting import Books, Counters, Transport
+from pydory.daemon.accounting import Books, Counters
 from pydory.daemon.commit_point import CommitPoint
 from pydory.daemon.discard_log import DiscardLog
 from pydory.daemon.dispatch import Dispatcher
-from pydory.daemon.inputs import DatagramInput, StreamInput, mark_inputs
+from pydory.daemon.input_set import InputSet, describe
+from pydory.daemon.inputs import DatagramInput, StreamInput
 from pydory.daemon.intake import DeliveryLedger, Intake
 from pydory.daemon.kafka_settings import delivery_settings, producer_profile
 from pydory.daemon.kafka_stats import KafkaStats
@@ -86,9 +86,7 @@ class Server:
         self.router = Router(counters=self.counters)
         self.kafka_stats = KafkaStats()  # every producer's librdkafka statistics, merged
         settings = delivery_settings(config)
-        self.commit_point = CommitPoint(
-            lambda: mark_inputs(self.datagram_input, self._stream_inputs())
-        )
+        self.commit_point = CommitPoint(lambda: self.inputs.mark())
         self.spool = _spool_of(config)
         self.write_ahead = (
             None if self.spool is None else WriteAhead(self.commit_point, self.spool, self.counters)
@@ -124,14 +122,10 @@ class Server:
             msg_debug=self.msg_debug,
             write_ahead=self.write_ahead,
         )
+        self.inputs = InputSet(self.intake, self.counters)
         self.overload = Overload(
-            config.spool.overload_policy, self.pool, self.intake, self._inputs, self.counters
+            config.spool.overload_policy, self.pool, self.intake, self.inputs.all, self.counters
         )
-        self.datagram_input: DatagramInput | None = None
-        self.stream_inputs: list[StreamInput] = []
-        #: Stream listeners a reload moved or removed: no longer accepting, still reading
-        #: the connections open on them until their clients close them.
-        self.retired_stream_inputs: list[StreamInput] = []
         self.status: StatusServer | None = None
         self.ready = threading.Event()  # set once inputs are open (for tests and tools)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,7 +153,7 @@ class Server:
             self.dispatcher.prepare(self._configured_topics())
             if not await self._replay_spool(stop):
                 return
-            await self._open_inputs(loop)
+            await self.inputs.open(self.config, loop)
             self.overload.inputs_opened()
             self.status = StatusServer(self.status_view())
             await self.status.start()
@@ -257,16 +251,6 @@ class Server:
             except SpoolError:
                 log.exception("spool: fsync failed")
 
-    def _inputs(self) -> list[DatagramInput | StreamInput]:
-        """The input agents open now (the overload policy pauses and resumes them)."""
-        datagram = [] if self.datagram_input is None else [self.datagram_input]
-        return [*datagram, *self._stream_inputs()]
-
-    def _stream_inputs(self) -> list[StreamInput]:
-        """Every stream listener with connections to read: those configured now and those
-        a reload retired."""
-        return [*self.stream_inputs, *self.retired_stream_inputs]
-
     def _configured_topics(self) -> list[str]:
         """A topic of the default profile ("" is never configured) and every topic that
         the config gives its own batching or compression."""
@@ -287,10 +271,7 @@ class Server:
             self.overload.stopping()
             # Under a flood the loop would keep reading input and reach the shutdown late;
             # paused, the inputs leave it in the kernel for the shutdown read.
-            if self.datagram_input is not None:
-                self.datagram_input.pause()
-            for stream_input in self._stream_inputs():
-                stream_input.pause()
+            self.inputs.pause()
         assert self._stop is not None
         self._stop.set()
 
@@ -303,66 +284,10 @@ class Server:
 
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
 
-    async def _open_inputs(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.datagram_input = self._open_datagram_input(self.config, loop)
-        for kind in (Transport.UNIX_STREAM, Transport.TCP):
-            stream_input = self._new_stream_input(self.config, kind)
-            if stream_input is not None:
-                self.stream_inputs.append(stream_input)
-                await stream_input.start(loop)
-
-    def _open_datagram_input(
-        self, config: Config, loop: asyncio.AbstractEventLoop
-    ) -> DatagramInput | None:
-        """The UNIX datagram input ``config`` asks for, listening; None if it is off."""
-        source = config.inputs.unix_datagram
-        if source.path is None:
-            return None
-        limits = config.input_config
-        datagram_input = DatagramInput(
-            source.path,
-            source.mode,
-            limits.max_datagram_msg_size,
-            limits.allow_large_unix_datagrams,
-            self.intake,
-        )
-        datagram_input.start(loop)
-        return datagram_input
-
-    def _new_stream_input(self, config: Config, kind: Transport) -> StreamInput | None:
-        """The UNIX stream or TCP input ``config`` asks for (not started); None if off."""
-        limits = config.input_config
-        if kind is Transport.UNIX_STREAM:
-            source = config.inputs.unix_stream
-            if source.path is None:
-                return None
-            return StreamInput(
-                kind,
-                limits.max_stream_msg_size,
-                self.intake,
-                path=source.path,
-                mode=source.mode,
-                quotas=config.quotas,
-                counters=self.counters,
-            )
-        if config.inputs.tcp.port is None:
-            return None
-        return StreamInput(
-            kind,
-            limits.max_stream_msg_size,
-            self.intake,
-            port=config.inputs.tcp.port,
-            quotas=config.quotas,
-            counters=self.counters,
-        )
-
     async def _shutdown(self) -> None:
         log.log(25, "pydory shutting down")
         systemd_notify("STOPPING=1")
-        if self.datagram_input is not None:
-            self.datagram_input.close()
-        for stream_input in self._stream_inputs():
-            await stream_input.close()  # each reads what clients already sent, then closes
+        await self.inputs.close()  # each reads what clients already sent, then closes
         self.commit_point.release_waiters()  # long-polls answer now, not at the close timeout
         if self.status is not None:
             await self.status.close()
@@ -502,7 +427,7 @@ class Server:
             DatagramInput.check_limits(
                 limits.max_datagram_msg_size, limits.allow_large_unix_datagrams
             )
-        inputs = await self._open_changed_inputs(new, loop)
+        inputs = await self.inputs.open_changed(self.config, new, loop)
         try:
             if plan.changes("logging") and self._log_files is not None:
                 self._log_files.apply(new.logging)
@@ -528,25 +453,17 @@ class Server:
         if plan.changes("delivery"):
             self.metadata.reconfigure(**_metadata_timings(new))
         if plan.changes("input_config"):
-            self._apply_input_limits(new)
+            self.pool.resize(new.input_config.max_buffer)
+            self.inputs.apply_limits(new)
         self.intake.reconfigure(new.batching.message_max_bytes, self._autocreate_of(new))
         if plan.changes("discard_logging") or plan.changes("logging"):
             await self._swap_discard_log(new)
         running, self.config = self.config, new
-        await self._swap_inputs(inputs, running, new)
+        await self.inputs.swap(inputs, running, new, on_idle=self._close_retired_input)
+        if inputs.opened:
+            self.overload.inputs_opened()  # memory short right now: they start paused too
         if plan.changes("quotas"):
-            for stream_input in self.stream_inputs:
-                stream_input.set_quotas(new.quotas)  # a new input already has them
-
-    def _apply_input_limits(self, new: Config) -> None:
-        """<inputConfig>: the pool's budget now, the message size limits from the next
-        datagram read and the next stream connection on."""
-        limits = new.input_config
-        self.pool.resize(limits.max_buffer)
-        if self.datagram_input is not None:
-            self.datagram_input.set_max_msg_size(limits.max_datagram_msg_size)
-        for stream_input in self.stream_inputs:
-            stream_input.set_max_msg_size(limits.max_stream_msg_size)
+            self.inputs.set_quotas(new.quotas)  # a new input already has them
 
     def _new_metadata_client(self, plan: ReloadPlan) -> Producer | None:
         """A metadata client for new brokers, librdkafka properties or client id (None:
@@ -561,87 +478,14 @@ class Server:
                 "/doryConfig/librdkafka",
             ) from None
 
-    async def _open_changed_inputs(
-        self, new: Config, loop: asyncio.AbstractEventLoop
-    ) -> _InputSwap:
-        """Open each input the new config adds or moves, beside the running ones."""
-        old_sources, new_sources = self.config.inputs, new.inputs
-        swap = _InputSwap()
-        try:
-            if old_sources.unix_datagram.path != new_sources.unix_datagram.path:
-                swap.datagram_changed = True
-                swap.datagram = self._open_datagram_input(new, loop)
-            for kind in (Transport.UNIX_STREAM, Transport.TCP):
-                if _stream_address(self.config, kind) != _stream_address(new, kind):
-                    stream_input = swap.streams[kind] = self._new_stream_input(new, kind)
-                    if stream_input is not None:
-                        await stream_input.start(loop)
-        except BaseException:
-            await swap.close_opened()
-            raise
-        return swap
-
-    async def _swap_inputs(self, swap: _InputSwap, running: Config, new: Config) -> None:
-        """Put the inputs opened for a reload in place, then retire those they replace.
-
-        A datagram socket replaced is closed: the datagrams queued are read first, and a
-        client sending to the old path from then on gets an error (nothing silently
-        lost). A stream listener replaced stops accepting but keeps reading its open
-        connections until their clients close them: closing a TCP connection would lose
-        whatever its client wrote in the meantime, unknown to it.
-        """
-        replaced_datagram = None
-        if swap.datagram_changed:
-            replaced_datagram = self.datagram_input
-            self.datagram_input = swap.datagram
-        replaced_streams: list[StreamInput] = []
-        for kind, stream_input in swap.streams.items():
-            replaced_streams += [s for s in self.stream_inputs if s.kind is kind]
-            self.stream_inputs = [s for s in self.stream_inputs if s.kind is not kind]
-            if stream_input is not None:
-                self.stream_inputs.append(stream_input)
-        for old_source, new_source in (
-            (running.inputs.unix_datagram, new.inputs.unix_datagram),
-            (running.inputs.unix_stream, new.inputs.unix_stream),
-        ):
-            path, mode = new_source.path, new_source.mode
-            # A mode of None leaves the file as the umask made it.
-            if (
-                path is not None
-                and mode is not None
-                and (path, mode) != (old_source.path, old_source.mode)
-            ):
-                os.chmod(path, mode)
-        if swap.opened:
-            self.overload.inputs_opened()  # memory short right now: they start paused too
-        if replaced_datagram is not None:
-            log.info("config reload: closing the input %s", _describe(replaced_datagram))
-            replaced_datagram.close()
-        loop = asyncio.get_running_loop()
-        for stream_input in replaced_streams:
-            log.info(
-                "config reload: %s no longer accepts connections; its %d open ones are "
-                "served until their clients close them",
-                _describe(stream_input),
-                stream_input.connection_count,
-            )
-            self.retired_stream_inputs.append(stream_input)
-            await stream_input.stop_accepting(loop, functools.partial(self._let_go, stream_input))
-            if stream_input.idle:
-                self._let_go(stream_input)
-
-    def _let_go(self, stream_input: StreamInput) -> None:
+    def _close_retired_input(self, stream_input: StreamInput) -> None:
         """A stream listener a reload retired has no connection left: close it. (At
         shutdown, the shutdown closes it with the others.)"""
-        if (
-            self._tasks is None
-            or self._stop_requested_at is not None
-            or stream_input not in self.retired_stream_inputs
-        ):
+        if self._tasks is None or self._stop_requested_at is not None:
             return
-        self.retired_stream_inputs.remove(stream_input)
-        log.info("config reload: %s closed (its last client left)", _describe(stream_input))
-        self._tasks.create_task(stream_input.close(), name="close-retired-input")
+        if self.inputs.let_go(stream_input):
+            log.info("config reload: %s closed (its last client left)", describe(stream_input))
+            self._tasks.create_task(stream_input.close(), name="close-retired-input")
 
     async def _swap_discard_log(self, new: Config) -> None:
         """Hand the books the discard outputs of the new config before closing the old
@@ -733,40 +577,6 @@ _PRODUCER_SECTIONS = (
     "initial_brokers",
     "librdkafka",
 )
-
-
-class _InputSwap:
-    """The inputs a reload opened (None: the new config turns that input off), and
-    which the running ones they replace."""
-
-    def __init__(self) -> None:
-        self.datagram_changed = False
-        self.datagram: DatagramInput | None = None
-        self.streams: dict[Transport, StreamInput | None] = {}
-
-    @property
-    def opened(self) -> bool:
-        return self.datagram is not None or any(self.streams.values())
-
-    async def close_opened(self) -> None:
-        """The reload failed: close what it opened (reading what clients already sent)."""
-        if self.datagram is not None:
-            self.datagram.close()
-        for stream_input in self.streams.values():
-            if stream_input is not None:
-                await stream_input.close()
-
-
-def _stream_address(config: Config, kind: Transport) -> str | int | None:
-    """Where a stream input listens: its socket path, or its TCP port (0: any)."""
-    sources = config.inputs
-    return sources.unix_stream.path if kind is Transport.UNIX_STREAM else sources.tcp.port
-
-
-def _describe(source: DatagramInput | StreamInput) -> str:
-    if isinstance(source, DatagramInput):
-        return f"unix datagram {source.path}"
-    return f"{source.kind} {source.path or source.port}"
 
 
 def _metadata_timings(config: Config) -> dict[str, Any]:

@@ -54,10 +54,10 @@ class RunningDaemon:
 
     @property
     def tcp_port(self) -> int:
-        for stream_input in self.server.stream_inputs:
-            if stream_input.port is not None:
-                return stream_input.port
-        raise LookupError("TCP input is not enabled")
+        port = self.server.inputs.tcp_port()
+        if port is None:
+            raise LookupError("TCP input is not enabled")
+        return port
 
     def call(self, fn: Any, timeout: float = 10.0) -> Any:
         """Run ``fn()`` on the daemon's loop (read the books consistently)."""
