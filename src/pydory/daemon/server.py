@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException, Producer
@@ -27,7 +27,7 @@ from pydory.daemon.accounting import Books, Counters
 from pydory.daemon.commit_point import CommitPoint
 from pydory.daemon.discard_log import DiscardLog
 from pydory.daemon.dispatch import Dispatcher
-from pydory.daemon.input_set import InputSet, describe
+from pydory.daemon.input_set import InputSet, InputSwap, describe
 from pydory.daemon.inputs import DatagramInput, StreamInput
 from pydory.daemon.intake import DeliveryLedger, Intake
 from pydory.daemon.kafka_settings import delivery_settings, producer_profile
@@ -416,36 +416,12 @@ class Server:
         )
 
     async def _apply(self, plan: ReloadPlan) -> None:
-        """Apply a reload plan: first each step that can fail (open the new inputs, the
-        new log file, create the new producers), undoing those done if one does; then
-        the steps that cannot fail. Messages already taken in settle on the producers
-        that took them; every message read after this returns meets the new config."""
+        """Apply a reload plan: first each step that can fail, undone if a later one
+        does (:meth:`_prepare`); then the steps that cannot fail. Messages already taken
+        in settle on the producers that took them; every message read after this
+        returns meets the new config."""
         new = plan.effective
-        loop = asyncio.get_running_loop()
-        if new.inputs.unix_datagram.enabled:
-            limits = new.input_config
-            DatagramInput.check_limits(
-                limits.max_datagram_msg_size, limits.allow_large_unix_datagrams
-            )
-        inputs = await self.inputs.open_changed(self.config, new, loop)
-        try:
-            if plan.changes("logging") and self._log_files is not None:
-                self._log_files.apply(new.logging)
-            try:
-                metadata_client = self._new_metadata_client(plan)
-                if any(plan.changes(f) for f in _PRODUCER_SECTIONS):
-                    self.dispatcher.reconfigure(
-                        delivery_settings(new),
-                        functools.partial(producer_profile, new),
-                        _configured_topics(new),
-                    )
-            except BaseException:
-                if plan.changes("logging") and self._log_files is not None:
-                    self._log_files.apply(self.config.logging)
-                raise
-        except BaseException:
-            await inputs.close_opened()
-            raise
+        inputs, metadata_client = await self._prepare(plan)
         if metadata_client is not None:
             self.metadata.use_client(metadata_client)
         if plan.changes("rate_limiting"):
@@ -464,6 +440,41 @@ class Server:
             self.overload.inputs_opened()  # memory short right now: they start paused too
         if plan.changes("quotas"):
             self.inputs.set_quotas(new.quotas)  # a new input already has them
+
+    async def _prepare(self, plan: ReloadPlan) -> tuple[InputSwap, Producer | None]:
+        """The steps of a reload that can fail: check the datagram size, open the inputs
+        added or moved, install the new log handlers, create a new metadata client and
+        the new producers. If one fails, those done are undone and the error raised."""
+        new, running = plan.effective, self.config
+        undo: list[Callable[[], Awaitable[None]]] = []
+        try:
+            if new.inputs.unix_datagram.enabled:
+                limits = new.input_config
+                DatagramInput.check_limits(
+                    limits.max_datagram_msg_size, limits.allow_large_unix_datagrams
+                )
+            inputs = await self.inputs.open_changed(running, new, asyncio.get_running_loop())
+            undo.append(inputs.close_opened)
+            log_files = self._log_files
+            if plan.changes("logging") and log_files is not None:
+                log_files.apply(new.logging)
+
+                async def restore_logging() -> None:
+                    log_files.apply(running.logging)
+
+                undo.append(restore_logging)
+            metadata_client = self._new_metadata_client(plan)
+            if any(plan.changes(f) for f in _PRODUCER_SECTIONS):
+                self.dispatcher.reconfigure(
+                    delivery_settings(new),
+                    functools.partial(producer_profile, new),
+                    _configured_topics(new),
+                )
+        except BaseException:
+            for step in reversed(undo):
+                await step()
+            raise
+        return inputs, metadata_client
 
     def _new_metadata_client(self, plan: ReloadPlan) -> Producer | None:
         """A metadata client for new brokers, librdkafka properties or client id (None:
