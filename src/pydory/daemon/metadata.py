@@ -170,7 +170,7 @@ class MetadataService:
         """A config reload changed the brokers or librdkafka's properties: fetch through
         ``client`` from now on (a fetch under way ends on the old one), and at once."""
         old, self._client = self._client, client
-        old.flush(0)
+        _destroy_in_background(old)
         self.request_refresh()
 
     def reconfigure(
@@ -278,4 +278,25 @@ class MetadataService:
         return float(self._pause_initial_s * 2**doublings * jitter)
 
     def close(self) -> None:
-        self._client.flush(0)
+        """Shutdown: destroy the metadata client now. Left to the garbage collector (the
+        server holds reference cycles), it would go on reconnecting to the brokers for a
+        while, to whatever listens on their ports by then."""
+        client, self._client = self._client, _CLOSED
+        if client is not _CLOSED:
+            _destroy_in_background(client)
+
+
+#: Stands in for the metadata client once closed (a fetch then fails like a refused one).
+_CLOSED: Any = None
+
+
+def _destroy_in_background(client: Producer) -> None:
+    """Destroy a librdkafka client off the event loop: ``rd_kafka_destroy`` joins its
+    threads. The thread holds the last reference and drops it."""
+    holder = [client]
+    del client
+
+    def destroy() -> None:
+        holder.clear()
+
+    threading.Thread(target=destroy, name="pydory-metadata-client-destroy", daemon=True).start()
