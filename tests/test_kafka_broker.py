@@ -219,7 +219,7 @@ def test_command_line_prints_the_bootstrap_string_first_and_stops_on_sigterm(
 ) -> None:
     assert broker_process.stdout is not None
     bootstrap = broker_process.stdout.readline().strip()
-    assert bootstrap.startswith("127.0.0.1:"), bootstrap
+    assert bootstrap.startswith("127.0.0.1:"), launcher_failure(broker_process)
     produce_all(bootstrap, "cli", [(None, b"hello")])
     assert [r.value for r in consume_all(bootstrap, "cli", expected=1)] == [b"hello"]
     assert java_processes_under(tmp_path) != []
@@ -231,11 +231,21 @@ def test_command_line_prints_the_bootstrap_string_first_and_stops_on_sigterm(
     assert java_processes_under(tmp_path) == []
 
 
+def launcher_failure(process: subprocess.Popen[str]) -> str:
+    """What a launcher that printed no bootstrap string said instead (for the report)."""
+    try:
+        _, stderr = process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        return "the launcher printed nothing and is still running"
+    return f"the launcher exited with {process.returncode}: {stderr}"
+
+
 def test_brokers_die_with_a_killed_launcher(
     broker_process: subprocess.Popen[str], tmp_path: Path
 ) -> None:
     assert broker_process.stdout is not None
-    assert broker_process.stdout.readline().startswith("127.0.0.1:")
+    first_line = broker_process.stdout.readline()
+    assert first_line.startswith("127.0.0.1:"), launcher_failure(broker_process)
     assert java_processes_under(tmp_path) != []
 
     broker_process.kill()  # no chance to clean up: the OOM killer, a crashed test run

@@ -48,7 +48,7 @@ from pydory.errors import PydoryError
 from pydory.testing import kafka_tls
 from pydory.testing.kafka_util import admin_create_topic
 from pydory.testing.lifecycle import StopsOnExit
-from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_port
+from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_ports
 
 __all__ = [
     "KafkaBrokerError",
@@ -413,13 +413,14 @@ class KafkaCluster(StopsOnExit):
     def _plan_node(self, node_id: int, tls: bool) -> _Node:
         directory = self.base_dir / f"node-{node_id}"
         directory.mkdir(parents=True, exist_ok=True)
+        port, controller_port, sasl_port, ssl_port = free_loopback_ports(4)
         return _Node(
             node_id=node_id,
             directory=directory,
-            port=free_loopback_port(),
-            controller_port=free_loopback_port(),
-            sasl_port=free_loopback_port() if self._sasl_users else None,
-            ssl_port=free_loopback_port() if tls else None,
+            port=port,
+            controller_port=controller_port,
+            sasl_port=sasl_port if self._sasl_users else None,
+            ssl_port=ssl_port if tls else None,
         )
 
     def _write_config(self, node: _Node) -> None:

@@ -19,6 +19,19 @@ def free_loopback_port() -> int:
         return port
 
 
+def free_loopback_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: the probes stay bound until all are picked (one at
+    a time, the kernel may hand the same port out twice)."""
+    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind((LOOPBACK, 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
 def accepts_connections(host: str, port: int, timeout_s: float = 0.2) -> bool:
     """Whether a TCP connection to ``host:port`` succeeds within ``timeout_s``."""
     try:
