@@ -1,15 +1,16 @@
-"""Shared by the tests: waiting for and checking a running daemon's books, and a
-dispatcher that records what the intake sends."""
+"""Shared by the tests: waiting for and checking a running daemon's books, a
+dispatcher that records what the intake sends, and a stream intake for input tests."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason
+from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason, Transport
 from pydory.daemon.dispatch import EnqueueRefused
+from pydory.errors import ClientProtocolError
 from pydory.testing.daemon import RunningDaemon
 
 
@@ -68,3 +69,34 @@ class RecordingDispatcher:
         if topic == self.refused_topic:
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "TOPIC_AUTHORIZATION_FAILED")
         self.sent.append((topic, partition, value, key, timestamp_ms, partition_key, attempt))
+
+
+@dataclass
+class StreamIntake:
+    """The inputs' Intake for stream input tests: counts connections; any datagram,
+    broken stream or unclean disconnect fails the test. Subclasses say what ``frames``
+    records."""
+
+    opened: int = 0
+    closed: int = 0
+
+    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+        raise NotImplementedError
+
+    def datagrams(self, burst: Sequence[bytes]) -> None:
+        raise AssertionError("no datagram input here")
+
+    def datagram_too_large(self, size: int, prefix: bytes) -> None:
+        raise AssertionError("no datagram input here")
+
+    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
+        raise AssertionError(f"a broken stream: {error}")
+
+    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
+        raise AssertionError("an unclean disconnect")
+
+    def connection_opened(self, transport: Transport) -> None:
+        self.opened += 1
+
+    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
+        self.closed += 1

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import uvloop
 
+from helpers import StreamIntake
 from pydory.daemon.accounting import Transport
 from pydory.daemon.inputs import TURN_READ_BYTES, StreamInput
-from pydory.errors import ClientProtocolError
 from pydory.wire import encode_any_partition
 
 PER_CLIENT_BYTES = 6 * 1024 * 1024
@@ -29,7 +29,7 @@ MESSAGES = {tag: encode_any_partition(tag, b"x" * 90) for tag in ("aaaa", "bbbb"
 
 
 @dataclass
-class ReadOrder:
+class ReadOrder(StreamIntake):
     """The inputs' Intake: notes which client each read (burst of frames) came from."""
 
     reads: list[str] = field(default_factory=list)
@@ -39,24 +39,6 @@ class ReadOrder:
         tag = "aaaa" if b"aaaa" in burst[0] else "bbbb"
         self.reads.append(tag)
         self.bytes_by_client[tag] = self.bytes_by_client.get(tag, 0) + sum(map(len, burst))
-
-    def datagrams(self, burst: Sequence[bytes]) -> None:
-        raise AssertionError("no datagram input here")
-
-    def datagram_too_large(self, size: int, prefix: bytes) -> None:
-        raise AssertionError("no datagram input here")
-
-    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
-        raise AssertionError(f"a broken stream: {error}")
-
-    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
-        raise AssertionError("an unclean disconnect")
-
-    def connection_opened(self, transport: Transport) -> None:
-        pass
-
-    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
-        pass
 
 
 async def send_all(client: socket.socket, data: bytes) -> None:

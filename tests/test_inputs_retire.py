@@ -15,40 +15,20 @@ from pathlib import Path
 import pytest
 import uvloop
 
+from helpers import StreamIntake
 from pydory.daemon.accounting import Transport
 from pydory.daemon.inputs import StreamInput
-from pydory.errors import ClientProtocolError
 from pydory.wire import encode_any_partition
 
 
 @dataclass
-class Recorded:
+class Recorded(StreamIntake):
     """The inputs' Intake: the values of the frames handed over, and connection counts."""
 
     values: list[bytes] = field(default_factory=list)
-    opened: int = 0
-    closed: int = 0
 
     def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
         self.values += [frame[-8:] for frame in burst]
-
-    def datagrams(self, burst: Sequence[bytes]) -> None:
-        raise AssertionError("no datagram input here")
-
-    def datagram_too_large(self, size: int, prefix: bytes) -> None:
-        raise AssertionError("no datagram input here")
-
-    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
-        raise AssertionError(f"a broken stream: {error}")
-
-    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
-        raise AssertionError("an unclean disconnect")
-
-    def connection_opened(self, transport: Transport) -> None:
-        self.opened += 1
-
-    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
-        self.closed += 1
 
 
 def message(n: int, i: int) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from pydory.config import load_config
 
 #: Dory's default httpInterface port, on loopback.
@@ -20,3 +22,15 @@ def daemon_url(url: str | None, config_path: str | None) -> str:
     if config_path is not None:
         return f"http://127.0.0.1:{load_config(config_path).http.port}"
     return DEFAULT_URL
+
+
+def add_daemon_location(
+    parser: argparse.ArgumentParser,
+    config_help: str = "the daemon's config file: use its httpInterface port on 127.0.0.1",
+) -> None:
+    """``--url URL`` or ``--config-path FILE``: where a command finds the daemon."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--url", help=f"the daemon's status server (default {DEFAULT_URL}, Dory's default port)"
+    )
+    where.add_argument("--config-path", metavar="FILE", help=config_help)

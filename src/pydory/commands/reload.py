@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from pydory.commands.daemon_url import DEFAULT_URL, daemon_url
+from pydory.commands.daemon_url import add_daemon_location, daemon_url
 from pydory.commands.status import DaemonUnreachable, NotAStatusPage, StatusClient
 from pydory.config import load_config
 from pydory.errors import ConfigError
@@ -45,13 +45,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "changed, or why the daemon refused it (it then runs on unchanged)."
         ),
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--config-path",
-        metavar="FILE",
-        help="the daemon's config file: checked first; its httpInterface port finds the daemon",
+    add_daemon_location(
+        parser, "the daemon's config file: checked first; its httpInterface port finds the daemon"
     )
-    where.add_argument("--url", help=f"the daemon's status server (default {DEFAULT_URL})")
     parser.add_argument(
         "--timeout",
         type=float,

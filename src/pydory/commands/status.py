@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pydory.commands.daemon_url import DEFAULT_URL, daemon_url
+from pydory.commands.daemon_url import add_daemon_location, daemon_url
 from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason
 from pydory.errors import ConfigError, PydoryError
 
@@ -81,13 +81,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--json", action="store_true", help="print the daemon's JSON (pretty) instead"
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--url", help=f"the status server (default {DEFAULT_URL})")
-    where.add_argument(
-        "--config-path",
-        metavar="FILE",
-        help="the daemon's config file: use its httpInterface port on 127.0.0.1",
-    )
+    add_daemon_location(parser)
     parser.add_argument(
         "--timeout",
         type=float,

@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from pydory.commands.daemon_url import DEFAULT_URL, daemon_url
+from pydory.commands.daemon_url import add_daemon_location, daemon_url
 from pydory.errors import ConfigError
 from pydory.status.commit_point import LONG_POLL_MAX_S
 
@@ -87,16 +87,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help=f"give up after S seconds (exit 1); 0 asks once; default {DEFAULT_TIMEOUT_S:g}",
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--url",
-        help=f"the daemon's status interface (default {DEFAULT_URL}, Dory's default port)",
-    )
-    where.add_argument(
-        "--config-path",
-        metavar="FILE",
-        help="the daemon's config file: ask on loopback at its httpInterface port",
-    )
+    add_daemon_location(parser)
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     parser.set_defaults(handler=run)
 
