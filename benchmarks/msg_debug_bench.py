@@ -14,13 +14,13 @@ import time
 from typing import Any, cast
 
 from pydory.config.model import MsgDebugConfig
-from pydory.daemon.accounting import Books, Counters, Transport
-from pydory.daemon.commit_point import CommitPoint
-from pydory.daemon.dispatch import Dispatcher
-from pydory.daemon.intake import Intake
-from pydory.daemon.pool import MemoryPool
-from pydory.daemon.ratelimit import TopicRateLimiter
-from pydory.daemon.router import MetadataSnapshot, Router
+from pydory.daemon.books.accounting import Books, Counters, Transport
+from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.delivery.dispatcher import Dispatcher
+from pydory.daemon.admission.intake import Intake
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.admission.ratelimit import TopicRateLimiter
+from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.wire import encode_any_partition
 
 BURST = 64
@@ -71,7 +71,7 @@ def make(msg_debug: Any) -> Intake:
 def variants() -> dict[str, Intake]:
     out = {"baseline (no msg_debug argument)": make(None)}
     try:
-        from pydory.daemon.msg_debug import MsgDebug
+        from pydory.daemon.books.msg_debug import MsgDebug
     except ImportError:  # a checkout before message debugging
         return out
 

@@ -10,6 +10,9 @@ import pytest
 
 from receivers import RECEIVE_TIMEOUT_S
 
+# The Kafka fixtures: the installed package registers no pytest plugin of its own.
+pytest_plugins = ["pydory.testing.pytest_plugin"]
+
 
 @pytest.fixture
 def datagram_path(tmp_path: Path) -> str:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydory.daemon.accounting import (
+from pydory.daemon.books.accounting import (
     AFTER_ACCEPTANCE,
     BEFORE_ACCEPTANCE,
     AccountingError,

@@ -15,7 +15,7 @@ import pytest
 
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
-from pydory.daemon.accounting import DiscardReason
+from pydory.daemon.books.accounting import DiscardReason
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster

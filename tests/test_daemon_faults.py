@@ -29,9 +29,14 @@ import pytest
 
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import UnixStreamSender
-from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason
-from pydory.daemon.dispatch import Delivered, DeliverySettings, Dispatcher, ProducerProfile
-from pydory.daemon.router import MetadataSnapshot, Router
+from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, DiscardReason
+from pydory.daemon.delivery.dispatcher import (
+    Delivered,
+    DeliverySettings,
+    Dispatcher,
+    ProducerProfile,
+)
+from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.errors import DaemonUnavailable
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all

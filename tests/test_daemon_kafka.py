@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.client.messages import now_ms
-from pydory.daemon.router import ANY_PARTITION_RUN
+from pydory.daemon.delivery.router import ANY_PARTITION_RUN
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_broker import KafkaCluster, SaslUser
 from pydory.testing.kafka_util import ConsumedRecord, consume_all

@@ -24,8 +24,8 @@ from pydory.client import UnixStreamSender
 from pydory.commands.status import DaemonUnreachable, StatusClient
 from pydory.config import parse_config
 from pydory.config.model import LoggingConfig
-from pydory.daemon.accounting import Books, Counters, DiscardEvent, DiscardReason, Transport
-from pydory.daemon.discard_log import (
+from pydory.daemon.books.accounting import Books, Counters, DiscardEvent, DiscardReason, Transport
+from pydory.daemon.books.discard_log import (
     DISCARD_LOG_DROPPED,
     DISCARD_LOG_LOST,
     DISCARD_LOG_WRITTEN,
@@ -266,7 +266,7 @@ def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "pydory.daemon.discard_log" and r.levelno >= logging.ERROR
+        if r.name == "pydory.daemon.books.discard_log" and r.levelno >= logging.ERROR
     ]
 
 

@@ -9,13 +9,13 @@ from typing import Any, cast
 import pytest
 
 from helpers import RecordingDispatcher
-from pydory.daemon.accounting import Books, DiscardReason, Transport
-from pydory.daemon.commit_point import CommitPoint
-from pydory.daemon.dispatch import Dispatcher
-from pydory.daemon.intake import Intake
-from pydory.daemon.pool import MemoryPool
-from pydory.daemon.ratelimit import RateLimit, TopicRateLimiter
-from pydory.daemon.router import MetadataSnapshot, Router
+from pydory.daemon.admission.intake import Intake
+from pydory.daemon.admission.ratelimit import RateLimit, TopicRateLimiter
+from pydory.daemon.books.accounting import Books, DiscardReason, Transport
+from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.delivery.dispatcher import Dispatcher
+from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.wire import encode_any_partition, encode_partition_key
 
 

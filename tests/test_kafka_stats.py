@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pydory.daemon.kafka_stats import (
+from pydory.daemon.delivery.kafka_stats import (
     EMPTY_SNAPSHOT,
     BrokerStats,
     KafkaStats,

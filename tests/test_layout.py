@@ -1,8 +1,11 @@
 """The package's layering, checked on the source: the rules ARCHITECTURE.md states.
 
 - the status interface reads the daemon through ``DaemonView``: nothing under
-  ``pydory/status/`` imports the daemon's server;
-- the daemon does not reach into the status interface, except the server that starts it;
+  ``pydory/status/`` imports the server (``pydory/server.py``, the composition root);
+- nothing under ``pydory/daemon/`` imports the status interface or the server: the arrows
+  run down only, from the server to ``daemon/`` and ``status/``;
+- ``daemon/`` is in packages named for a message's stages, each with its rule at its top,
+  and no module there is longer than MAX_DAEMON_MODULE_LINES;
 - no import circle anywhere in the package, counting every import statement (also those
   inside functions and under ``TYPE_CHECKING``): a reader can take the modules in order.
 """
@@ -16,6 +19,8 @@ from pathlib import Path
 import pydory
 
 PACKAGE_DIR = Path(pydory.__file__).parent
+#: A module under ``daemon/`` longer than this is two jobs in one room.
+MAX_DAEMON_MODULE_LINES = 600
 
 
 def module_name(path: Path) -> str:
@@ -76,28 +81,40 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_is_read_from_the_source() -> None:
     graph = import_graph()
-    assert "pydory.daemon.server" in graph["pydory.commands.serve"]
+    assert "pydory.server" in graph["pydory.commands.serve"]
     assert "pydory.status.view" in graph["pydory.status.server"]
 
 
 def test_the_status_interface_never_imports_the_server() -> None:
     graph = import_graph()
     offenders = {
-        name: sorted(graph[name] & {"pydory.daemon.server", "pydory.daemon"})
+        name: sorted(graph[name] & {"pydory.server"})
         for name in graph
         if name.startswith("pydory.status")
     }
     assert {name: found for name, found in offenders.items() if found} == {}
 
 
-def test_only_the_server_starts_the_status_interface() -> None:
+def test_the_daemon_never_imports_the_status_interface_or_the_server() -> None:
+    """``daemon/`` is the data path; ``pydory.server`` composes it with ``status/``."""
     graph = import_graph()
-    reaching = sorted(
-        name
+    reaching = {
+        name: sorted(t for t in targets if t.startswith(("pydory.status", "pydory.server")))
         for name, targets in graph.items()
-        if name.startswith("pydory.daemon") and any(t.startswith("pydory.status") for t in targets)
+        if name.startswith("pydory.daemon")
+    }
+    assert {name: found for name, found in reaching.items() if found} == {}
+
+
+def test_every_stage_of_the_daemon_is_a_package_with_its_rule() -> None:
+    """Each stage says at its top what it holds; the names are the message's stages."""
+    stages = sorted(
+        p.name for p in (PACKAGE_DIR / "daemon").iterdir() if p.is_dir() and p.name != "__pycache__"
     )
-    assert reaching == ["pydory.daemon.server"]
+    assert stages == ["admission", "books", "delivery", "inputs", "spool"]
+    for stage in stages:
+        init = PACKAGE_DIR / "daemon" / stage / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"daemon/{stage} has no docstring"
 
 
 def test_there_is_no_import_circle() -> None:

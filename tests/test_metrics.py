@@ -19,12 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pydory.client import DatagramSender, encode_message
 from pydory.config.model import HttpInterfaceConfig
-from pydory.daemon.accounting import Books, Counters, DiscardReason, Transport
-from pydory.daemon.commit_point import CommitPointView
-from pydory.daemon.kafka_stats import BrokerStats, StatsSnapshot, TopicQueues
-from pydory.daemon.pool import MemoryPool
+from pydory.daemon.books.accounting import Books, Counters, DiscardReason, Transport
+from pydory.daemon.books.commit_point import CommitPointView
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.delivery.kafka_stats import BrokerStats, StatsSnapshot, TopicQueues
+from pydory.daemon.delivery.router import MetadataSnapshot
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome
-from pydory.daemon.router import MetadataSnapshot
 from pydory.status.metrics import DaemonCollector, build_registry
 from pydory.status.view import DaemonView
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon

@@ -14,11 +14,11 @@ import pytest
 
 from helpers import RecordingDispatcher
 from pydory.config.model import MsgDebugConfig
-from pydory.daemon.accounting import Books, Counters, Transport
-from pydory.daemon.commit_point import CommitPoint
-from pydory.daemon.dispatch import Dispatcher
-from pydory.daemon.intake import Intake
-from pydory.daemon.msg_debug import (
+from pydory.daemon.admission.intake import Intake
+from pydory.daemon.admission.ratelimit import RateLimit, TopicRateLimiter
+from pydory.daemon.books.accounting import Books, Counters, Transport
+from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.books.msg_debug import (
     FILE_NAMES,
     MSG_DEBUG_WRITTEN,
     MsgDebug,
@@ -26,9 +26,9 @@ from pydory.daemon.msg_debug import (
     Stage,
     format_line,
 )
-from pydory.daemon.pool import MemoryPool
-from pydory.daemon.ratelimit import RateLimit, TopicRateLimiter
-from pydory.daemon.router import MetadataSnapshot, Router
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.delivery.dispatcher import Dispatcher
+from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.wire import encode_any_partition, encode_partition_key
 
 NOW_S = 1_795_246_679.301

@@ -1,6 +1,6 @@
 """The overload policy: what the daemon does when the memory pool runs short.
 
-Unit tests of :class:`pydory.daemon.overload.Overload` on a real pool with a fake clock
+Unit tests of :class:`pydory.daemon.admission.overload.Overload` on a real pool with a fake clock
 and fake inputs; then a real daemon on librdkafka's mock cluster with every broker down,
 so that nothing the daemon accepts can leave memory: under ``backpressure`` the writers
 block (stream) or meet a full queue (datagram) and nothing is discarded; under
@@ -24,11 +24,11 @@ import pytest
 
 from helpers import assert_balanced, settled, wait_until
 from pydory.config.model import OverloadPolicy
-from pydory.daemon.accounting import Counters
-from pydory.daemon.intake import Intake
-from pydory.daemon.overload import Overload
-from pydory.daemon.pool import MemoryPool
-from pydory.daemon.spool import HEADER_BYTES, Spool
+from pydory.daemon.admission.intake import Intake
+from pydory.daemon.admission.overload import Overload
+from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.spool.segments import HEADER_BYTES, Spool
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster

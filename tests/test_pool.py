@@ -6,7 +6,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pydory.daemon.pool import MemoryPool, PoolReleaseError
+from pydory.daemon.books.pool import MemoryPool, PoolReleaseError
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""Quotas on the stream listeners (``<quotas>``): the pure logic of pydory.daemon.quotas
+"""Quotas on the stream listeners (``<quotas>``): the pure logic of pydory.daemon.inputs.quotas
 (rate windows, throttle times, connection limits, clients shared by uid), then the
 stream input on uvloop with real sockets and an intake that records what it is handed:
 the connection quota, a throttled client slowed without losing a byte, the throttle's
@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydory.config.model import ClientRate, ListenerQuotas, QuotasConfig
-from pydory.daemon.accounting import Counters, Transport
-from pydory.daemon.inputs import StreamInput, StreamInputProtocol
-from pydory.daemon.quotas import ClientQuota, ListenerQuota, RateWindow
+from pydory.daemon.books.accounting import Counters, Transport
+from pydory.daemon.inputs.agents import StreamInput, StreamInputProtocol
+from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota, RateWindow
 from pydory.errors import ClientProtocolError
 from pydory.wire import encode_any_partition
 

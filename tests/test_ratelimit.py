@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pydory.daemon.ratelimit import RateLimit, TopicRateLimiter
+from pydory.daemon.admission.ratelimit import RateLimit, TopicRateLimiter
 
 
 @dataclass(frozen=True)

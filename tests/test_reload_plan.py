@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from pydory.config import Broker, Config, RateLimit, parse_config
 from pydory.config.model import LoggingConfig, LogLevel
+from pydory.daemon.admission.ratelimit import TopicRateLimiter
 from pydory.daemon.logsetup import LogFiles
-from pydory.daemon.ratelimit import TopicRateLimiter
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome, plan_reload
 from pydory.testing.daemon_config import DaemonConfig
 

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pydory.daemon.router import ANY_PARTITION_RUN, NO_LEADER, MetadataSnapshot, Router
+from pydory.daemon.delivery.router import ANY_PARTITION_RUN, NO_LEADER, MetadataSnapshot, Router
 
 TOPIC = "events"
 BROKERS = {1: "127.0.0.1:9001", 2: "127.0.0.1:9002", 3: "127.0.0.1:9003"}

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pydory.daemon.spool import (
+from pydory.daemon.spool.segments import (
     FRAME_HEADER_BYTES,
     HEADER_BYTES,
     MAGIC,
@@ -751,7 +751,7 @@ def test_a_failed_fsync_unspools_the_burst_and_retires_the_segment(
 
 OPEN_IN_ANOTHER_PROCESS = textwrap.dedent("""
     import sys
-    from pydory.daemon.spool import Spool, SpoolInUse
+    from pydory.daemon.spool.segments import Spool, SpoolInUse
     spool = Spool(sys.argv[1], segment_bytes=1024, max_bytes=4096, fsync_interval_ms=None)
     try:
         spool.open()
@@ -844,7 +844,7 @@ def test_recovery_memory_is_bounded_by_the_chunk_not_the_file(tmp_path: Path) ->
 
 RECOVER_AND_MEASURE = textwrap.dedent("""
     import sys
-    from pydory.daemon.spool import Spool
+    from pydory.daemon.spool.segments import Spool
 
     def high_water_kib():
         with open("/proc/self/status") as status:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from daemon_process import DaemonProcess
-from pydory.daemon.spool import Spool
+from pydory.daemon.spool.segments import Spool
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition

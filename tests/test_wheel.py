@@ -109,6 +109,15 @@ def test_the_wheel_requires_only_the_daemons_dependencies(lean_venv: Path) -> No
     assert spark == ["pyarrow", "pyspark"]
 
 
+def test_the_wheel_registers_no_pytest_plugin(lean_venv: Path) -> None:
+    """The Kafka fixtures load only where a test suite asks for them (tests/conftest.py):
+    installing pydory must not change another project's pytest run."""
+    (dist_info,) = lean_venv.glob("lib/python3.11/site-packages/pydory-*.dist-info")
+    entry_points = dist_info / "entry_points.txt"
+    assert "[console_scripts]" in entry_points.read_text()
+    assert "pytest11" not in entry_points.read_text()
+
+
 def test_the_clean_venv_has_no_spark_and_no_test_broker(lean_venv: Path) -> None:
     python = str(lean_venv / "bin" / "python")
     cfg = (lean_venv / "pyvenv.cfg").read_text()

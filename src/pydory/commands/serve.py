@@ -12,8 +12,8 @@ import uvloop
 from pydory import __version__
 from pydory.config import load_config
 from pydory.daemon.logsetup import configure_logging
-from pydory.daemon.server import Server
 from pydory.errors import ConfigError
+from pydory.server import Server
 
 log = logging.getLogger(__name__)
 

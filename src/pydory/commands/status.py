@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydory.commands.daemon_url import add_daemon_location, daemon_url
-from pydory.daemon.accounting import AFTER_ACCEPTANCE, DiscardReason
+from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, DiscardReason
 from pydory.errors import ConfigError, PydoryError
 
 DEFAULT_TIMEOUT_S = 5.0

@@ -1,6 +1,6 @@
 """``/commit_point/{json,plain}``: the commit point on the status server, with its long-poll.
 
-The commit point itself (what it means, how it moves) is :mod:`pydory.daemon.commit_point`;
+The commit point itself (what it means, how it moves) is :mod:`pydory.daemon.books.commit_point`;
 this module only parses the query, waits through the view, and renders the page.
 """
 
@@ -18,7 +18,7 @@ from aiohttp import web
 from pydory import __version__
 
 if TYPE_CHECKING:
-    from pydory.daemon.commit_point import CommitPointView
+    from pydory.daemon.books.commit_point import CommitPointView
     from pydory.status.view import DaemonView
 
 __all__ = ["LONG_POLL_DEFAULT_S", "LONG_POLL_MAX_S", "commit_point_routes"]

@@ -20,7 +20,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from pydory import __version__
-from pydory.daemon.kafka_stats import USABLE_STATES
+from pydory.daemon.delivery.kafka_stats import USABLE_STATES
 
 if TYPE_CHECKING:
     from pydory.status.view import DaemonView

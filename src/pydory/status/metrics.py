@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from pydory import __version__
-from pydory.daemon.accounting import DiscardReason, TopicTotals, Transport
-from pydory.daemon.kafka_stats import USABLE_STATES, BrokerStats
+from pydory.daemon.books.accounting import DiscardReason, TopicTotals, Transport
+from pydory.daemon.delivery.kafka_stats import USABLE_STATES, BrokerStats
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -38,7 +38,7 @@ __all__ = ["QUEUE_STAGES", "DaemonCollector", "build_registry"]
 
 #: The librdkafka queues a message passes through, in order (Dory's /queues names).
 QUEUE_STAGES = ("batch", "send_wait", "ack_wait")
-#: The listeners that have quotas (pydory.daemon.inputs counts per transport).
+#: The listeners that have quotas (pydory.daemon.inputs.agents counts per transport).
 QUOTA_TRANSPORTS = (str(Transport.UNIX_STREAM), str(Transport.TCP))
 
 

@@ -9,7 +9,7 @@ Dory's URLs, HTTP GET as Dory accepts them, answering Dory's plain-text lines::
     GET /msg_debug/get_topics        topic: [NAME] per line, or All/No message debug topics ...
     GET /msg_debug/truncate_files    Message debug files truncated
 
-What tracing does and where it writes is :mod:`pydory.daemon.msg_debug`; this module reads
+What tracing does and where it writes is :mod:`pydory.daemon.books.msg_debug`; this module reads
 and switches it only through the view's :class:`~pydory.status.view.MsgDebugControl`. When
 ``<msgDebug>`` is off, every ``/msg_debug/`` URL answers 404 saying how to turn it on.
 """

@@ -18,8 +18,8 @@ from pydory.status.dashboard import dashboard_json
 from pydory.status.dory_counters import dory_counters
 
 if TYPE_CHECKING:
-    from pydory.daemon.accounting import DiscardReport
-    from pydory.daemon.kafka_stats import TopicQueues
+    from pydory.daemon.books.accounting import DiscardReport
+    from pydory.daemon.delivery.kafka_stats import TopicQueues
     from pydory.status.view import DaemonView
 
 __all__ = ["StatusPages"]

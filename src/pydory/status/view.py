@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pydory.config.model import HttpInterfaceConfig
-    from pydory.daemon.accounting import DiscardReason, DiscardReport, TopicTotals, Transport
-    from pydory.daemon.commit_point import CommitPointView
-    from pydory.daemon.kafka_stats import StatsSnapshot
-    from pydory.daemon.msg_debug import Selection
-    from pydory.daemon.router import MetadataSnapshot
+    from pydory.daemon.books.accounting import DiscardReason, DiscardReport, TopicTotals, Transport
+    from pydory.daemon.books.commit_point import CommitPointView
+    from pydory.daemon.books.msg_debug import Selection
+    from pydory.daemon.delivery.kafka_stats import StatsSnapshot
+    from pydory.daemon.delivery.router import MetadataSnapshot
 
 __all__ = [
     "BooksReader",

@@ -1,4 +1,5 @@
-"""pytest fixtures for Kafka brokers, registered as the ``pydory`` pytest11 plugin.
+"""pytest fixtures for Kafka brokers: a plugin loaded on request (``tests/conftest.py``
+names it in ``pytest_plugins``; elsewhere ``pytest -p pydory.testing.pytest_plugin``).
 
 - ``mock_cluster``: a fresh 3-broker librdkafka mock cluster per test.
 - ``mock_cluster_factory``: ``make(brokers=3) -> MockCluster``, all stopped after the test.

@@ -23,19 +23,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pydory.daemon.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
-from pydory.daemon.dispatch import (
+from pydory.daemon.admission.ratelimit import TopicRateLimiter
+from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
+from pydory.daemon.books.msg_debug import MsgDebug
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.delivery.dispatcher import (
     POOL_OVERHEAD_BYTES,
     Delivered,
     Dispatcher,
     EnqueueRefused,
     pool_cost,
 )
-from pydory.daemon.msg_debug import MsgDebug
-from pydory.daemon.pool import MemoryPool
-from pydory.daemon.ratelimit import TopicRateLimiter
-from pydory.daemon.router import Router
-from pydory.daemon.write_ahead import WriteAhead
+from pydory.daemon.delivery.router import Router
+from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.errors import (
     BadTopic,
     ClientProtocolError,

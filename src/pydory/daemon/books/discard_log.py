@@ -1,6 +1,7 @@
 """Where discards are written besides the books: Dory's discard log file and ``logDiscards``.
 
-Both are :class:`~pydory.daemon.accounting.DiscardSink` s that the books call on every discard.
+Both are :class:`~pydory.daemon.books.accounting.DiscardSink` s that the books call on every
+discard.
 :class:`DiscardLog` builds what the config asks for and hands the books one sink.
 
 **The discard log file** (``<discardLogging>``, for debugging) has Dory's line format, so
@@ -48,7 +49,13 @@ from collections.abc import Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
 from pydory.config.model import Config
-from pydory.daemon.accounting import Counters, DiscardEvent, DiscardReason, DiscardSink, Transport
+from pydory.daemon.books.accounting import (
+    Counters,
+    DiscardEvent,
+    DiscardReason,
+    DiscardSink,
+    Transport,
+)
 
 __all__ = [
     "DISCARD_LOG_DROPPED",
@@ -424,7 +431,7 @@ class QueuedWriter(Generic[T]):
     The event loop only queues items (:meth:`_enqueue`); the writer thread formats them
     (:meth:`_format`) and writes them in batches, so the loop never waits for the disk.
     What does not fit in the queue is counted as ``dropped_counter``. The discard log
-    file and the message debug files (:mod:`pydory.daemon.msg_debug`) are both one.
+    file and the message debug files (:mod:`pydory.daemon.books.msg_debug`) are both one.
 
     :meth:`_enqueue` is for the event loop thread only; :meth:`reopen`,
     :meth:`truncate`, :meth:`flush` and :meth:`close` may be called from any thread.

@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pydory.daemon.accounting import Counters
-from pydory.daemon.commit_point import CommitPoint
-from pydory.daemon.spool import RecoveryReport, Spool, SpoolError, SpoolRecord
+from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.spool.segments import RecoveryReport, Spool, SpoolError, SpoolRecord
 from pydory.wire import encode_any_partition, encode_partition_key
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ _GENERATION_MASK = (1 << SEGMENT_SHIFT) - 1
 
 
 class SpoolWriter(Protocol):
-    """The part of :class:`pydory.daemon.spool.Spool` the write-ahead uses."""
+    """The part of :class:`pydory.daemon.spool.segments.Spool` the write-ahead uses."""
 
     last_append: tuple[int, int]
 

@@ -9,8 +9,8 @@ are safe. docs/commit-point.md has the argument in full, and its limits.
 ``send()`` returns once the kernel holds its bytes, and the daemon cannot tell when bytes
 arrived, only what an input socket holds. So:
 
-* An *input mark* (pydory.daemon.inputs.mark_inputs) notes what every input socket holds at one
-  instant: unread datagrams, bytes on each connection, connections not yet accepted. It
+* An *input mark* (pydory.daemon.inputs.agents.mark_inputs) notes what every input socket
+  holds at one instant: unread datagrams, bytes on each connection, connections not yet accepted. It
   is *reached* once the daemon has read all of that, whatever arrived since. The instant
   of the latest mark reached is the *quiet mark*: whatever the daemon reads from then on
   arrived after it. (With idle sockets a mark is reached the moment it is taken.)
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pydory.daemon.accounting import AccountingError
+from pydory.daemon.books.accounting import AccountingError
 
 __all__ = [
     "EPOCH_S",
@@ -64,7 +64,7 @@ Schedule = Callable[[float, Callable[[], None]], bool]
 
 
 class InputMark(Protocol):
-    """What the input sockets held at one instant (pydory.daemon.inputs.mark_inputs)."""
+    """What the input sockets held at one instant (pydory.daemon.inputs.agents.mark_inputs)."""
 
     def reached(self) -> bool:
         """Whether the daemon has read everything the sockets held at that instant."""

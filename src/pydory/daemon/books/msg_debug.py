@@ -23,7 +23,7 @@ files together would pass ``<byteLimit>`` bytes: the selection is then cleared (
 is logged and shown on the dashboard). ``truncate_files`` empties the files and leaves the
 selection as it is (as Dory's code does). SIGUSR1 reopens the files.
 
-The files are written by :class:`~pydory.daemon.discard_log.QueuedWriter` threads (one per
+The files are written by :class:`~pydory.daemon.books.discard_log.QueuedWriter` threads (one per
 file), so the loop never waits for the disk: a disk error is logged once and counted
 (``msg_debug_lost``), an overflowing queue counted (``msg_debug_dropped``).
 
@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pydory.config.model import MsgDebugConfig
-from pydory.daemon.accounting import Counters
-from pydory.daemon.discard_log import QueuedWriter, RotatingFile
+from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books.discard_log import QueuedWriter, RotatingFile
 
 __all__ = [
     "FILE_NAMES",

@@ -10,7 +10,7 @@ a message in the ``Intake`` it hands them to. The daemon never writes to a clien
   maxStreamMsgSize closes that connection only; a stream ending mid-message is an unclean
   disconnect. asyncio's accept loop already backs off on EMFILE/ENFILE.
 
-Quotas (``<quotas>``, pydory.daemon.quotas has the logic): a stream listener may refuse
+Quotas (``<quotas>``, pydory.daemon.inputs.quotas has the logic): a stream listener may refuse
 connections above its limit (closed at once, counted) and slow a client above its rate
 by pausing that connection's reads for the throttle time. A connection then has two
 reasons not to be read, kept apart: the input's pause (backpressure, shutdown) and its own
@@ -26,7 +26,7 @@ Two more duties:
   instead of losing its message silently.
 - The commit point's input marks, :func:`mark_inputs`: what every input socket holds at
   one instant (one poll(2), and FIONREAD on the connections holding bytes), and whether
-  the daemon has read it all since (pydory.daemon.commit_point explains why it needs them).
+  the daemon has read it all since (pydory.daemon.books.commit_point explains why it needs them).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
 from pydory.config.model import NO_QUOTAS, ListenerQuotas, QuotasConfig
-from pydory.daemon.accounting import Counters, Transport
-from pydory.daemon.quotas import ClientQuota, ListenerQuota
+from pydory.daemon.books.accounting import Counters, Transport
+from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota
 from pydory.errors import ClientProtocolError, ConfigError
 from pydory.wire import NEED_DATA, StreamFramer
 
@@ -76,7 +76,7 @@ _UCRED = struct.Struct("3i")
 
 
 class Intake(Protocol):
-    """What the input agents hand their bytes to (implemented by pydory.daemon.intake)."""
+    """What the input agents hand their bytes to (implemented by pydory.daemon.admission.intake)."""
 
     def datagrams(self, burst: Sequence[bytes]) -> None: ...
 
@@ -205,7 +205,7 @@ class _Pending(Protocol):
 
 class InputMark:
     """What the input sockets held at one instant; :meth:`reached` once the daemon has read
-    all of it, whatever arrived since. pydory.daemon.commit_point builds on this."""
+    all of it, whatever arrived since. pydory.daemon.books.commit_point builds on this."""
 
     def __init__(self, pending: list[_Pending]) -> None:
         self._pending = pending

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from pydory.daemon.router import MetadataSnapshot, Router
+from pydory.daemon.delivery.router import MetadataSnapshot, Router
 
 log = logging.getLogger(__name__)
 

@@ -23,26 +23,26 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaException, Producer
 
 from pydory.config import Config, load_config
-from pydory.daemon.accounting import Books, Counters
-from pydory.daemon.commit_point import CommitPoint
-from pydory.daemon.discard_log import DiscardLog
-from pydory.daemon.dispatch import Dispatcher
-from pydory.daemon.input_set import InputSet, InputSwap, describe
-from pydory.daemon.inputs import DatagramInput, StreamInput
-from pydory.daemon.intake import DeliveryLedger, Intake
-from pydory.daemon.kafka_settings import delivery_settings, producer_profile
-from pydory.daemon.kafka_stats import KafkaStats
+from pydory.daemon.admission.intake import DeliveryLedger, Intake
+from pydory.daemon.admission.overload import Overload
+from pydory.daemon.admission.ratelimit import TopicRateLimiter
+from pydory.daemon.books.accounting import Books, Counters
+from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.books.discard_log import DiscardLog
+from pydory.daemon.books.msg_debug import MsgDebug
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.delivery.dispatcher import Dispatcher
+from pydory.daemon.delivery.kafka_stats import KafkaStats
+from pydory.daemon.delivery.librdkafka_settings import delivery_settings, producer_profile
+from pydory.daemon.delivery.metadata import MetadataService
+from pydory.daemon.delivery.router import Router
+from pydory.daemon.inputs.agents import DatagramInput, StreamInput
+from pydory.daemon.inputs.input_set import InputSet, InputSwap, describe
 from pydory.daemon.logsetup import LogFiles
-from pydory.daemon.metadata import MetadataService
-from pydory.daemon.msg_debug import MsgDebug
-from pydory.daemon.overload import Overload
-from pydory.daemon.pool import MemoryPool
-from pydory.daemon.ratelimit import TopicRateLimiter
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome, ReloadPlan, plan_reload
-from pydory.daemon.router import Router
-from pydory.daemon.spool import Spool, SpoolError
+from pydory.daemon.spool.segments import Spool, SpoolError
+from pydory.daemon.spool.write_ahead import WriteAhead, replay_spool
 from pydory.daemon.systemd import notify as systemd_notify
-from pydory.daemon.write_ahead import WriteAhead, replay_spool
 from pydory.errors import ConfigError, ConfigErrors
 from pydory.status import DaemonView, StatusServer
 

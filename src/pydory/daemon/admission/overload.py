@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from pydory.config.model import OverloadPolicy
-from pydory.daemon.accounting import Counters
-from pydory.daemon.intake import Intake
-from pydory.daemon.pool import MemoryPool
+from pydory.daemon.admission.intake import Intake
+from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books.pool import MemoryPool
 
 log = logging.getLogger(__name__)
 

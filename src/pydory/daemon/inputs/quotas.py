@@ -34,7 +34,7 @@ any T seconds, its long-run rate is its quota, and a client that keeps within it
 
 Nothing here does I/O or reads a clock of its own: the caller passes ``now`` (the input
 agent reads its injected clock), and the input agent does the pausing
-(pydory.daemon.inputs).
+(pydory.daemon.inputs.agents).
 """
 
 from __future__ import annotations

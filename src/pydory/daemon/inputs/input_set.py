@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 from pydory.config import Config
 from pydory.config.model import QuotasConfig
-from pydory.daemon.accounting import Counters, Transport
-from pydory.daemon.inputs import DatagramInput, InputMark, Intake, StreamInput, mark_inputs
+from pydory.daemon.books.accounting import Counters, Transport
+from pydory.daemon.inputs.agents import DatagramInput, InputMark, Intake, StreamInput, mark_inputs
 
 log = logging.getLogger(__name__)
 

@@ -34,16 +34,16 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from pydory.daemon.accounting import Counters, DiscardReason
-from pydory.daemon.kafka_stats import (
+from pydory.daemon.books.accounting import Counters, DiscardReason
+from pydory.daemon.books.msg_debug import MsgDebug
+from pydory.daemon.delivery.kafka_stats import (
     STATS_INTERVAL_MS,
     KafkaStats,
     ProducerStats,
     StatsSnapshot,
     parse_statistics,
 )
-from pydory.daemon.msg_debug import MsgDebug
-from pydory.daemon.router import NO_LEADER, Router
+from pydory.daemon.delivery.router import NO_LEADER, Router
 from pydory.errors import ConfigError, PydoryError
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from pydory.config import Config
 from pydory.config.model import BatchingThresholds, CompressionType, OverloadPolicy
-from pydory.daemon.dispatch import DISABLED_TIME_LINGER_MS, DeliverySettings, ProducerProfile
-from pydory.daemon.write_ahead import REPLAY_BURST
+from pydory.daemon.delivery.dispatcher import (
+    DISABLED_TIME_LINGER_MS,
+    DeliverySettings,
+    ProducerProfile,
+)
+from pydory.daemon.spool.write_ahead import REPLAY_BURST
 
 #: librdkafka's largest accepted batch.num.messages.
 MAX_BATCH_MESSAGES = 1_000_000

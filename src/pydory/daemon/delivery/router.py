@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydory.daemon.accounting import Counters
+from pydory.daemon.books.accounting import Counters
 
 NO_LEADER = -1
 

@@ -1,0 +1,7 @@
+"""Delivery: an accepted message goes to Kafka and comes back with an outcome.
+
+librdkafka does the network work; this stage picks the partition (router), owns the
+producers and their settings, reads metadata and statistics, and turns each delivery
+report into one outcome: delivered, rerouted, or discarded with its reason. Rule: every
+accepted message leaves this stage exactly once, through the ledger.
+"""
