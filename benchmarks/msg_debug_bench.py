@@ -14,12 +14,14 @@ import time
 from typing import Any, cast
 
 from pydory.config.model import MsgDebugConfig
-from pydory.daemon.books.accounting import Books, Counters, Transport
-from pydory.daemon.books.commit_point import CommitPoint
-from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.admission.intake import Intake
-from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
+from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.events import Transport
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.wire import encode_any_partition
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, DiscardReason, Transport
-from pydory.daemon.delivery.dispatcher import EnqueueRefused
+from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transport
+from pydory.daemon.delivery.outcomes import EnqueueRefused
 from pydory.errors import ClientProtocolError
 from pydory.testing.daemon import RunningDaemon
 

@@ -9,15 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydory.daemon.books.accounting import (
+from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.events import (
     AFTER_ACCEPTANCE,
     BEFORE_ACCEPTANCE,
     AccountingError,
-    Books,
-    Counters,
     DiscardReason,
     Transport,
 )
+from pydory.status.discards import discard_report_json, discard_report_plain
 
 R = DiscardReason
 
@@ -42,7 +43,7 @@ def make_books(
 
 
 def unfinished(books: Books) -> dict[str, Any]:
-    report: dict[str, Any] = books.discard_report().to_dory_json()["unfinished_report"]
+    report: dict[str, Any] = discard_report_json(books.discard_report())["unfinished_report"]
     return report
 
 
@@ -302,7 +303,7 @@ def test_no_finished_period_before_the_first_interval_ends() -> None:
     clock.now = 1599.9
     report = books.discard_report()
     assert report.latest_finished is None
-    assert "finished_report" not in report.to_dory_json()
+    assert "finished_report" not in discard_report_json(report)
     assert report.unfinished.malformed_msg_count == 1
 
 
@@ -312,7 +313,7 @@ def test_rolling_moves_the_period_to_finished_and_starts_the_next_id() -> None:
     clock.now = 1600
     books.maybe_roll()
     books.discarded(R.UNSUPPORTED_API_KEY, None, None)
-    body = books.discard_report().to_dory_json()
+    body = discard_report_json(books.discard_report())
     finished = with_reasons(empty_period(0, 1000), malformed=1)
     finished |= {"malformed_msg_count": 1, "recent_malformed": ["eA=="]}
     current = with_reasons(empty_period(1, 1600), unsupported_api_key=1)
@@ -335,7 +336,7 @@ def test_several_unobserved_periods_leave_an_empty_finished_period_on_the_grid()
     books, clock = make_books(start=1000, interval_s=600)
     books.discarded(R.MALFORMED, None, None, prefix=b"x")
     clock.now = 1000 + 3 * 600 + 10  # periods 1 and 2 went by unobserved
-    body = books.discard_report().to_dory_json()
+    body = discard_report_json(books.discard_report())
     assert body == {
         "unfinished_report": empty_period(3, 2800),
         "finished_report": empty_period(2, 2200),
@@ -424,7 +425,7 @@ def test_json_reproduces_dorys_sample_and_adds_only_new_keys() -> None:
 
 
 def test_plain_reproduces_dorys_sample() -> None:
-    plain = replay_dory_mock_run().discard_report().to_dory_plain(format_time=utc_ctime)
+    plain = discard_report_plain(replay_dory_mock_run().discard_report(), format_time=utc_ctime)
     assert plain == DORY_MOCK_PLAIN_PERIODS
 
 
@@ -463,7 +464,7 @@ def scripted_scenario() -> Books:
 
 
 def test_json_of_a_scripted_scenario_matches_the_hand_written_report() -> None:
-    assert scripted_scenario().discard_report().to_dory_json() == {
+    assert discard_report_json(scripted_scenario().discard_report()) == {
         "unfinished_report": {
             "id": 1,
             "start_time": 1600,
@@ -555,7 +556,7 @@ def test_json_of_a_scripted_scenario_matches_the_hand_written_report() -> None:
 
 
 def test_plain_of_a_scripted_scenario_has_every_section_in_dorys_layout() -> None:
-    plain = scripted_scenario().discard_report().to_dory_plain(format_time=utc_ctime)
+    plain = discard_report_plain(scripted_scenario().discard_report(), format_time=utc_ctime)
     assert plain == (
         "current (unfinished) reporting period:\n"
         "    report ID: 1\n"
@@ -601,7 +602,7 @@ def test_plain_of_a_scripted_scenario_has_every_section_in_dorys_layout() -> Non
 def test_plain_length_prefix_counts_bytes_not_characters() -> None:
     books, _ = make_books()
     books.discarded(R.NO_MEMORY, "café", 7)
-    plain = books.discard_report().to_dory_plain(format_time=utc_ctime)
+    plain = discard_report_plain(books.discard_report(), format_time=utc_ctime)
     assert "    discard topic: 5[café] begin [7] end [7] count 1\n" in plain
 
 

@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydory.daemon.books.accounting import AccountingError
 from pydory.daemon.books.commit_point import EPOCH_S, CommitPoint
+from pydory.daemon.books.events import AccountingError
 from pydory.status.commit_point import commit_point_routes
 
 T = TypeVar("T")

@@ -15,7 +15,8 @@ import pytest
 
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
-from pydory.daemon.books.accounting import DiscardReason
+from pydory.daemon.books.events import DiscardReason
+from pydory.status.discards import discard_report_json
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster
@@ -119,7 +120,7 @@ def test_bad_input_is_counted_and_loses_nothing_else(
         wait_until(settled(daemon, topic, 4), what="the 4 good messages")
         wait_until(lambda: daemon.snapshot()["discards"].get("unclean_disconnect") == 1)
         snapshot = daemon.snapshot()
-        report = daemon.call(lambda: daemon.server.books.discard_report().to_dory_json())
+        report = daemon.call(lambda: discard_report_json(daemon.server.books.discard_report()))
     discards = snapshot["discards"]
     assert discards["unsupported_api_key"] == 1
     assert discards["unsupported_version"] == 1

@@ -29,13 +29,10 @@ import pytest
 
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import UnixStreamSender
-from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, DiscardReason
-from pydory.daemon.delivery.dispatcher import (
-    Delivered,
-    DeliverySettings,
-    Dispatcher,
-    ProducerProfile,
-)
+from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason
+from pydory.daemon.delivery.dispatcher import Dispatcher
+from pydory.daemon.delivery.librdkafka_settings import DeliverySettings, ProducerProfile
+from pydory.daemon.delivery.outcomes import Delivered
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.errors import DaemonUnavailable
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon

@@ -29,6 +29,7 @@ from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.client.messages import now_ms
 from pydory.daemon.delivery.router import ANY_PARTITION_RUN
+from pydory.status.discards import discard_report_json
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_broker import KafkaCluster, SaslUser
 from pydory.testing.kafka_util import ConsumedRecord, consume_all
@@ -280,7 +281,7 @@ def test_without_autocreate_an_unknown_topic_is_a_bad_topic_discard(
         stream.send(topic, b"a topic that exists")
         delivered_everything(daemon, topic, 1)
         wait_until(lambda: daemon.snapshot()["discards"]["bad_topic"] == 1)
-        report = daemon.call(lambda: daemon.server.books.discard_report().to_dory_json())
+        report = daemon.call(lambda: discard_report_json(daemon.server.books.discard_report()))
         assert missing not in daemon.snapshot()["topics"]
     assert report["unfinished_report"]["recent_bad_topic"] == [missing]
     # Nor did the daemon's metadata requests create it.
@@ -311,7 +312,7 @@ def test_a_record_over_the_topics_max_message_bytes_is_a_kafka_error_discard(
         wait_until(settled(daemon, topic, 2))
         snapshot = daemon.snapshot()
         counters = daemon.call(daemon.server.counters.snapshot)
-        report = daemon.call(lambda: daemon.server.books.discard_report().to_dory_json())
+        report = daemon.call(lambda: discard_report_json(daemon.server.books.discard_report()))
     assert snapshot["topics"][topic]["delivered"] == 1
     assert snapshot["pool_used"] == 0
     assert_balanced(snapshot)

@@ -50,7 +50,7 @@ from confluent_kafka.admin import AdminClient
 
 from helpers import assert_balanced, wait_until
 from pydory.client import DatagramSender, UnixStreamSender
-from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, BEFORE_ACCEPTANCE
+from pydory.daemon.books.events import AFTER_ACCEPTANCE, BEFORE_ACCEPTANCE
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import ConsumedRecord, consume_all

@@ -24,19 +24,23 @@ from pydory.client import UnixStreamSender
 from pydory.commands.status import DaemonUnreachable, StatusClient
 from pydory.config import parse_config
 from pydory.config.model import LoggingConfig
-from pydory.daemon.books.accounting import Books, Counters, DiscardEvent, DiscardReason, Transport
-from pydory.daemon.books.discard_log import (
+from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.counters import (
     DISCARD_LOG_DROPPED,
     DISCARD_LOG_LOST,
     DISCARD_LOG_WRITTEN,
+    Counters,
+)
+from pydory.daemon.books.discard_log import (
     DiscardLog,
     DiscardLogFile,
     DiscardLogLines,
     PossibleDuplicate,
-    RotatingFile,
     dory_info,
     format_line,
 )
+from pydory.daemon.books.discard_log import DiscardLogRotatingFile as RotatingFile
+from pydory.daemon.books.events import DiscardEvent, DiscardReason, Transport
 from pydory.daemon.logsetup import configure_logging
 from pydory.testing.daemon import DaemonConfig, running_daemon
 from pydory.testing.mock_cluster import MockCluster
@@ -266,7 +270,7 @@ def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "pydory.daemon.books.discard_log" and r.levelno >= logging.ERROR
+        if r.name == "pydory.daemon.books.files" and r.levelno >= logging.ERROR
     ]
 
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import uvloop
 
 from helpers import StreamIntake
-from pydory.daemon.books.accounting import Transport
-from pydory.daemon.inputs.agents import TURN_READ_BYTES, StreamInput
+from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.stream import StreamInput
+from pydory.daemon.inputs.stream_connection import TURN_READ_BYTES
 from pydory.wire import encode_any_partition
 
 PER_CLIENT_BYTES = 6 * 1024 * 1024

@@ -16,8 +16,8 @@ import pytest
 import uvloop
 
 from helpers import StreamIntake
-from pydory.daemon.books.accounting import Transport
-from pydory.daemon.inputs.agents import StreamInput
+from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.stream import StreamInput
 from pydory.wire import encode_any_partition
 
 

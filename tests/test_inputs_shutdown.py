@@ -22,8 +22,10 @@ import uvloop
 
 from helpers import assert_balanced, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
-from pydory.daemon.books.accounting import Transport
-from pydory.daemon.inputs.agents import DatagramInput, StreamInput, mark_inputs
+from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.datagram import DatagramInput
+from pydory.daemon.inputs.marks import mark_inputs
+from pydory.daemon.inputs.stream import StreamInput
 from pydory.errors import ClientProtocolError
 from pydory.testing.daemon import DaemonConfig, RunningDaemon
 from pydory.testing.kafka_util import consume_all

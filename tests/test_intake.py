@@ -11,11 +11,13 @@ import pytest
 from helpers import RecordingDispatcher
 from pydory.daemon.admission.intake import Intake
 from pydory.daemon.admission.ratelimit import RateLimit, TopicRateLimiter
-from pydory.daemon.books.accounting import Books, DiscardReason, Transport
+from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.books.events import DiscardReason, Transport
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
+from pydory.status.discards import discard_report_json
 from pydory.wire import encode_any_partition, encode_partition_key
 
 
@@ -85,7 +87,7 @@ def outcome(d: Daemon) -> dict[str, Any]:
         "received": d.books.received_by_transport(),
         "topics": d.books.per_topic(),
         "discards": d.books.lifetime_discards_by_reason(),
-        "report": d.books.discard_report().to_dory_json(),
+        "report": discard_report_json(d.books.discard_report()),
         "counters": d.books.counters.snapshot(),
         "pool_used": d.pool.used,
         "open_messages": d.commit_point.open_messages,

@@ -106,8 +106,51 @@ def test_the_daemon_never_imports_the_status_interface_or_the_server() -> None:
     assert {name: found for name, found in reaching.items() if found} == {}
 
 
+def test_no_module_under_daemon_is_longer_than_the_limit() -> None:
+    too_long = {
+        str(path.relative_to(PACKAGE_DIR)): lines
+        for path in (PACKAGE_DIR / "daemon").rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_DAEMON_MODULE_LINES
+    }
+    assert too_long == {}
+
+
+def counter_name_literals(source: str) -> Iterator[int]:
+    """Lines of ``counters.inc("name")`` / ``view.counters.get(f"...")``: a counter named by
+    a literal rather than through ``pydory.daemon.books.counters``."""
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner = node.func.value
+        owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        if (
+            node.func.attr in {"inc", "get"}
+            and owner_name.endswith("counters")
+            and node.args
+            and isinstance(node.args[0], ast.Constant | ast.JoinedStr)
+        ):
+            yield node.lineno
+
+
+def test_counter_names_are_spelled_in_one_module() -> None:
+    """The stage that counts and the page that shows a counter name it the same way."""
+    found = [
+        f"{path.relative_to(PACKAGE_DIR)}:{line}"
+        for path in PACKAGE_DIR.rglob("*.py")
+        for line in counter_name_literals(path.read_text())
+    ]
+    assert found == []
+
+
+def test_a_counter_named_by_a_literal_is_found() -> None:
+    source = 'def f(self, view, t):\n    self._counters.inc("accepted")\n'
+    source += '    view.counters.get(f"received_{t}")\n    self._counters.inc(names.ACCEPTED)\n'
+    assert list(counter_name_literals(source)) == [2, 3]
+
+
 def test_every_stage_of_the_daemon_is_a_package_with_its_rule() -> None:
-    """Each stage says at its top what it holds; the names are the message's stages."""
+    """Each stage says at its top what it holds, and each module the rule that lives there
+    alone (h11's "Rule 1"); the stages are named for a message's stages."""
     stages = sorted(
         p.name for p in (PACKAGE_DIR / "daemon").iterdir() if p.is_dir() and p.name != "__pycache__"
     )
@@ -115,6 +158,13 @@ def test_every_stage_of_the_daemon_is_a_package_with_its_rule() -> None:
     for stage in stages:
         init = PACKAGE_DIR / "daemon" / stage / "__init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), f"daemon/{stage} has no docstring"
+    without_rule = sorted(
+        str(path.relative_to(PACKAGE_DIR))
+        for path in (PACKAGE_DIR / "daemon").rglob("*.py")
+        if path.name != "__init__.py"
+        and "Rule:" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    )
+    assert without_rule == []
 
 
 def test_there_is_no_import_circle() -> None:

@@ -19,8 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pydory.client import DatagramSender, encode_message
 from pydory.config.model import HttpInterfaceConfig
-from pydory.daemon.books.accounting import Books, Counters, DiscardReason, Transport
+from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.commit_point import CommitPointView
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.events import DiscardReason, Transport
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.delivery.kafka_stats import BrokerStats, StatsSnapshot, TopicQueues
 from pydory.daemon.delivery.router import MetadataSnapshot

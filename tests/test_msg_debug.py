@@ -16,11 +16,12 @@ from helpers import RecordingDispatcher
 from pydory.config.model import MsgDebugConfig
 from pydory.daemon.admission.intake import Intake
 from pydory.daemon.admission.ratelimit import RateLimit, TopicRateLimiter
-from pydory.daemon.books.accounting import Books, Counters, Transport
+from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.books.counters import MSG_DEBUG_WRITTEN, Counters
+from pydory.daemon.books.events import Transport
 from pydory.daemon.books.msg_debug import (
     FILE_NAMES,
-    MSG_DEBUG_WRITTEN,
     MsgDebug,
     Selection,
     Stage,

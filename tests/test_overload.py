@@ -26,9 +26,10 @@ from helpers import assert_balanced, settled, wait_until
 from pydory.config.model import OverloadPolicy
 from pydory.daemon.admission.intake import Intake
 from pydory.daemon.admission.overload import Overload
-from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.pool import MemoryPool
-from pydory.daemon.spool.segments import HEADER_BYTES, Spool
+from pydory.daemon.spool.records import HEADER_BYTES
+from pydory.daemon.spool.segments import Spool
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster

@@ -24,9 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydory.config.model import ClientRate, ListenerQuotas, QuotasConfig
-from pydory.daemon.books.accounting import Counters, Transport
-from pydory.daemon.inputs.agents import StreamInput, StreamInputProtocol
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota, RateWindow
+from pydory.daemon.inputs.stream import StreamInput
+from pydory.daemon.inputs.stream_connection import StreamInputProtocol
 from pydory.errors import ClientProtocolError
 from pydory.wire import encode_any_partition
 

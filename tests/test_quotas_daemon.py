@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from helpers import assert_balanced, settled, wait_until
-from pydory.daemon.books.accounting import Transport
+from pydory.daemon.books.events import Transport
 from pydory.testing.daemon import DaemonConfig, RunningDaemon
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition

@@ -19,19 +19,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pydory.daemon.spool.segments import (
+from pydory.daemon.spool.errors import SpoolError, SpoolFull, SpoolInUse
+from pydory.daemon.spool.records import (
     FRAME_HEADER_BYTES,
     HEADER_BYTES,
     MAGIC,
-    Spool,
-    SpoolError,
-    SpoolFull,
-    SpoolInUse,
     SpoolRecord,
     decode_records,
     encode_payloads,
     encode_records,
 )
+from pydory.daemon.spool.segments import Spool
 from pydory.errors import ConfigError
 
 MiB = 1024 * 1024
@@ -751,7 +749,8 @@ def test_a_failed_fsync_unspools_the_burst_and_retires_the_segment(
 
 OPEN_IN_ANOTHER_PROCESS = textwrap.dedent("""
     import sys
-    from pydory.daemon.spool.segments import Spool, SpoolInUse
+    from pydory.daemon.spool.errors import SpoolInUse
+    from pydory.daemon.spool.segments import Spool
     spool = Spool(sys.argv[1], segment_bytes=1024, max_bytes=4096, fsync_interval_ms=None)
     try:
         spool.open()

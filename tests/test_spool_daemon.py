@@ -88,8 +88,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from daemon_process import DaemonProcess
 from pydory import wire
 from pydory.client import UnixStreamSender
-from pydory.daemon.inputs.agents import DATAGRAM_BURST
-from pydory.daemon.spool.segments import HEADER_BYTES, Spool, decode_records
+from pydory.daemon.inputs.datagram import DATAGRAM_BURST
+from pydory.daemon.spool.records import HEADER_BYTES, decode_records
+from pydory.daemon.spool.segments import Spool
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import consume_all

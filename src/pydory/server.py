@@ -23,11 +23,13 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaException, Producer
 
 from pydory.config import Config, load_config
-from pydory.daemon.admission.intake import DeliveryLedger, Intake
+from pydory.daemon.admission.intake import Intake
 from pydory.daemon.admission.overload import Overload
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
-from pydory.daemon.books.accounting import Books, Counters
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.commit_point import CommitPoint
+from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.discard_log import DiscardLog
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import MemoryPool
@@ -35,12 +37,15 @@ from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.kafka_stats import KafkaStats
 from pydory.daemon.delivery.librdkafka_settings import delivery_settings, producer_profile
 from pydory.daemon.delivery.metadata import MetadataService
+from pydory.daemon.delivery.outcomes import DeliveryLedger
 from pydory.daemon.delivery.router import Router
-from pydory.daemon.inputs.agents import DatagramInput, StreamInput
+from pydory.daemon.inputs.datagram import DatagramInput
 from pydory.daemon.inputs.input_set import InputSet, InputSwap, describe
+from pydory.daemon.inputs.stream import StreamInput
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome, ReloadPlan, plan_reload
-from pydory.daemon.spool.segments import Spool, SpoolError
+from pydory.daemon.spool.errors import SpoolError
+from pydory.daemon.spool.segments import Spool
 from pydory.daemon.spool.write_ahead import WriteAhead, replay_spool
 from pydory.daemon.systemd import notify as systemd_notify
 from pydory.errors import ConfigError, ConfigErrors
@@ -225,8 +230,8 @@ class Server:
                 report.repaired_segments,
                 report.truncated_bytes,
             )
-        self.counters.inc("spool_repaired_segments", report.repaired_segments)
-        self.counters.inc("spool_truncated_bytes", report.truncated_bytes)
+        self.counters.inc(counter_names.SPOOL_REPAIRED_SEGMENTS, report.repaired_segments)
+        self.counters.inc(counter_names.SPOOL_TRUNCATED_BYTES, report.truncated_bytes)
         return True
 
     async def _admit_deferred(self) -> None:
@@ -378,7 +383,9 @@ class Server:
             finally:
                 systemd_notify("READY=1")
             self.reloads.record(outcome)
-            self.counters.inc("config_reloads" if outcome.ok else "config_reload_failures")
+            self.counters.inc(
+                counter_names.CONFIG_RELOADS if outcome.ok else counter_names.CONFIG_RELOAD_FAILURES
+            )
             return outcome
 
     async def _reload(self, attempt: int, loaded: Config | None) -> ReloadOutcome:
@@ -557,7 +564,7 @@ class Server:
 
     def _request_metadata_refresh(self) -> None:
         self.metadata.request_refresh()
-        self.counters.inc("metadata_update_requested")
+        self.counters.inc(counter_names.METADATA_UPDATE_REQUESTED)
 
     def snapshot(self) -> dict[str, Any]:
         """A plain summary of the books (the status interface renders richer views)."""

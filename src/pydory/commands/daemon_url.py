@@ -1,10 +1,12 @@
-"""Where the commands that talk to a running daemon (`status`, `wait`) find its status server."""
+"""Where the commands that talk to a running daemon (`status`, `wait`, `reload`) find its
+status server, and what they say when the config file that names it cannot be used."""
 
 from __future__ import annotations
 
 import argparse
 
 from pydory.config import load_config
+from pydory.errors import ConfigError
 
 #: Dory's default httpInterface port, on loopback.
 DEFAULT_URL = "http://127.0.0.1:9090"
@@ -22,6 +24,14 @@ def daemon_url(url: str | None, config_path: str | None) -> str:
     if config_path is not None:
         return f"http://127.0.0.1:{load_config(config_path).http.port}"
     return DEFAULT_URL
+
+
+def config_failure(error: ConfigError | OSError, config_path: str) -> str:
+    """What a command prints when the config file at ``config_path`` cannot be used: the
+    config error itself (it names the element), or why the file cannot be read."""
+    if isinstance(error, ConfigError):
+        return str(error)
+    return f"cannot read config file {config_path}: {error.strerror}"
 
 
 def add_daemon_location(

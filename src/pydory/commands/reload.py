@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from pydory.commands.daemon_url import add_daemon_location, daemon_url
+from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
 from pydory.commands.status import DaemonUnreachable, NotAStatusPage, StatusClient
 from pydory.config import load_config
 from pydory.errors import ConfigError
@@ -63,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
     if args.config_path is not None:
         try:
             load_config(args.config_path)
-        except ConfigError as error:
-            print(f"pydory reload: the config is invalid; not reloading:\n{error}", file=sys.stderr)
-            return EXIT_REFUSED
-        except OSError as error:
-            print(f"cannot read config file {args.config_path}: {error.strerror}", file=sys.stderr)
+        except (ConfigError, OSError) as error:
+            problem = config_failure(error, args.config_path)
+            if isinstance(error, ConfigError):
+                problem = f"pydory reload: the config is invalid; not reloading:\n{problem}"
+            print(problem, file=sys.stderr)
             return EXIT_REFUSED
     client = StatusClient(daemon_url(args.url, args.config_path))
     try:

@@ -10,6 +10,7 @@ from typing import Any
 import uvloop
 
 from pydory import __version__
+from pydory.commands.daemon_url import config_failure
 from pydory.config import load_config
 from pydory.daemon.logsetup import configure_logging
 from pydory.errors import ConfigError
@@ -47,11 +48,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config_path)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"cannot read config file {args.config_path}: {error.strerror}", file=sys.stderr)
+    except (ConfigError, OSError) as error:
+        print(config_failure(error, args.config_path), file=sys.stderr)
         return 1
     log_files = configure_logging(config.logging, force_stderr=args.log_stderr)
     server = Server(config, log_files, config_path=args.config_path)

@@ -29,8 +29,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pydory.commands.daemon_url import add_daemon_location, daemon_url
-from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, DiscardReason
+from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
+from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason
 from pydory.errors import ConfigError, PydoryError
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -96,11 +96,8 @@ def run(args: argparse.Namespace) -> int:
     """Handler of `pydory status`."""
     try:
         base_url = daemon_url(args.url, args.config_path)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"cannot read config file {args.config_path}: {error.strerror}", file=sys.stderr)
+    except (ConfigError, OSError) as error:
+        print(config_failure(error, args.config_path), file=sys.stderr)
         return 1
     client = StatusClient(base_url, args.timeout)
     try:

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from pydory.config.loader import OWNED_LIBRDKAFKA_PROPERTIES, load_config, parse_config
+from pydory.config.librdkafka import OWNED_LIBRDKAFKA_PROPERTIES
+from pydory.config.loader import load_config, parse_config
 from pydory.config.model import (
     NO_BATCHING,
     UNLIMITED_RATE,

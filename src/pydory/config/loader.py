@@ -23,6 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from pydory.config.librdkafka import librdkafka_property_problem
 from pydory.config.model import (
     DEFAULT_SOCKET_MODE,
     NO_BATCHING,
@@ -76,7 +77,6 @@ ROOT_ELEMENTS = ("doryConfig", "bruceConfig")  # Dory still accepts its predeces
 INT32_MAX = 2**31 - 1  # Kafka's protocol fields (sizes, timeouts) are signed 32-bit
 PORT_MAX = 65535
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}", re.ASCII)
-LIBRDKAFKA_PROPERTY_NAME = re.compile(r"[a-z0-9._]+", re.ASCII)
 
 # Codec levels librdkafka accepts (compression.level is -1..12; -1 = codec default).
 COMPRESSION_LEVELS: Mapping[CompressionType, tuple[int, int]] = MappingProxyType(
@@ -86,34 +86,6 @@ COMPRESSION_LEVELS: Mapping[CompressionType, tuple[int, int]] = MappingProxyType
         CompressionType.ZSTD: (-1, 12),
     }
 )
-
-OWNED_LIBRDKAFKA_PROPERTIES: Mapping[str, str] = MappingProxyType(
-    {
-        "bootstrap.servers": "it is set from <initialBrokers>",
-        "metadata.broker.list": "it is set from <initialBrokers>",
-        "enable.idempotence": "pydory sets it to guarantee ordered, unduplicated delivery",
-        "acks": "pydory sets it to guarantee delivery",
-        "request.required.acks": "pydory sets it to guarantee delivery",
-        "client.id": "it is set from <kafkaConfig><clientId>",
-        "compression.codec": "it is set from <compression>",
-        "compression.type": "it is set from <compression>",
-        "compression.level": "it is set from <compression>",
-        "message.max.bytes": "it is derived from <batching>",
-        "linger.ms": "it is set from <batching>",
-        "queue.buffering.max.ms": "it is set from <batching>",
-        "batch.num.messages": "it is set from <batching>",
-        "batch.size": "it is set from <batching>",
-        "request.timeout.ms": "it is set from <kafkaConfig><replicationTimeout>",
-        "socket.timeout.ms": "it is set from <msgDelivery><kafkaSocketTimeout>",
-        "retries": "it is set from <msgDelivery><maxFailedDeliveryAttempts>",
-        "message.send.max.retries": "it is set from <msgDelivery><maxFailedDeliveryAttempts>",
-        "queue.buffering.max.messages": "<inputConfig><maxBuffer> limits buffering",
-        "queue.buffering.max.kbytes": "<inputConfig><maxBuffer> limits buffering",
-    }
-)
-"""librdkafka properties a user may not set in <librdkafka>, and why."""
-
-_CALLBACK_PROPERTIES = frozenset({"on_delivery", "logger", "opaque"})
 
 
 # --- public API -------------------------------------------------------------------------------
@@ -1194,7 +1166,7 @@ def _read_librdkafka(reader: _Reader, element: Element | None) -> Mapping[str, s
         name = reader.name(item)
         if not name or "value" not in attributes:
             continue
-        problem = _librdkafka_property_problem(name)
+        problem = librdkafka_property_problem(name)
         if problem:
             reader.report(item, problem)
         elif name in properties:
@@ -1202,16 +1174,3 @@ def _read_librdkafka(reader: _Reader, element: Element | None) -> Mapping[str, s
         else:
             properties[name] = attributes["value"]
     return MappingProxyType(properties)
-
-
-def _librdkafka_property_problem(name: str) -> str | None:
-    """Why ``name`` may not be set in <librdkafka>, or None if it may."""
-    if not LIBRDKAFKA_PROPERTY_NAME.fullmatch(name):
-        return f"Invalid librdkafka property name [{name}]: expected a-z 0-9 . _ only"
-    if name in OWNED_LIBRDKAFKA_PROPERTIES:
-        return (
-            f"librdkafka property [{name}] cannot be set here: {OWNED_LIBRDKAFKA_PROPERTIES[name]}"
-        )
-    if name.endswith("_cb") or name in _CALLBACK_PROPERTIES:
-        return f"librdkafka property [{name}] cannot be set here: pydory installs its own callbacks"
-    return None

@@ -2,6 +2,8 @@
 
 Dory's levels map onto Python's, with NOTICE (between INFO and WARNING) added. SIGUSR1
 reopens the log file (``LogFiles.reopen``), for logrotate.
+
+Rule: the daemon's log handlers are built and swapped here alone.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ module compares it with the running config and answers two questions:
 The result is the *effective* config: the file's values where a reload applies them, the
 running ones elsewhere. Everything the server derives after a reload derives from it, so
 what runs is always one consistent ``Config``, never a mix of two files.
+
+Rule: which config sections a reload applies and which wait for a restart is decided here
+alone; the server only carries the plan out.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ socket, in the abstract namespace when the path starts with ``@``. The daemon se
 shutdown begins (docs/systemd/pydory.service). Without ``$NOTIFY_SOCKET`` (run by
 hand, in tests) every call is a no-op. A failed send is logged, never raised: the
 daemon's work does not depend on systemd hearing it.
+
+Rule: the daemon speaks to systemd only through :func:`notify`; without NOTIFY_SOCKET it
+does nothing.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ read-only view the daemon's server hands in; nothing here imports the server.
 
 - :mod:`.view` — what the interface may read of the daemon;
 - :mod:`.pages` — Dory's pages and ``/books/json``, rendered (no I/O);
+- :mod:`.discards` — Dory's discard report (``/discards``), rendered from the books' report;
 - :mod:`.commit_point` — ``/commit_point/{json,plain}`` and its long-poll;
 - :mod:`.metrics` — the Prometheus collector;
 - :mod:`.dashboard` — the live dashboard's feed and its static files (``static/``);

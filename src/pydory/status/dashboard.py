@@ -20,6 +20,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from pydory import __version__
+from pydory.daemon.books import counters as counter_names
 from pydory.daemon.delivery.kafka_stats import USABLE_STATES
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def dashboard_json(daemon: DaemonView, clock: Callable[[], float] = time.time) -
             "last_updated": daemon.metadata.last_updated_ms or 0,
             "last_modified": daemon.metadata.last_modified_ms or 0,
             "fetch_failures": daemon.metadata.fetch_failures,
-            "update_requests": daemon.counters.get("metadata_update_requested"),
+            "update_requests": daemon.counters.get(counter_names.METADATA_UPDATE_REQUESTED),
         },
         "commit_point": _commit_point(daemon),
         "msg_debug": _msg_debug(daemon),
@@ -101,8 +102,8 @@ def _spool(daemon: DaemonView) -> dict[str, Any] | None:
         "fsyncs": spool.fsyncs_total,
         "errors": spool.errors_total,
         "full": spool.full_total,
-        "replayed": counters.get("spool_replayed"),
-        "unprotected": counters.get("spool_unprotected"),
+        "replayed": counters.get(counter_names.SPOOL_REPLAYED),
+        "unprotected": counters.get(counter_names.SPOOL_UNPROTECTED),
     }
 
 
@@ -115,7 +116,7 @@ def _overload(daemon: DaemonView) -> dict[str, Any] | None:
         "policy": overload.policy_name,
         "paused": overload.paused,
         "paused_seconds": overload.paused_seconds(),
-        "pauses": daemon.counters.get("backpressure_pauses"),
+        "pauses": daemon.counters.get(counter_names.BACKPRESSURE_PAUSES),
     }
 
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.events import Transport
+
 if TYPE_CHECKING:
     from pydory.status.view import DaemonView
 
@@ -67,18 +70,26 @@ COUNTED: Mapping[str, Reading] = {
     "ConnectorSocketBrokerClose": _broker_sum("disconnects"),
     "ConnectorSocketError": _broker_socket_errors,
     "ConnectorSocketTimeout": _broker_sum("request_timeouts"),
-    "UnixStreamInputInvalidSizeField": _counter("stream_framing_error_unix_stream"),
-    "UnixStreamInputMsgBodyTooLarge": _counter("stream_oversized_frame_unix_stream"),
-    "UnixStreamInputSocketError": _counter("stream_socket_error_unix_stream"),
-    "UnixStreamInputUncleanDisconnect": _counter("unclean_disconnect_unix_stream"),
-    "TcpInputInvalidSizeField": _counter("stream_framing_error_tcp"),
-    "TcpInputMsgBodyTooLarge": _counter("stream_oversized_frame_tcp"),
-    "TcpInputSocketError": _counter("stream_socket_error_tcp"),
-    "TcpInputUncleanDisconnect": _counter("unclean_disconnect_tcp"),
+    "UnixStreamInputInvalidSizeField": _counter(
+        counter_names.STREAM_FRAMING_ERROR[Transport.UNIX_STREAM]
+    ),
+    "UnixStreamInputMsgBodyTooLarge": _counter(
+        counter_names.STREAM_OVERSIZED_FRAME[Transport.UNIX_STREAM]
+    ),
+    "UnixStreamInputSocketError": _counter(
+        counter_names.STREAM_SOCKET_ERROR[Transport.UNIX_STREAM]
+    ),
+    "UnixStreamInputUncleanDisconnect": _counter(
+        counter_names.UNCLEAN_DISCONNECT[Transport.UNIX_STREAM]
+    ),
+    "TcpInputInvalidSizeField": _counter(counter_names.STREAM_FRAMING_ERROR[Transport.TCP]),
+    "TcpInputMsgBodyTooLarge": _counter(counter_names.STREAM_OVERSIZED_FRAME[Transport.TCP]),
+    "TcpInputSocketError": _counter(counter_names.STREAM_SOCKET_ERROR[Transport.TCP]),
+    "TcpInputUncleanDisconnect": _counter(counter_names.UNCLEAN_DISCONNECT[Transport.TCP]),
     # Nobody asked for the discard report during a whole report interval (Dory's check).
-    "NoDiscardQuery": _counter("discard_report_unread"),
+    "NoDiscardQuery": _counter(counter_names.DISCARD_REPORT_UNREAD),
     # Every partition's leader is down or unknown: routed anyway, librdkafka holds them.
-    "TopicHasNoAvailablePartitions": _counter("topic_no_available_partitions"),
+    "TopicHasNoAvailablePartitions": _counter(counter_names.TOPIC_NO_AVAILABLE_PARTITIONS),
 }
 
 #: Dory's counters of events that cannot happen in pydory, always 0: librdkafka parses

@@ -26,7 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from pydory import __version__
-from pydory.daemon.books.accounting import DiscardReason, TopicTotals, Transport
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.accounting import TopicTotals
+from pydory.daemon.books.events import DiscardReason, Transport
 from pydory.daemon.delivery.kafka_stats import USABLE_STATES, BrokerStats
 
 if TYPE_CHECKING:
@@ -38,8 +40,8 @@ __all__ = ["QUEUE_STAGES", "DaemonCollector", "build_registry"]
 
 #: The librdkafka queues a message passes through, in order (Dory's /queues names).
 QUEUE_STAGES = ("batch", "send_wait", "ack_wait")
-#: The listeners that have quotas (pydory.daemon.inputs.agents counts per transport).
-QUOTA_TRANSPORTS = (str(Transport.UNIX_STREAM), str(Transport.TCP))
+#: The listeners that have quotas (pydory.daemon.inputs.stream_connection counts per transport).
+QUOTA_TRANSPORTS = (Transport.UNIX_STREAM, Transport.TCP)
 
 
 def build_registry(view: DaemonView) -> CollectorRegistry:
@@ -199,12 +201,12 @@ class DaemonCollector(Collector):
             (
                 "pydory_spool_replayed_messages",
                 "Messages replayed from the spool at start-up (possible duplicates).",
-                self._view.counters.get("spool_replayed"),
+                self._view.counters.get(counter_names.SPOOL_REPLAYED),
             ),
             (
                 "pydory_spool_unprotected_messages",
                 "Messages processed without the write-ahead (spool full or failing).",
-                self._view.counters.get("spool_unprotected"),
+                self._view.counters.get(counter_names.SPOOL_UNPROTECTED),
             ),
         )
         for name, documentation, value in counters:
@@ -230,7 +232,7 @@ class DaemonCollector(Collector):
         yield CounterMetricFamily(
             "pydory_overload_pauses",
             "Times the inputs were paused for memory (backpressure).",
-            value=self._view.counters.get("backpressure_pauses"),
+            value=self._view.counters.get(counter_names.BACKPRESSURE_PAUSES),
         )
 
     # -- the quotas on the stream listeners -----------------------------------------------
@@ -253,10 +255,14 @@ class DaemonCollector(Collector):
             labels=["transport"],
         )
         for transport in QUOTA_TRANSPORTS:
-            refused.add_metric([transport], counters.get(f"quota_connections_refused_{transport}"))
-            throttles.add_metric([transport], counters.get(f"quota_throttles_{transport}"))
+            refused.add_metric(
+                [transport], counters.get(counter_names.QUOTA_CONNECTIONS_REFUSED[transport])
+            )
+            throttles.add_metric(
+                [transport], counters.get(counter_names.QUOTA_THROTTLES[transport])
+            )
             throttled.add_metric(
-                [transport], counters.get(f"quota_throttled_ms_{transport}") / 1000
+                [transport], counters.get(counter_names.QUOTA_THROTTLED_MS[transport]) / 1000
             )
         yield from (refused, throttles, throttled)
 

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydory import __version__
 from pydory.status.dashboard import dashboard_json
+from pydory.status.discards import discard_report_json, discard_report_plain
 from pydory.status.dory_counters import dory_counters
 
 if TYPE_CHECKING:
-    from pydory.daemon.books.accounting import DiscardReport
+    from pydory.daemon.books.discard_report import DiscardReport
     from pydory.daemon.delivery.kafka_stats import TopicQueues
     from pydory.status.view import DaemonView
 
@@ -102,14 +103,14 @@ class StatusPages:
         """``/discards/json``: the header, ``interval``, then the report periods."""
         report = self._discard_report()
         header = self._header(self._clock())
-        return {**header, "interval": report.interval_s, **report.to_dory_json()}
+        return {**header, "interval": report.interval_s, **discard_report_json(report)}
 
     def discards_plain(self) -> str:
         """``/discards/plain``."""
         report = self._discard_report()
         lines = self._header_lines(self._clock())
         lines += [f"report interval in seconds: {report.interval_s}", ""]
-        return _text(lines) + report.to_dory_plain(self._format_time)
+        return _text(lines) + discard_report_plain(report, self._format_time)
 
     def _discard_report(self) -> DiscardReport:
         # discard_report() first closes a period that ended while nobody looked.

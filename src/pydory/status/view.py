@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pydory.config.model import HttpInterfaceConfig
-    from pydory.daemon.books.accounting import DiscardReason, DiscardReport, TopicTotals, Transport
+    from pydory.daemon.books.accounting import TopicTotals
     from pydory.daemon.books.commit_point import CommitPointView
+    from pydory.daemon.books.discard_report import DiscardReport
+    from pydory.daemon.books.events import DiscardReason, Transport
     from pydory.daemon.books.msg_debug import Selection
     from pydory.daemon.delivery.kafka_stats import StatsSnapshot
     from pydory.daemon.delivery.router import MetadataSnapshot

@@ -11,9 +11,14 @@ Every step either passes the message on or discards it with a reason, in this or
 6. partition choice and enqueue -> accepted; librdkafka refusing at once is a discard too
 
 From "accepted" on, the message is the daemon's: dispatch reports it delivered or
-discarded, and ``DeliveryLedger`` releases its pool bytes at that moment. The commit point
-counts it from acceptance (or from being held for autocreation) to that outcome: the token
-it hands out travels with the message through dispatch and comes back to the ledger.
+discarded, and delivery's ``DeliveryLedger`` (delivery/outcomes.py) releases its pool
+bytes at that moment. The commit point counts it from acceptance (or from being held for
+autocreation) to that outcome: the token it hands out travels with the message through
+dispatch and comes back to the ledger.
+
+Rule: the moment a message is accepted is here alone: a message passes every check above, in
+that order, or is discarded with the reason of the first it fails; nothing after this module
+refuses a message without an outcome.
 """
 
 from __future__ import annotations
@@ -21,19 +26,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
-from pydory.daemon.books.accounting import AFTER_ACCEPTANCE, Books, DiscardReason, Transport
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transport
 from pydory.daemon.books.msg_debug import MsgDebug
-from pydory.daemon.books.pool import MemoryPool
-from pydory.daemon.delivery.dispatcher import (
-    POOL_OVERHEAD_BYTES,
-    Delivered,
-    Dispatcher,
-    EnqueueRefused,
-    pool_cost,
-)
+from pydory.daemon.books.pool import MemoryPool, message_cost, pool_cost
+from pydory.daemon.delivery.dispatcher import Dispatcher
+from pydory.daemon.delivery.outcomes import EnqueueRefused, Tokens
 from pydory.daemon.delivery.router import Router
 from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.errors import (
@@ -53,53 +54,11 @@ log = logging.getLogger(__name__)
 KAFKA_RECORD_OVERHEAD = 61 + 21
 
 
-class Tokens(Protocol):
-    """Counts accepted messages until they settle: the commit point, or the write-ahead
-    standing in for it (which settles the spool too)."""
-
-    def open(self) -> int: ...
-    def close(self, token: int, n: int = 1) -> None: ...
-
-
 @dataclass
 class _PendingTopic:
     """Messages for a topic being auto-created, waiting for the metadata that shows it."""
 
     messages: list[tuple[Message, int, int]] = field(default_factory=list)  # with cost, token
-
-
-class DeliveryLedger:
-    """The dispatch Ledger: final outcomes go to the books, free their pool bytes and
-    settle their commit point tokens."""
-
-    def __init__(self, books: Books, pool: MemoryPool, commit_point: Tokens) -> None:
-        self._books = books
-        self._pool = pool
-        self._commit_point = commit_point
-
-    def delivered(self, batch: Delivered) -> None:
-        books, close = self._books, self._commit_point.close
-        for topic, n in batch.by_topic.items():
-            books.delivered(topic, n)
-        self._pool.release(batch.cost)
-        for token, n in batch.by_token.items():
-            close(token, n)
-
-    def discarded(
-        self,
-        reason: DiscardReason,
-        topic: str,
-        timestamp_ms: int,
-        detail: str,
-        cost: int,
-        token: int,
-    ) -> None:
-        self._books.discarded(reason, topic, timestamp_ms, detail=detail)
-        self._pool.release(cost)
-        self._commit_point.close(token)
-
-    def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
-        self._books.possible_duplicate(topic, timestamp_ms)
 
 
 class Intake:
@@ -178,7 +137,7 @@ class Intake:
         """Messages an earlier run read and never settled, from the spool: admitted again
         like new ones (spooled again too, so the old segments can go) and counted as
         possible duplicates, since the earlier run may have delivered them."""
-        self._counters.inc("spool_replayed", len(burst))
+        self._counters.inc(counter_names.SPOOL_REPLAYED, len(burst))
         for data in burst:
             try:
                 message = decode(data, self._prefix_size)
@@ -225,7 +184,7 @@ class Intake:
         self.hold_when_memory_short = held and hold
         parse = parse_any_partition
         knows, is_unlimited = self._router.knows, self._limiter.is_unlimited
-        pool, max_data = self._pool, self._max_data
+        pool, max_data, cost_of = self._pool, self._max_data, message_cost
         any_partition, send = self._router.any_partition, self._dispatcher.send
         open_token = self._commit_point.open
         accepted: dict[str, int] = {}
@@ -252,7 +211,7 @@ class Intake:
                 if not eligible or size > max_data:
                     self._decode_and_admit(data)
                     continue
-                cost = len(topic) + size + POOL_OVERHEAD_BYTES
+                cost = cost_of(topic, size)
                 if not pool.try_allocate(cost) and not self._held_anyway(cost):
                     # The message goes to the discard log (if enabled); the report ignores it.
                     books.discarded(
@@ -285,13 +244,13 @@ class Intake:
         discarded for memory now (see ``hold_when_memory_short``)."""
         if self.hold_when_memory_short:
             self._pool.force_allocate(cost)
-            self._counters.inc("held_when_memory_short")
+            self._counters.inc(counter_names.HELD_WHEN_MEMORY_SHORT)
             return True
         return False
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None:
         self._books.received(Transport.UNIX_DGRAM)
-        self._counters.inc("datagram_over_max_size")
+        self._counters.inc(counter_names.DATAGRAM_OVER_MAX_SIZE)
         log.debug("datagram of %d bytes exceeds maxDatagramMsgSize", size)
         self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=prefix)
 
@@ -310,7 +269,7 @@ class Intake:
 
     def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
         if isinstance(error, OversizedFrame):
-            self._counters.inc(f"stream_oversized_frame_{transport}")
+            self._counters.inc(counter_names.STREAM_OVERSIZED_FRAME[transport])
             log.error(
                 "%s client announced a %d-byte message, above maxStreamMsgSize: "
                 "closing the connection",
@@ -318,23 +277,23 @@ class Intake:
                 error.size,
             )
         else:
-            self._counters.inc(f"stream_framing_error_{transport}")
+            self._counters.inc(counter_names.STREAM_FRAMING_ERROR[transport])
             log.error("%s client sent an unframeable stream (%s): closing", transport, error)
         self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=error.prefix)
 
     def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
-        self._counters.inc(f"unclean_disconnect_{transport}")
+        self._counters.inc(counter_names.UNCLEAN_DISCONNECT[transport])
         self._books.discarded(
             DiscardReason.UNCLEAN_DISCONNECT, None, None, prefix=prefix, transport=transport
         )
 
     def connection_opened(self, transport: Transport) -> None:
-        self._counters.inc(f"connection_opened_{transport}")
+        self._counters.inc(counter_names.CONNECTION_OPENED[transport])
 
     def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
-        self._counters.inc(f"connection_closed_{transport}")
+        self._counters.inc(counter_names.CONNECTION_CLOSED[transport])
         if error is not None:  # reset by the client, or a read that failed
-            self._counters.inc(f"stream_socket_error_{transport}")
+            self._counters.inc(counter_names.STREAM_SOCKET_ERROR[transport])
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -450,13 +409,7 @@ class Intake:
         topic = message.topic
         if self._autocreate is None:
             self._pool.release(cost)
-            self._books.discarded(
-                DiscardReason.BAD_TOPIC,
-                topic,
-                message.timestamp_ms,
-                prefix=message.value,
-                key=message.key,
-            )
+            self._discard_bad_topic(message)
             self._on_unknown_topic(topic)
             return
         pending = self._pending.get(topic)
@@ -465,6 +418,15 @@ class Intake:
             self._autocreate(topic)
         # Held, not yet sent: it holds the commit point back all the same.
         pending.messages.append((message, cost, self._commit_point.open()))
+
+    def _discard_bad_topic(self, message: Message) -> None:
+        self._books.discarded(
+            DiscardReason.BAD_TOPIC,
+            message.topic,
+            message.timestamp_ms,
+            prefix=message.value,
+            key=message.key,
+        )
 
     def topic_creation_settled(self, topic: str) -> None:
         """Metadata was refreshed after trying to create ``topic``: route what waited for it."""
@@ -477,13 +439,7 @@ class Intake:
             else:
                 self._pool.release(cost)
                 self._commit_point.close(token)
-                self._books.discarded(
-                    DiscardReason.BAD_TOPIC,
-                    topic,
-                    message.timestamp_ms,
-                    prefix=message.value,
-                    key=message.key,
-                )
+                self._discard_bad_topic(message)
 
     @property
     def pending_topic_messages(self) -> int:

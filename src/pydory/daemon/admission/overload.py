@@ -15,6 +15,9 @@ Dory's discard.
 :class:`Overload` also gives the spool replay and the deferred bursts their pace:
 :meth:`wait_for_room` returns once the pool has room, an event set by the pool itself,
 never a polling loop.
+
+Rule: what happens when memory runs short (discard, or pause every input until it is back)
+is decided here alone, from the pool's depletion and recovery.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Protocol
 
 from pydory.config.model import OverloadPolicy
 from pydory.daemon.admission.intake import Intake
-from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.pool import MemoryPool
 
 log = logging.getLogger(__name__)
@@ -109,7 +113,7 @@ class Overload:
         self._room.clear()
         if self.policy is OverloadPolicy.BACKPRESSURE and not self.paused:
             self._paused_since = self._clock()
-            self._counters.inc("backpressure_pauses")
+            self._counters.inc(counter_names.BACKPRESSURE_PAUSES)
             for source in self._inputs():
                 source.pause()
             log.debug("memory pool depleted: inputs paused")
@@ -122,7 +126,7 @@ class Overload:
         self._paused_since = None
         paused_s = self._clock() - since
         self.paused_seconds_closed += paused_s
-        self._counters.inc("backpressure_paused_ms", round(paused_s * 1000))
+        self._counters.inc(counter_names.BACKPRESSURE_PAUSED_MS, round(paused_s * 1000))
         if self._stopping:
             return
         for source in self._inputs():

@@ -19,6 +19,9 @@ validated upstream (the wire decoder rejects illegal names, the router unknown t
 so the number of records is bounded by the number of real topics.
 
 Single-threaded: driven from the daemon's event loop only, so there are no locks.
+
+Rule: whether a topic's message is within its rate is decided here alone, on a clock passed
+in.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ are safe. docs/commit-point.md has the argument in full, and its limits.
 ``send()`` returns once the kernel holds its bytes, and the daemon cannot tell when bytes
 arrived, only what an input socket holds. So:
 
-* An *input mark* (pydory.daemon.inputs.agents.mark_inputs) notes what every input socket
+* An *input mark* (pydory.daemon.inputs.marks.mark_inputs) notes what every input socket
   holds at one instant: unread datagrams, bytes on each connection, connections not yet accepted. It
   is *reached* once the daemon has read all of that, whatever arrived since. The instant
   of the latest mark reached is the *quiet mark*: whatever the daemon reads from then on
@@ -30,6 +30,9 @@ satisfies: no timer.
 
 :class:`CommitPoint` is the logic (injectable clocks and input probe, no I/O of its own);
 :mod:`pydory.status.commit_point` serves it on the status server.
+
+Rule: when the commit point moves is decided here alone, from the tokens opened and closed
+and the input marks reached; no I/O.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pydory.daemon.books.accounting import AccountingError
+from pydory.daemon.books.events import AccountingError
 
 __all__ = [
     "EPOCH_S",
@@ -64,7 +67,7 @@ Schedule = Callable[[float, Callable[[], None]], bool]
 
 
 class InputMark(Protocol):
-    """What the input sockets held at one instant (pydory.daemon.inputs.agents.mark_inputs)."""
+    """What the input sockets held at one instant (pydory.daemon.inputs.marks.mark_inputs)."""
 
     def reached(self) -> bool:
         """Whether the daemon has read everything the sockets held at that instant."""

@@ -23,7 +23,7 @@ files together would pass ``<byteLimit>`` bytes: the selection is then cleared (
 is logged and shown on the dashboard). ``truncate_files`` empties the files and leaves the
 selection as it is (as Dory's code does). SIGUSR1 reopens the files.
 
-The files are written by :class:`~pydory.daemon.books.discard_log.QueuedWriter` threads (one per
+The files are written by :class:`~pydory.daemon.books.files.QueuedWriter` threads (one per
 file), so the loop never waits for the disk: a disk error is logged once and counted
 (``msg_debug_lost``), an overflowing queue counted (``msg_debug_dropped``).
 
@@ -31,6 +31,9 @@ Cost: while no topic is selected, :attr:`MsgDebug.active` is False and the hot p
 only that, once per burst (intake) or per batch of acknowledgements (dispatch). A selected
 topic's messages leave intake's short path for the reference path, which traces them; the
 other topics keep the short path.
+
+Rule: which topics are traced, and when tracing stops by itself (time and byte limits), is
+decided here alone; the data path asks ``active`` and ``traces(topic)`` only.
 """
 
 from __future__ import annotations
@@ -46,14 +49,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pydory.config.model import MsgDebugConfig
-from pydory.daemon.books.accounting import Counters
-from pydory.daemon.books.discard_log import QueuedWriter, RotatingFile
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.files import QueuedWriter, RotatingFile
 
 __all__ = [
     "FILE_NAMES",
-    "MSG_DEBUG_DROPPED",
-    "MSG_DEBUG_LOST",
-    "MSG_DEBUG_WRITTEN",
     "LineWriter",
     "MsgDebug",
     "Selection",
@@ -63,10 +64,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Counters (present while ``<msgDebug>`` is enabled), over the three files.
-MSG_DEBUG_WRITTEN = "msg_debug_written"
-MSG_DEBUG_LOST = "msg_debug_lost"
-MSG_DEBUG_DROPPED = "msg_debug_dropped"
+#: A message's key or value as the data path has it (None: librdkafka's empty field).
+Data = bytes | None
+
 
 #: The files never rotate: the byte limit stops tracing first.
 _NEVER_ROTATE = 1 << 62
@@ -196,15 +196,15 @@ def _open_writers(directory: str, counters: Counters) -> list[LineSink]:
             _NEVER_ROTATE,
             counters,
             label="message debug file",
-            written_counter=MSG_DEBUG_WRITTEN,
-            lost_counter=MSG_DEBUG_LOST,
+            written_counter=counter_names.MSG_DEBUG_WRITTEN,
+            lost_counter=counter_names.MSG_DEBUG_LOST,
         )
         writers.append(
             LineWriter(
                 file,
                 counters,
-                dropped_counter=MSG_DEBUG_DROPPED,
-                file_counters=(MSG_DEBUG_LOST, MSG_DEBUG_WRITTEN),
+                dropped_counter=counter_names.MSG_DEBUG_DROPPED,
+                file_counters=(counter_names.MSG_DEBUG_LOST, counter_names.MSG_DEBUG_WRITTEN),
                 label="message debug file",
                 thread_name=f"pydory-{name}",
             )
@@ -264,28 +264,14 @@ class MsgDebug:
     def traces(self, topic: str) -> bool:
         return self.selection.traces(topic)
 
-    def received(
-        self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int
-    ) -> None:
+    def received(self, topic: str, key: Data, value: Data, timestamp_ms: int) -> None:
         self._trace(Stage.RECEIVED, topic, key, value, None, timestamp_ms)
 
-    def sent(
-        self,
-        topic: str,
-        partition: int,
-        key: bytes | None,
-        value: bytes | None,
-        timestamp_ms: int,
-    ) -> None:
+    def sent(self, topic: str, partition: int, key: Data, value: Data, timestamp_ms: int) -> None:
         self._trace(Stage.SENT, topic, key, value, partition, timestamp_ms)
 
     def acknowledged(
-        self,
-        topic: str,
-        partition: int,
-        key: bytes | None,
-        value: bytes | None,
-        timestamp_ms: int,
+        self, topic: str, partition: int, key: Data, value: Data, timestamp_ms: int
     ) -> None:
         self._trace(Stage.ACKNOWLEDGED, topic, key, value, partition, timestamp_ms)
 
@@ -312,15 +298,14 @@ class MsgDebug:
 
     def add_topic(self, topic: str) -> bool:
         """``/msg_debug/add_topic/NAME``: False (Dory's "Failed to enable") when refused."""
-        new = self.selection.add(topic)
-        if new is None:
-            return False
-        self._select(new)
-        return True
+        return self._select_if(self.selection.add(topic))
 
     def del_topic(self, topic: str) -> bool:
         """``/msg_debug/del_topic/NAME``: False (Dory's "Failed to disable") when refused."""
-        new = self.selection.remove(topic)
+        return self._select_if(self.selection.remove(topic))
+
+    def _select_if(self, new: Selection | None) -> bool:
+        """Trace ``new`` unless the selection refused the change (None)."""
         if new is None:
             return False
         self._select(new)

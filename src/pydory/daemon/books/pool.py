@@ -20,6 +20,10 @@ the cumulative :meth:`depleted_seconds` as a counter and let the monitoring syst
 its rate (Prometheus: ``rate(pydory_pool_depleted_seconds_total[5m])``).
 
 Single-threaded: driven from the daemon's event loop only, so there are no locks.
+
+Rule: what a message costs the pool is decided here alone (:func:`message_cost`): the
+intake charges it at admission, delivery releases it at the message's outcome, and both
+compute it with the same function.
 """
 
 from __future__ import annotations
@@ -29,7 +33,21 @@ from collections.abc import Callable
 
 from pydory.errors import PydoryError
 
-__all__ = ["MemoryPool", "PoolReleaseError"]
+__all__ = ["POOL_OVERHEAD_BYTES", "MemoryPool", "PoolReleaseError", "message_cost", "pool_cost"]
+
+#: Bytes charged to the memory pool for a message besides its topic, key and value.
+POOL_OVERHEAD_BYTES = 32
+
+
+def message_cost(topic: str, data_bytes: int) -> int:
+    """Bytes a message holds in the memory pool from acceptance to its final outcome:
+    its topic, ``data_bytes`` (its key and value), and a fixed overhead."""
+    return len(topic) + data_bytes + POOL_OVERHEAD_BYTES
+
+
+def pool_cost(topic: str, key: bytes | None, value: bytes | None) -> int:
+    """:func:`message_cost` of a message with this key and value."""
+    return message_cost(topic, len(key or b"") + len(value or b""))
 
 
 class PoolReleaseError(PydoryError):

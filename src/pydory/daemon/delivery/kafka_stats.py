@@ -18,6 +18,9 @@ Where librdkafka's numbers come from (STATISTICS.md, src/rdkafka.c ``rd_kafka_st
   ``outbuf_msg_cnt`` / ``waitresp_msg_cnt`` give that split per broker, and it is applied to
   each partition the broker leads.
 - times are in microseconds.
+
+Rule: librdkafka's statistics JSON is read here alone, into frozen snapshots; every other
+module reads the snapshots.
 """
 
 from __future__ import annotations

@@ -1,26 +1,132 @@
 """Dory's settings, mapped onto librdkafka properties (docs/librdkafka-mapping.md).
 
 One place answers "what does this Dory element become in librdkafka?", so the mapping
-document and the code can be read side by side.
+document and the code can be read side by side: :func:`delivery_settings` and
+:func:`producer_profile` read the config, :func:`producer_properties` makes one
+producer's properties from them.
+
+Rule: every librdkafka property pydory sets for a producer is set here alone, from the
+config (the statistics callback aside, which the producer binds to itself), and a
+property of the config's <librdkafka> section that pydory owns
+(``pydory.config.librdkafka``) is refused here too (``DeliverySettings`` cannot hold
+one), as a second line of defence behind the config loader.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 from pydory.config import Config
+from pydory.config.librdkafka import librdkafka_property_problem
 from pydory.config.model import BatchingThresholds, CompressionType, OverloadPolicy
-from pydory.daemon.delivery.dispatcher import (
-    DISABLED_TIME_LINGER_MS,
-    DeliverySettings,
-    ProducerProfile,
-)
+from pydory.daemon.delivery.kafka_stats import STATS_INTERVAL_MS
 from pydory.daemon.spool.write_ahead import REPLAY_BURST
+from pydory.errors import ConfigError
 
 #: librdkafka's largest accepted batch.num.messages.
 MAX_BATCH_MESSAGES = 1_000_000
+#: librdkafka's per-attempt deadline for a message (``message.timeout.ms``) unless the
+#: config's <librdkafka> section sets one. A message whose partition has no leader waits
+#: this long in librdkafka before coming back to us for a reroute.
+DEFAULT_MESSAGE_TIMEOUT_MS = 30_000
+#: Used for ``linger.ms`` when Dory's batching ``time`` is "disable": librdkafka needs a
+#: finite linger, smaller than message.timeout.ms.
+DISABLED_TIME_LINGER_MS = 10_000
+#: Added to Dory's produceRequestDataLimit (key+value bytes) to allow for protocol overhead.
+REQUEST_OVERHEAD_BYTES = 64 * 1024
+#: Where a refused <librdkafka> property is reported.
+LIBRDKAFKA_ELEMENT = "/doryConfig/librdkafka"
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerProfile:
+    """The librdkafka settings that differ between topics: one producer per distinct profile."""
+
+    linger_ms: int
+    batch_messages: int
+    batch_bytes: int
+    compression: str = "none"
+    compression_level: int | None = None
+
+    def properties(self) -> dict[str, Any]:
+        props: dict[str, Any] = {
+            "linger.ms": self.linger_ms,
+            # A message gets DEFAULT_MESSAGE_TIMEOUT_MS beyond its linger: librdkafka insists
+            # that a message may wait longer than it lingers.
+            "message.timeout.ms": self.linger_ms + DEFAULT_MESSAGE_TIMEOUT_MS,
+            "batch.num.messages": self.batch_messages,
+            "batch.size": self.batch_bytes,
+            "compression.type": self.compression,
+        }
+        if self.compression_level is not None:
+            props["compression.level"] = self.compression_level
+        return props
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverySettings:
+    """Settings common to every producer (from <kafkaConfig>, <msgDelivery>, <batching>)."""
+
+    bootstrap_servers: str
+    client_id: str = "pydory"
+    replication_timeout_ms: int = 10_000
+    socket_timeout_ms: int = 60_000
+    message_max_bytes: int = 1_000_000
+    produce_request_data_limit: int = 1024 * 1024
+    max_failed_delivery_attempts: int = 5
+    queue_max_bytes: int = 128 * 1024 * 1024
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        refuse_owned_properties(self.extra)
+
+    def properties(self) -> dict[str, Any]:
+        props: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": self.client_id,
+            "enable.idempotence": True,
+            "request.timeout.ms": self.replication_timeout_ms,
+            "socket.timeout.ms": self.socket_timeout_ms,
+            "message.max.bytes": self.produce_request_data_limit + REQUEST_OVERHEAD_BYTES,
+            "retries": max(1, self.max_failed_delivery_attempts),
+            # The memory pool (maxBuffer) is the real limit; librdkafka's queue must never
+            # refuse before it does.
+            "queue.buffering.max.messages": 2_147_483_647,
+            "queue.buffering.max.kbytes": min(2_147_483_647, 2 * self.queue_max_bytes // 1024),
+            "logger": logging.getLogger("pydory.librdkafka"),
+        }
+        props.update(self.extra)  # TLS, SASL, ...: every client of the cluster needs them
+        return props
+
+
+def refuse_owned_properties(extra: Mapping[str, str]) -> None:
+    """Raise ConfigError if the config's <librdkafka> section sets a property pydory owns
+    (the loader refused it already: settings built otherwise get the same answer)."""
+    for name in extra:
+        problem = librdkafka_property_problem(name)
+        if problem is not None:
+            raise ConfigError(problem, LIBRDKAFKA_ELEMENT)
+
+
+def producer_properties(
+    settings: DeliverySettings, profile: ProducerProfile, *, statistics: bool
+) -> dict[str, Any]:
+    """Everything one producer is created with, but its callbacks: the shared settings,
+    the profile's, and (with ``statistics``) librdkafka's statistics every
+    STATS_INTERVAL_MS. The config's <librdkafka> section has the last word (e.g.
+    message.timeout.ms)."""
+    properties = {**settings.properties(), **profile.properties(), **settings.extra}
+    if statistics:
+        properties = {"statistics.interval.ms": STATS_INTERVAL_MS, **properties}
+    return properties
 
 
 def delivery_settings(config: Config) -> DeliverySettings:
-    """The properties shared by every producer."""
+    """The properties shared by every producer (and the metadata client). Raises
+    ConfigError if <librdkafka> sets a property pydory owns."""
     return DeliverySettings(
         bootstrap_servers=config.bootstrap_servers,
         client_id=config.kafka.client_id,

@@ -8,6 +8,9 @@ Fetches run in a thread of their own (``list_topics`` blocks); one down broker d
 break a fetch, because librdkafka asks any broker it can reach. A failed fetch keeps the
 previous snapshot and retries after Dory's pause delay, doubling up to
 ``pauseRateLimitMaxDouble``.
+
+Rule: metadata is fetched (and topics auto-created) here alone, off the loop, and handed to
+the router whole.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ Dory's rules (spec §1):
   available partition for a short run of messages (``ANY_PARTITION_RUN``) and then move to
   the next one, round-robin: over time every available partition gets an equal share, and
   so every broker a share proportional to the partitions it leads, while batches stay full.
+
+Rule: the partition a message goes to is chosen here alone (Dory's PartitionKey and
+AnyPartition rules), from the metadata snapshot the router holds; pure logic.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.counters import Counters
 
 NO_LEADER = -1
 
@@ -181,7 +185,7 @@ class Router:
             available = self.available(topic)
             if not available:
                 # Dory's TopicHasNoAvailablePartitions: once per layout or liveness change.
-                self._counters.inc("topic_no_available_partitions")
+                self._counters.inc(counter_names.TOPIC_NO_AVAILABLE_PARTITIONS)
             routable = available or layout.available or layout.partitions
             self._routable[topic] = routable
         return routable

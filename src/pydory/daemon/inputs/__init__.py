@@ -4,4 +4,16 @@ The three transports (UNIX datagram, UNIX stream, loopback TCP) as thin adapters
 event loop: they read bytes, cut stream bytes into frames, apply a listener's quotas, and
 hand whole bursts to admission. Rule: nothing here decodes a message or decides its fate;
 an input only reads, frames, and reports what its socket still holds.
+
+Seed 004's model: no thread per connection; readiness callbacks on one event loop.
+Framing and decoding live in ``pydory.wire``, every decision about a message in the
+``Intake`` the inputs hand their bytes to. The daemon never writes to a client socket.
+
+- ``datagram``: the UNIX datagram input;
+- ``stream``: a UNIX stream or TCP listener; ``stream_connection``: one of its connections;
+- ``quotas``: the listeners' connection and rate quotas (pure logic);
+- ``sockets``: the kernel's side (socket files, limits, what a socket holds unread);
+- ``marks``: the commit point's input marks;
+- ``intake_port``: what the inputs hand their bytes to;
+- ``input_set``: the inputs a server runs, through start-up, reloads and shutdown.
 """

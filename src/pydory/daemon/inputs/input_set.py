@@ -4,9 +4,9 @@ at shutdown.
 One datagram socket and up to two stream listeners (UNIX stream, TCP), as the config's
 ``<inputSources>`` asks, plus the stream listeners a reload retired: those no longer
 accept, but read the connections open on them until their clients close them (closing a
-TCP connection would lose what its client writes meanwhile, unknown to it). Everything
-that pauses, marks or closes "the inputs" goes through here, so a retired listener is
-never forgotten by the overload policy, the commit point or the shutdown.
+TCP connection would lose what its client writes meanwhile, unknown to it). Rule:
+everything that pauses, marks or closes "the inputs" goes through here, so a retired
+listener is never forgotten by the overload policy, the commit point or the shutdown.
 
 A reload changes the inputs in two steps, so that a failure changes nothing:
 :meth:`InputSet.open_changed` opens each input the new config adds or moves beside the
@@ -24,8 +24,12 @@ from collections.abc import Callable
 
 from pydory.config import Config
 from pydory.config.model import QuotasConfig
-from pydory.daemon.books.accounting import Counters, Transport
-from pydory.daemon.inputs.agents import DatagramInput, InputMark, Intake, StreamInput, mark_inputs
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.datagram import DatagramInput
+from pydory.daemon.inputs.intake_port import Intake
+from pydory.daemon.inputs.marks import InputMark, mark_inputs
+from pydory.daemon.inputs.stream import StreamInput
 
 log = logging.getLogger(__name__)
 

@@ -9,25 +9,18 @@ left behind. Single-threaded by design: all calls come from the loop thread.
 On disk, ``directory`` holds a ``LOCK`` file (an exclusive ``flock`` held while the spool
 is open, so two daemons never share one spool) and segment files
 ``segment-<20-digit id>.spool``, ids increasing across restarts. A segment is a header
-(magic ``PDSP``, format version, its id) followed by records, each framed by its length
-and a CRC-32 of its body::
-
-    frame  = u32 body length | u32 crc32(body) | body
-    body   = u8 flags | i64 timestamp_ms | u32 partition_key
-             | u16 topic length | topic (UTF-8) | u32 key length | key
-             | u32 value length | value
-
-All integers are big-endian (as Dory's wire format). Appends only ever add whole frames,
-and a failed write is truncated away, so a segment is always a valid prefix followed at
-worst by one torn frame (a crash mid-write); recovery keeps the valid prefix and cuts
-the rest. Every length is checked against its frame before anything is allocated, so a
-corrupt or hostile file yields a truncation report, never an exception or a huge
-allocation.
+followed by framed, checksummed records (their layout: :mod:`pydory.daemon.spool.records`).
+Appends only ever add whole frames, and a failed write is truncated away, so a segment is
+always a valid prefix followed at worst by one torn frame (a crash mid-write); recovery
+(:mod:`pydory.daemon.spool.recovery`) keeps the valid prefix and cuts the rest.
 
 A segment is deleted once every message in it is settled. The segment being written is
 never deleted while it is current: when all its messages are settled it is truncated
 back to its header instead (no replay of settled messages after a crash, no new file
 per burst at low rates), and deleted when it rotates or at ``close()``.
+
+Rule: the only code that holds the spool directory's lock, names its segment files,
+applies the fsync policy, and writes, truncates or deletes this run's segments.
 """
 
 from __future__ import annotations
@@ -37,289 +30,23 @@ import errno
 import fcntl
 import os
 import re
-import struct
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pydory.errors import ConfigError, PydoryError
+from pydory.daemon.spool.errors import SpoolError, SpoolFull, SpoolInUse
+from pydory.daemon.spool.records import (
+    HEADER_BYTES,
+    SpoolRecord,
+    decode_records,
+    encode_header,
+    encode_payloads,
+    encode_records,
+)
+from pydory.daemon.spool.recovery import RecoveryReport, SegmentRecovery, read_exactly
 
-SPOOL_PATH_ELEMENT = "/doryConfig/spool/path"
-"""The config element naming the spool directory (errors about the directory name it)."""
-
-MAGIC = b"PDSP"
-FORMAT_VERSION = 1
 LOCK_FILE = "LOCK"
 SEGMENT_NAME = re.compile(r"segment-([0-9]{20})\.spool", re.ASCII)
-
-RECOVERY_CHUNK_BYTES = 1024 * 1024
-"""Recovery reads a segment this much at a time (more only for a single larger frame)."""
-
-_HEADER = struct.Struct(">4sHHQ")  # magic, version, reserved (0), segment id
-HEADER_BYTES = _HEADER.size  # 16
-_FRAME = struct.Struct(">II")  # body length, crc32(body)
-FRAME_HEADER_BYTES = _FRAME.size  # 8
-_BODY_HEAD = struct.Struct(">BqIH")  # flags, timestamp_ms, partition_key, topic length
-_U32 = struct.Struct(">I")
-MIN_BODY_BYTES = _BODY_HEAD.size + 2 * _U32.size  # 23: every length zero (empty topic)
-MAX_BODY_BYTES = 2**32 - 1  # a u32; a frame can never claim more than the file holds
-FLAG_PARTITION_KEY = 0x01
-#: The value is a client's message exactly as it was read (Dory's wire bytes: topic, key,
-#: value, timestamp and partition key inside), topic and key empty: what the daemon's
-#: write-ahead spools, since framing bytes costs a tenth of decoding them.
-FLAG_PAYLOAD = 0x02
-_KNOWN_FLAGS = FLAG_PARTITION_KEY | FLAG_PAYLOAD
-MAX_TOPIC_BYTES = 2**16 - 1
-MAX_PARTITION_KEY = 2**32 - 1
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-class SpoolError(PydoryError):
-    """The disk refused a spool operation (ENOSPC, EIO, EACCES...).
-
-    The burst that raised it is not in the spool: the caller applies its overload policy
-    to it, exactly as if memory had run out.
-    """
-
-
-class SpoolFull(SpoolError):
-    """Appending this burst would take the spool above its size cap (``max_bytes``)."""
-
-
-class SpoolInUse(ConfigError):
-    """Another process holds the spool directory's lock: refuse to start.
-
-    Two daemons sharing one spool would replay and delete each other's messages, so this
-    is treated like a socket path a live daemon listens on: a configuration problem.
-    """
-
-    def __init__(self, directory: str, detail: str = "") -> None:
-        reason = f"Spool directory [{directory}] is locked by a running process{detail}"
-        super().__init__(reason, path=SPOOL_PATH_ELEMENT)
-        self.directory = directory
-
-
-# --- records and their encoding ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SpoolRecord:
-    """One accepted message, as much of it as is needed to produce it again.
-
-    ``partition_key`` is Dory's PartitionKey (unsigned 32-bit), None for AnyPartition.
-    """
-
-    topic: str
-    key: bytes
-    value: bytes
-    timestamp_ms: int
-    partition_key: int | None = None
-    is_payload: bool = False  # ``value`` is a client's raw message (see encode_payloads)
-
-
-def encode_records(records: Sequence[SpoolRecord]) -> bytes:
-    """The records as concatenated frames (length- and CRC-framed), ready for one write.
-
-    Raises ValueError for a record that cannot be framed (topic longer than 65535 UTF-8
-    bytes, key or value of 4 GiB or more, timestamp outside i64, partition key outside
-    u32): those are caller bugs, since Dory's wire format cannot carry them either.
-    """
-    parts: list[bytes] = []
-    append = parts.append
-    topics: dict[str, bytes] = {}
-    crc32 = zlib.crc32
-    try:
-        for record in records:
-            topic = topics.get(record.topic)
-            if topic is None:
-                topic = record.topic.encode("utf-8")
-                if len(topic) > MAX_TOPIC_BYTES:
-                    raise ValueError(f"topic is {len(topic)} bytes: at most {MAX_TOPIC_BYTES}")
-                topics[record.topic] = topic
-            key, value, partition_key = record.key, record.value, record.partition_key
-            if partition_key is None:
-                head = _BODY_HEAD.pack(0, record.timestamp_ms, 0, len(topic))
-            else:
-                head = _BODY_HEAD.pack(
-                    FLAG_PARTITION_KEY, record.timestamp_ms, partition_key, len(topic)
-                )
-            key_length = _U32.pack(len(key))
-            value_length = _U32.pack(len(value))
-            crc = crc32(
-                value, crc32(value_length, crc32(key, crc32(key_length, crc32(topic, crc32(head)))))
-            )
-            body_length = len(head) + len(topic) + 8 + len(key) + len(value)
-            append(_FRAME.pack(body_length, crc))
-            append(head)
-            append(topic)
-            append(key_length)
-            append(key)
-            append(value_length)
-            append(value)
-    except struct.error as exc:
-        raise ValueError(f"cannot spool record: {exc}") from None
-    return b"".join(parts)
-
-
-_PAYLOAD_HEAD = _BODY_HEAD.pack(FLAG_PAYLOAD, 0, 0, 0) + _U32.pack(0)  # no topic, no key
-_PAYLOAD_HEAD_CRC = zlib.crc32(_PAYLOAD_HEAD)
-
-
-def encode_payloads(payloads: Sequence[bytes]) -> bytes:
-    """Client messages as read (opaque bytes), one frame each, ready for one write.
-
-    The daemon's hot path: no decoding, one CRC per message over bytes already in hand.
-    They come back from ``recover()`` as records with ``is_payload`` set.
-    """
-    parts: list[bytes] = []
-    append = parts.append
-    crc32, pack_length, pack_frame = zlib.crc32, _U32.pack, _FRAME.pack
-    head, head_crc = _PAYLOAD_HEAD, _PAYLOAD_HEAD_CRC
-    head_bytes = len(head) + _U32.size
-    for payload in payloads:
-        length = pack_length(len(payload))
-        append(pack_frame(head_bytes + len(payload), crc32(payload, crc32(length, head_crc))))
-        append(head)
-        append(length)
-        append(payload)
-    return b"".join(parts)
-
-
-@dataclass(slots=True)
-class _FrameDecoder:
-    """Decodes frames from ``data`` one at a time, and remembers where and why it stopped.
-
-    After ``records()`` is exhausted: ``offset`` is the end of the last good frame;
-    ``problem`` says why decoding stopped early on corrupt data (None otherwise);
-    ``needed`` > 0 means the data ends inside a frame that needs that many bytes from
-    ``offset`` (more data may complete it: the caller decides whether it is a torn tail).
-    """
-
-    data: bytes
-    offset: int = 0
-    problem: str | None = None
-    needed: int = 0
-    topics: dict[bytes, str] = field(default_factory=dict)
-
-    def records(self) -> Iterator[SpoolRecord]:
-        data = self.data
-        view = memoryview(data)
-        end = len(data)
-        offset = self.offset
-        topics = self.topics
-        unpack_frame = _FRAME.unpack_from
-        crc32 = zlib.crc32
-        try:
-            while offset < end:
-                if end - offset < FRAME_HEADER_BYTES:
-                    self.needed = FRAME_HEADER_BYTES
-                    return
-                length, crc = unpack_frame(data, offset)
-                if length < MIN_BODY_BYTES:
-                    self.problem = f"bad frame length {length} at offset {offset}"
-                    return
-                body = offset + FRAME_HEADER_BYTES
-                frame_end = body + length
-                if frame_end > end:
-                    self.needed = FRAME_HEADER_BYTES + length
-                    return
-                if crc32(view[body:frame_end]) != crc:
-                    self.problem = f"bad CRC at offset {offset}"
-                    return
-                record = _record_in(data, body, frame_end, topics)
-                if record is None:
-                    self.problem = f"inconsistent lengths in the frame at offset {offset}"
-                    return
-                offset = frame_end
-                self.offset = offset
-                yield record
-        finally:
-            self.offset = offset
-            view.release()
-
-
-def _record_in(data: bytes, start: int, end: int, topics: dict[bytes, str]) -> SpoolRecord | None:
-    """The record whose body is ``data[start:end]``, or None if its inner lengths or fields
-    are wrong (a CRC-valid frame that this code did not write)."""
-    flags, timestamp_ms, partition_key, topic_length = _BODY_HEAD.unpack_from(data, start)
-    if flags & ~_KNOWN_FLAGS:
-        return None
-    position = start + _BODY_HEAD.size
-    if position + topic_length + 4 > end:
-        return None
-    topic_bytes = data[position : position + topic_length]
-    position += topic_length
-    (key_length,) = _U32.unpack_from(data, position)
-    position += 4
-    if position + key_length + 4 > end:
-        return None
-    key = data[position : position + key_length]
-    position += key_length
-    (value_length,) = _U32.unpack_from(data, position)
-    position += 4
-    if position + value_length != end:
-        return None
-    if flags & FLAG_PAYLOAD:
-        if topic_length or key_length or flags & FLAG_PARTITION_KEY:
-            return None
-        return SpoolRecord("", b"", data[position:end], 0, None, is_payload=True)
-    topic = topics.get(topic_bytes)
-    if topic is None:
-        try:
-            topic = topic_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if len(topics) < 1024:  # a cache of the few topics there are, bounded
-            topics[topic_bytes] = topic
-    return SpoolRecord(
-        topic,
-        key,
-        data[position:end],
-        timestamp_ms,
-        partition_key if flags & FLAG_PARTITION_KEY else None,
-    )
-
-
-def decode_records(data: bytes) -> tuple[list[SpoolRecord], int, str | None]:
-    """The records framed in ``data``, how many bytes they take (the valid prefix), and
-    why decoding stopped before the end (None when all of ``data`` was whole records).
-
-    Never raises for any input: corrupt or cut data is reported, not an exception.
-    """
-    decoder = _FrameDecoder(bytes(data))
-    records = list(decoder.records())
-    reason = decoder.problem
-    if reason is None and decoder.needed:
-        reason = (
-            f"incomplete frame at offset {decoder.offset}: needs {decoder.needed} bytes, "
-            f"{len(decoder.data) - decoder.offset} left"
-        )
-    return records, decoder.offset, reason
-
-
-# --- the spool --------------------------------------------------------------------------------
-
-
-@dataclass
-class RecoveryReport:
-    """What ``Spool.recover()`` found. Corrupt data is repaired and counted, never raised.
-
-    ``segments``: segment files read; ``records``: records recovered from them;
-    ``repaired_segments``: segments cut at their last good record (torn tail, bad CRC);
-    ``removed_segments``: files removed because they held no header (empty, cut inside
-    the header, or not a spool file); ``truncated_bytes``: bytes cut or removed;
-    ``problems``: one line per file about what was wrong.
-    """
-
-    segments: int = 0
-    records: int = 0
-    repaired_segments: int = 0
-    truncated_bytes: int = 0
-    problems: list[str] = field(default_factory=list)
-    removed_segments: int = 0
 
 
 @dataclass(slots=True)
@@ -365,9 +92,7 @@ class Spool:
         self.fsync_interval_ms = fsync_interval_ms
         self._clock = clock
         self._lock_fd: int | None = None
-        self._found: list[tuple[int, str]] = []  # segments present at open(), oldest first
-        self._recovered: list[tuple[int, str]] = []  # fully read by recover(): to delete
-        self._found_bytes = 0  # bytes of the files in _found and _recovered
+        self._recovery = SegmentRecovery(self._error, self._make_durable)
         self._segments: dict[int, _Segment] = {}  # this run's segments, by id
         self._current: _Segment | None = None
         self._next_id = 1
@@ -375,7 +100,6 @@ class Spool:
         self._outstanding = 0
         self._dirty = False  # written since the last fsync
         self._last_fsync = clock()
-        self._report = RecoveryReport()
         #: ``(start, end)`` file offsets of the last append's frames in its segment.
         self.last_append = (0, 0)
         self.appended_total = 0
@@ -421,7 +145,7 @@ class Spool:
             os.close(lock_fd)
             raise self._error(f"cannot read spool directory [{self.directory}]", exc) from exc
         self._lock_fd = lock_fd
-        self._found = found
+        self._recovery.found = found
         self._next_id = found[-1][0] + 1 if found else 1
 
     def _scan(self) -> list[tuple[int, str]]:
@@ -436,7 +160,7 @@ class Spool:
             except FileNotFoundError:
                 continue
             found.append((int(match.group(1)), path))
-            self._found_bytes += size
+            self._recovery.bytes_on_disk += size
         found.sort()
         return found
 
@@ -492,110 +216,24 @@ class Spool:
         SpoolError only when the disk fails a read or a repair.
         """
         self._require_open()
-        while self._found:
-            segment_id, path = self._found[0]
-            yield from self._recover_segment(segment_id, path)
-            self._found.pop(0)
-
-    def _recover_segment(self, segment_id: int, path: str) -> Iterator[SpoolRecord]:
-        report = self._report
-        name = os.path.basename(path)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise self._error(f"cannot open spool segment [{path}]", exc) from exc
-        try:
-            size = os.fstat(fd).st_size
-            header = _read_exactly(fd, HEADER_BYTES, 0)
-            problem = _header_problem(header)
-            if problem is not None and problem[1]:  # not a usable spool file: remove it
-                report.problems.append(f"{name}: {problem[0]}: removed")
-                report.removed_segments += 1
-                report.truncated_bytes += size
-                os.close(fd)
-                fd = -1
-                os.unlink(path)
-                self._found_bytes -= size
-                return
-            if problem is not None:  # a newer format: leave it for a newer pydory
-                report.problems.append(f"{name}: {problem[0]}: left in place")
-                self._found_bytes -= size
-                return
-            report.segments += 1
-            header_id = _HEADER.unpack(header)[3]
-            if header_id != segment_id:  # renamed by hand, most likely: records still good
-                report.problems.append(f"{name}: its header names segment {header_id}")
-            decoder_topics: dict[bytes, str] = {}
-            start = HEADER_BYTES  # file offset of buffer[0]
-            buffer = b""
-            wanted = RECOVERY_CHUNK_BYTES
-            while True:
-                remaining = size - start - len(buffer)
-                if remaining > 0:
-                    data = _read_exactly(fd, min(wanted, remaining), start + len(buffer))
-                    if not data:  # shrunk while being read: its end is here
-                        size = start + len(buffer)
-                    buffer += data
-                decoder = _FrameDecoder(buffer, topics=decoder_topics)
-                for record in decoder.records():
-                    report.records += 1
-                    yield record
-                start += decoder.offset
-                buffer = buffer[decoder.offset :]
-                at_end = start + len(buffer) >= size
-                reason = decoder.problem
-                if reason is None and decoder.needed:
-                    if not at_end:
-                        wanted = max(RECOVERY_CHUNK_BYTES, decoder.needed - len(buffer))
-                        continue
-                    reason = (
-                        f"torn frame at offset {start}: needs {decoder.needed} bytes, "
-                        f"{size - start} left"
-                    )
-                if reason is None and at_end:
-                    break
-                if reason is not None:
-                    os.ftruncate(fd, start)
-                    if self.fsync_interval_ms is not None:
-                        os.fsync(fd)
-                        self.fsyncs_total += 1
-                    report.repaired_segments += 1
-                    report.truncated_bytes += size - start
-                    report.problems.append(
-                        f"{name}: {reason}: truncated to {start} bytes ({size - start} cut)"
-                    )
-                    self._found_bytes -= size - start
-                    break
-                wanted = RECOVERY_CHUNK_BYTES
-        except OSError as exc:
-            raise self._error(f"cannot recover spool segment [{path}]", exc) from exc
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        self._recovered.append((segment_id, path))
+        yield from self._recovery.records()
 
     @property
     def recovery_report(self) -> RecoveryReport:
         """What ``recover()`` found so far."""
-        return self._report
+        return self._recovery.report
 
     def finish_recovery(self) -> None:
         """Delete the segments ``recover()`` read to the end: their records are now in
         this run's segments (the caller appended them). Segments not read stay."""
         self._require_open()
-        while self._recovered:
-            path = self._recovered[0][1]
-            try:
-                size = os.stat(path).st_size
-                os.unlink(path)
-            except FileNotFoundError:
-                size = 0
-            except OSError as exc:
-                raise self._error(f"cannot delete recovered segment [{path}]", exc) from exc
-            self._found_bytes -= size
-            self._recovered.pop(0)
+        self._recovery.delete_recovered()
+
+    def _make_durable(self, fd: int) -> None:
+        """fsync a segment recovery repaired, unless the policy is never."""
+        if self.fsync_interval_ms is not None:
+            os.fsync(fd)
+            self.fsyncs_total += 1
 
     # --- appending and settling ---------------------------------------------------------------
 
@@ -675,7 +313,7 @@ class Spool:
         try:
             fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                data = _read_exactly(fd, end - start, start)
+                data = read_exactly(fd, end - start, start)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -733,12 +371,12 @@ class Spool:
     @property
     def bytes_on_disk(self) -> int:
         """Bytes of every segment file: this run's and those awaiting replay."""
-        return self._live_bytes + self._found_bytes
+        return self._live_bytes + self._recovery.bytes_on_disk
 
     @property
     def segments(self) -> int:
         """Segment files on disk: this run's and those awaiting replay."""
-        return len(self._segments) + len(self._found) + len(self._recovered)
+        return len(self._segments) + self._recovery.segments
 
     @property
     def outstanding(self) -> int:
@@ -771,7 +409,7 @@ class Spool:
             raise self._error(f"cannot create spool segment [{path}]", exc) from exc
         self._next_id += 1  # an id is never reused, even for a file that failed
         try:
-            header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, segment_id)
+            header = encode_header(segment_id)
             if os.write(fd, header) != len(header):  # only a full disk writes short here
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # noqa: TRY301
             if self.fsync_interval_ms is not None:
@@ -860,34 +498,6 @@ class Spool:
             raise self._error(f"cannot delete spool segment [{segment.path}]", exc) from exc
         del self._segments[segment.id]
         self._live_bytes -= segment.size
-
-
-def _header_problem(header: bytes) -> tuple[str, bool] | None:
-    """What is wrong with a segment's header, and whether the file is to be removed
-    (True: not a spool file, or cut inside its header); None if it is good."""
-    if len(header) == 0:
-        return "empty file", True
-    if len(header) < HEADER_BYTES:
-        return f"cut inside its header ({len(header)} bytes)", True
-    magic, version, _reserved, _segment_id = _HEADER.unpack(header)
-    if magic != MAGIC:
-        return "not a spool segment (bad magic)", True
-    if version != FORMAT_VERSION:
-        return f"format version {version} (this pydory reads {FORMAT_VERSION})", False
-    return None
-
-
-def _read_exactly(fd: int, count: int, offset: int) -> bytes:
-    """Up to ``count`` bytes at ``offset`` (fewer only at the end of the file)."""
-    parts = []
-    while count > 0:
-        data = os.pread(fd, count, offset)
-        if not data:
-            break
-        parts.append(data)
-        count -= len(data)
-        offset += len(data)
-    return b"".join(parts)
 
 
 def _read_pid(fd: int) -> int | None:

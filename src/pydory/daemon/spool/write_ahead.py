@@ -16,6 +16,10 @@ ends: they are reported by then.
 When the spool cannot take a burst (its size cap, a full or failing disk), the burst is
 processed without the write-ahead, counted (``spool_unprotected`` messages), and the
 caller's overload policy decides whether the inputs pause until the spool has room.
+
+Rule: a burst reaches admission only after it is in the spool (or counted as unprotected
+when the disk refuses it), and a spool segment is settled only through the tokens handed out
+here.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pydory.daemon.books.accounting import Counters
+from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.commit_point import CommitPoint
-from pydory.daemon.spool.segments import RecoveryReport, Spool, SpoolError, SpoolRecord
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.spool.errors import SpoolError
+from pydory.daemon.spool.records import SpoolRecord
+from pydory.daemon.spool.recovery import RecoveryReport
+from pydory.daemon.spool.segments import Spool
 from pydory.wire import encode_any_partition, encode_partition_key
 
 log = logging.getLogger(__name__)
@@ -103,7 +111,7 @@ class WriteAhead:
             self._segment = self._spool.append_payloads(burst)
         except SpoolError as error:  # the size cap or the disk: reported, the policy decides
             self._segment = 0
-            self._counters.inc("spool_unprotected", len(burst))
+            self._counters.inc(counter_names.SPOOL_UNPROTECTED, len(burst))
             if not self._failing:
                 log.warning("spool: cannot write ahead (%s); messages go unprotected", error)
                 self._failing = True
@@ -141,7 +149,7 @@ class WriteAhead:
         self._deferred.append(
             _DeferredBurst(self._segment, start, end, self._burst_size, generation)
         )
-        self._counters.inc("spool_deferred", self._burst_size)
+        self._counters.inc(counter_names.SPOOL_DEFERRED, self._burst_size)
         self._segment = self._burst_size = self._opened = 0  # nothing to settle now
         self.deferred_waiting.set()
         return True
@@ -159,7 +167,7 @@ class WriteAhead:
             except SpoolError:
                 log.exception("spool: a deferred burst cannot be read back; left for replay")
                 self._commit_point.close(burst.generation, burst.count)
-                self._counters.inc("spool_deferred_unreadable", burst.count)
+                self._counters.inc(counter_names.SPOOL_DEFERRED_UNREADABLE, burst.count)
                 continue
             self._segment, self._burst_size, self._opened = burst.segment, burst.count, 0
             self._resumed_generation = burst.generation

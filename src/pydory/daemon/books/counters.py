@@ -1,0 +1,96 @@
+"""Named event counters, like Dory's ``/counters``, and every counter's name.
+
+Rule: a counter's name is spelled here alone. The stage that counts an event and the page
+that shows it both name the counter through this module, so a typo is an import error
+(and a mypy error), not a counter that reads 0 for ever. Names are plain strings: they are
+the keys of ``/counters`` and of the ``pydory_events_total`` metric, stable across
+releases.
+"""
+
+from __future__ import annotations
+
+from pydory.daemon.books.events import DiscardReason, Transport
+
+# --- the message lifecycle (the books) ----------------------------------------------------
+ACCEPTED = "accepted"
+DELIVERED = "delivered"
+POSSIBLE_DUPLICATE = "possible_duplicate"
+DISCARD_REPORT_UNREAD = "discard_report_unread"
+#: received_<transport>: messages framed on each transport.
+RECEIVED = {transport: f"received_{transport}" for transport in Transport}
+#: discarded_<reason>.
+DISCARDED = {reason: f"discarded_{reason}" for reason in DiscardReason}
+
+
+def discarded_kafka_error(error_name: str) -> str:
+    """discarded_kafka_error_<librdkafka error name>: one counter per Kafka error seen."""
+    return f"discarded_kafka_error_{error_name}"
+
+
+# --- inputs and admission --------------------------------------------------------------------
+DATAGRAM_OVER_MAX_SIZE = "datagram_over_max_size"
+HELD_WHEN_MEMORY_SHORT = "held_when_memory_short"
+CONNECTION_OPENED = {transport: f"connection_opened_{transport}" for transport in Transport}
+CONNECTION_CLOSED = {transport: f"connection_closed_{transport}" for transport in Transport}
+STREAM_SOCKET_ERROR = {transport: f"stream_socket_error_{transport}" for transport in Transport}
+STREAM_FRAMING_ERROR = {transport: f"stream_framing_error_{transport}" for transport in Transport}
+STREAM_OVERSIZED_FRAME = {
+    transport: f"stream_oversized_frame_{transport}" for transport in Transport
+}
+UNCLEAN_DISCONNECT = {transport: f"unclean_disconnect_{transport}" for transport in Transport}
+#: The quotas of the stream listeners (<quotas>), per transport.
+QUOTA_CONNECTIONS_REFUSED = {
+    transport: f"quota_connections_refused_{transport}" for transport in Transport
+}
+QUOTA_THROTTLES = {transport: f"quota_throttles_{transport}" for transport in Transport}
+QUOTA_THROTTLED_MS = {transport: f"quota_throttled_ms_{transport}" for transport in Transport}
+BACKPRESSURE_PAUSES = "backpressure_pauses"
+BACKPRESSURE_PAUSED_MS = "backpressure_paused_ms"
+
+# --- delivery --------------------------------------------------------------------------------
+PRODUCERS_RETIRED = "producers_retired"
+PRODUCER_RECREATED = "producer_recreated"
+TOPIC_NO_AVAILABLE_PARTITIONS = "topic_no_available_partitions"
+METADATA_UPDATE_REQUESTED = "metadata_update_requested"
+
+# --- the spool -------------------------------------------------------------------------------
+SPOOL_REPLAYED = "spool_replayed"
+SPOOL_UNPROTECTED = "spool_unprotected"
+SPOOL_DEFERRED = "spool_deferred"
+SPOOL_DEFERRED_UNREADABLE = "spool_deferred_unreadable"
+SPOOL_REPAIRED_SEGMENTS = "spool_repaired_segments"
+SPOOL_TRUNCATED_BYTES = "spool_truncated_bytes"
+
+# --- files written off the loop (books/files.py) ---------------------------------------------
+#: Discard log entries the writer thread's queue had no room for.
+DISCARD_LOG_DROPPED = "discard_log_dropped"
+#: Discard log entries lost to an I/O error (file unwritable, disk full, ...).
+DISCARD_LOG_LOST = "discard_log_lost"
+#: Discard log entries written to the file.
+DISCARD_LOG_WRITTEN = "discard_log_written"
+MSG_DEBUG_WRITTEN = "msg_debug_written"
+MSG_DEBUG_LOST = "msg_debug_lost"
+MSG_DEBUG_DROPPED = "msg_debug_dropped"
+
+# --- the config ------------------------------------------------------------------------------
+CONFIG_RELOADS = "config_reloads"
+CONFIG_RELOAD_FAILURES = "config_reload_failures"
+
+
+class Counters:
+    """Named event counters, like Dory's ``/counters``: name -> count, cheap increments."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def inc(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to counter ``name`` (created at 0 on first use)."""
+        self._counts[name] = self._counts.get(name, 0) + n
+
+    def get(self, name: str) -> int:
+        """The current value of ``name``; 0 if it was never incremented."""
+        return self._counts.get(name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of every counter, in order of first use."""
+        return dict(self._counts)

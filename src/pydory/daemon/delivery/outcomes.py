@@ -1,0 +1,197 @@
+"""Outcomes: what becomes of an accepted message when librdkafka reports on it, and where
+that outcome is settled.
+
+Rule: every error -> outcome decision lives here alone. A failed delivery report becomes
+one outcome (:func:`failure_outcome`): discarded with a reason and a detail, or rerouted
+(a possible duplicate first, if the error means the message may already be in the log).
+A refusal at ``produce()`` becomes one :class:`EnqueueRefused` (:func:`produce_refusal`).
+The dispatcher makes the calls and acts on the answers; :class:`DeliveryLedger` settles
+each final outcome in the books, the memory pool and the commit point, so an accepted
+message leaves the daemon here, not back through the intake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import KafkaError, KafkaException
+
+from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.events import DiscardReason
+from pydory.daemon.books.pool import MemoryPool
+from pydory.errors import PydoryError
+
+# Errors after which the message may already be in the log: a resend may duplicate it.
+_POSSIBLY_PERSISTED = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
+
+# Errors that mean "we are shutting down and ran out of time", not a Kafka verdict.
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+# Kafka-side verdicts that no resend will change (Dory: Discard).
+_PERMANENT = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.INVALID_RECORD,
+        KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+        KafkaError.INVALID_REQUIRED_ACKS,
+        KafkaError.POLICY_VIOLATION,
+    }
+)
+
+
+# -- a failed delivery report ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """The message is discarded with ``reason``; ``detail`` names the error."""
+
+    reason: DiscardReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reroute:
+    """The message is sent again; ``possible_duplicate``: it may already be in the log."""
+
+    possible_duplicate: bool
+
+
+def failure_outcome(
+    code: int,
+    error_name: str,
+    *,
+    error_is_fatal: bool,
+    producer_fatal_error: str | None,
+    topic_known: bool,
+    attempt: int,
+    max_attempts: int,
+    shutting_down: bool,
+) -> Discard | Reroute:
+    """The outcome of a failed delivery report: librdkafka's error ``code`` (named
+    ``error_name``, fatal or not) for a message sent ``attempt`` times of at most
+    ``max_attempts``, by a producer that has had a fatal error (``producer_fatal_error``)
+    or not, for a topic the router still knows or not, while the daemon runs or shuts
+    down. The first rule that applies decides."""
+    if producer_fatal_error is not None:
+        # Whatever the failed producer still held: its fatal error is the verdict.
+        return Discard(DiscardReason.KAFKA_ERROR, producer_fatal_error)
+    if code in _PURGED or (shutting_down and code not in _PERMANENT):
+        # Nothing will poll for a resend's report once the producers stop.
+        return Discard(DiscardReason.SHUTDOWN_DELAY, error_name)
+    if code in _PERMANENT or error_is_fatal or not topic_known:
+        return Discard(DiscardReason.KAFKA_ERROR, error_name)
+    if attempt >= max_attempts:
+        return Discard(DiscardReason.FAILED_DELIVERY_ATTEMPTS, error_name)
+    return Reroute(possible_duplicate=code in _POSSIBLY_PERSISTED)
+
+
+# -- a refusal at produce() --------------------------------------------------------------
+
+
+class EnqueueRefused(PydoryError):
+    """librdkafka refused a message at ``produce()``: it never left the daemon."""
+
+    def __init__(self, reason: DiscardReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def produce_refusal(error: BufferError | KafkaException) -> EnqueueRefused:
+    """What librdkafka raising ``error`` at ``produce()`` means for the message."""
+    if isinstance(error, BufferError):
+        return EnqueueRefused(DiscardReason.NO_MEMORY, "librdkafka queue full")
+    err = error.args[0]
+    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return EnqueueRefused(DiscardReason.TOO_LONG, err.name())
+    return EnqueueRefused(DiscardReason.KAFKA_ERROR, err.name())
+
+
+def no_producer_refusal() -> EnqueueRefused:
+    """No producer could be made for the message's topic (librdkafka refused one)."""
+    return EnqueueRefused(DiscardReason.KAFKA_ERROR, "producer unavailable")
+
+
+def resend_refused(refusal: EnqueueRefused) -> Discard:
+    """librdkafka refused a reroute at ``produce()``: that was the message's last attempt."""
+    return Discard(DiscardReason.FAILED_DELIVERY_ATTEMPTS, refusal.detail)
+
+
+# -- where outcomes are settled ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A batch of messages Kafka acknowledged: how many per topic and per token (the
+    caller's opaque int given to ``send``), and the pool bytes they held in all."""
+
+    by_topic: Mapping[str, int]
+    by_token: Mapping[int, int]
+    cost: int
+
+
+class Ledger(Protocol):
+    """Where dispatch reports each message's final outcome (the daemon's books and pool)."""
+
+    def delivered(self, batch: Delivered) -> None: ...
+
+    def discarded(
+        self,
+        reason: DiscardReason,
+        topic: str,
+        timestamp_ms: int,
+        detail: str,
+        cost: int,
+        token: int,
+    ) -> None: ...
+
+    def possible_duplicate(self, topic: str, timestamp_ms: int) -> None: ...
+
+
+class Tokens(Protocol):
+    """Counts accepted messages until they settle: the commit point, or the write-ahead
+    standing in for it (which settles the spool too)."""
+
+    def open(self) -> int: ...
+    def close(self, token: int, n: int = 1) -> None: ...
+
+
+class DeliveryLedger:
+    """The dispatch Ledger: final outcomes go to the books, free their pool bytes and
+    settle their commit point tokens."""
+
+    def __init__(self, books: Books, pool: MemoryPool, commit_point: Tokens) -> None:
+        self._books = books
+        self._pool = pool
+        self._commit_point = commit_point
+
+    def delivered(self, batch: Delivered) -> None:
+        books, close = self._books, self._commit_point.close
+        for topic, n in batch.by_topic.items():
+            books.delivered(topic, n)
+        self._pool.release(batch.cost)
+        for token, n in batch.by_token.items():
+            close(token, n)
+
+    def discarded(
+        self,
+        reason: DiscardReason,
+        topic: str,
+        timestamp_ms: int,
+        detail: str,
+        cost: int,
+        token: int,
+    ) -> None:
+        self._books.discarded(reason, topic, timestamp_ms, detail=detail)
+        self._pool.release(cost)
+        self._commit_point.close(token)
+
+    def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
+        self._books.possible_duplicate(topic, timestamp_ms)

@@ -1,0 +1,236 @@
+"""The producer: one librdkafka producer instance and the delivery reports it hands back.
+
+librdkafka (seed 003) does the network work: its broker threads batch, compress, send and
+retry. A :class:`ProducerHandle` owns one instance. While the daemon runs, the dispatcher
+serves its callbacks on the loop thread (``poll(0)``, which never blocks); once it is
+stopped, a closing thread of its own flushes it until a deadline, purges what is left and
+destroys it, so several producers tear down in parallel and the loop never waits for one.
+A delivery callback only appends a report to :class:`DeliveryReports`; every decision is
+taken later, on the loop, by the dispatcher (and :mod:`outcomes`).
+
+Rule: a sending producer is polled, flushed, purged and destroyed here alone, each on
+its proper thread (``produce`` itself is the dispatcher's call), and its delivery
+callback only records the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from pydory.daemon.delivery.kafka_stats import ProducerStats, parse_statistics
+from pydory.daemon.delivery.librdkafka_settings import ProducerProfile
+
+log = logging.getLogger(__name__)
+
+#: At shutdown, how often the flush looks again at its deadline.
+FLUSH_STEP_S = 0.1
+#: After a purge, how long the poller waits for librdkafka to report the purged messages.
+PURGE_REPORTS_WAIT_S = 2.0
+
+# A failed delivery report waiting for the loop: the error, the message, the timestamp it
+# was sent with (librdkafka reports a failed message without one), its PartitionKey (None
+# for AnyPartition), how many times it has been sent, the caller's token (an opaque int
+# given to ``send``, returned to the ledger with the outcome: the commit point's epoch),
+# and the producer that reported it.
+FailureReport = tuple[Any, Any, int, "int | None", int, int, "ProducerHandle"]
+# A successful delivery report: the message and its token.
+AckReport = tuple[Any, int]
+
+
+class DeliveryReports:
+    """Delivery reports waiting for the loop to settle them.
+
+    librdkafka's delivery callbacks only append here, on whichever thread serves them (the
+    loop while the daemon runs, a closing thread at shutdown): appends to a deque are
+    atomic, and every decision is taken later, on the loop, a batch at a time.
+    """
+
+    __slots__ = ("acks", "failures")
+
+    def __init__(self) -> None:
+        self.acks: collections.deque[AckReport] = collections.deque()
+        self.failures: collections.deque[FailureReport] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self.acks) + len(self.failures)
+
+
+class ProducerHandle:
+    """One librdkafka producer, served on the loop until it is stopped.
+
+    While the daemon runs, the dispatcher serves this producer's callbacks on the loop
+    thread with :meth:`serve` (``poll(0)``: never blocks). :meth:`request_stop` hands the
+    producer to a closing thread of its own, which flushes it until a deadline, purges
+    what is left, collects those reports and destroys the instance; ``finished`` is then
+    set on the loop.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        profile: ProducerProfile,
+        properties: dict[str, Any],
+        reports: DeliveryReports,
+        on_reports: Callable[[], None],
+        on_statistics: Callable[[ProducerHandle, ProducerStats], None] | None,
+        on_fatal: Callable[[ProducerHandle], None],
+    ):
+        self.name = name
+        self.profile = profile
+        self._ack = reports.acks.append
+        self._fail = reports.failures.append
+        self._on_reports = on_reports
+        self._on_statistics = on_statistics
+        self._on_fatal = on_fatal
+        if on_statistics is not None:
+            properties = {**properties, "stats_cb": self._statistics}
+        self.producer: Producer | None = Producer(properties)
+        # Set (once) when librdkafka reports a fatal error: the instance is unusable and
+        # everything it still holds fails.
+        self.fatal_error: str | None = None
+        self.retired = False  # the dispatcher no longer sends through it
+        self.stopping = False  # handed to its closing thread: the loop no longer serves it
+        # One callback per (token, timestamp) for first-attempt AnyPartition messages (the
+        # hot path): tokens are coarse epochs and a burst's messages mostly share their
+        # millisecond, so this stays small and saves a partial per message.
+        self.first_attempt_callbacks: dict[tuple[int, int], Callable[[Any, Any], None]] = {}
+        self._flush_until: Callable[[], float] = time.monotonic
+        self.finished: asyncio.Future[None] | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.finished = loop.create_future()
+        self._loop = loop
+
+    def first_attempt_callback(self, token: int, timestamp_ms: int) -> Callable[[Any, Any], None]:
+        """The delivery callback of a first-attempt AnyPartition message under ``token``
+        (cached in ``first_attempt_callbacks``, which ``send`` reads first)."""
+        cache_key = (token, timestamp_ms)
+        callback = self.first_attempt_callbacks.get(cache_key)
+        if callback is None:
+            if len(self.first_attempt_callbacks) > 1024:
+                self.first_attempt_callbacks.clear()
+            callback = functools.partial(self.on_delivery, None, 1, token, timestamp_ms)
+            self.first_attempt_callbacks[cache_key] = callback
+        return callback
+
+    # -- callbacks: on the loop thread while running, on the closing thread after ----------
+
+    # librdkafka calls this from poll() or flush(), once per message.
+    def on_delivery(
+        self,
+        partition_key: int | None,
+        attempt: int,
+        token: int,
+        timestamp_ms: int,
+        err: Any,
+        msg: Any,
+    ) -> None:
+        if err is None:
+            self._ack((msg, token))
+        else:
+            self._fail((err, msg, timestamp_ms, partition_key, attempt, token, self))
+
+    def _statistics(self, raw: str) -> None:
+        # About once a second per producer: parsed where it arrives, so that the loop
+        # only ever receives a small frozen ProducerStats (or nothing, if unreadable).
+        try:
+            report = parse_statistics(raw)
+        except ValueError as exc:
+            log.warning("producer %s: unreadable librdkafka statistics: %s", self.name, exc)
+            return
+        assert self._on_statistics is not None
+        self._loop.call_soon_threadsafe(self._on_statistics, self, report)
+
+    def serve(self) -> None:
+        """Loop thread: serve the callbacks librdkafka has ready, without waiting."""
+        if not self.stopping and self.producer is not None:
+            self._serve_callbacks(self.producer.poll, 0)
+
+    def _serve_callbacks(self, serve: Callable[[float], object], timeout_s: float) -> None:
+        """``producer.poll`` or ``producer.flush``: both serve callbacks, and both raise
+        a fatal error (confluent-kafka never passes one to error_cb)."""
+        try:
+            serve(timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0]
+        else:
+            return
+        if not error.fatal():
+            log.warning("producer %s: %s", self.name, error.str())
+        elif self.fatal_error is None:
+            self.fatal_error = error.name()
+            log.error("producer %s: fatal librdkafka error: %s", self.name, error.str())
+            self._loop.call_soon_threadsafe(self._on_fatal, self)
+
+    # -- the closing thread -----------------------------------------------------------------
+
+    def request_stop(self, flush_until: Callable[[], float]) -> None:
+        """Loop thread: stop serving this producer on the loop and close it on a thread of
+        its own: flush until ``flush_until()`` (a monotonic time, asked again as the flush
+        goes on), purge what is left, destroy it. Its reports reach the loop in batches."""
+        if self.stopping:
+            # Already closing (retired by a reload, flushing without a deadline): the
+            # shutdown's deadline applies to it too.
+            earlier = self._flush_until
+            self._flush_until = lambda: min(earlier(), flush_until())
+            return
+        self.stopping = True
+        self._flush_until = flush_until
+        threading.Thread(target=self._close, name=f"pydory-close-{self.name}", daemon=True).start()
+
+    def _close(self) -> None:
+        try:
+            if self.producer is not None:
+                self._drain(self.producer)
+        finally:
+            self._destroy_producer()
+            self._on_reports()
+            self._loop.call_soon_threadsafe(self._set_finished)
+
+    def _drain(self, producer: Producer) -> None:
+        """Deliver what can be delivered until the flush deadline, then purge the rest
+        (their reports come back as _PURGE_QUEUE / _PURGE_INFLIGHT and become discards)."""
+        while len(producer) and (left := self._flush_until() - time.monotonic()) > 0:
+            self._serve_callbacks(producer.flush, min(left, FLUSH_STEP_S))
+            self._on_reports()
+        if not len(producer):
+            return
+        log.warning("producer %s: %d messages undelivered at shutdown", self.name, len(producer))
+        # Non-blocking: purged messages are reported at once; blocking would also wait for
+        # every broker thread to take note of the purge.
+        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        give_up = time.monotonic() + PURGE_REPORTS_WAIT_S
+        while len(producer) and time.monotonic() < give_up:
+            self._serve_callbacks(producer.poll, 0.05)  # collects the purge reports
+        if len(producer):
+            log.error(
+                "producer %s: %d messages still unreported after the purge",
+                self.name,
+                len(producer),
+            )
+
+    def _destroy_producer(self) -> None:
+        """Destroy the librdkafka instance here, on the closing thread, so that several
+        producers tear down in parallel and the event loop never waits for one."""
+        started = time.monotonic()
+        self.producer = None  # the last reference: rd_kafka_destroy() runs now
+        log.debug("producer %s destroyed in %.3f s", self.name, time.monotonic() - started)
+
+    def _set_finished(self) -> None:
+        if self.finished is not None and not self.finished.done():
+            self.finished.set_result(None)
+
+    # -- any thread -----------------------------------------------------------------------
+
+    def queue_length(self) -> int:
+        producer = self.producer
+        return len(producer) if producer is not None else 0

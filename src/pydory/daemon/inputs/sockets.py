@@ -1,0 +1,157 @@
+"""The kernel's side of the input sockets: their files, their limits, what they hold unread.
+
+- Socket files: a stale one left by an earlier run is removed; one another process still
+  serves, or a file that is not a socket, is refused.
+- The kernel's datagram limits: the largest UNIX datagram a client sends without raising
+  its SO_SNDBUF, and how many datagrams a socket's queue holds.
+- Closing at shutdown: a duplicate of a socket keeps it (and a listening socket's backlog)
+  open past the loop; what a stream socket already holds is read without waiting for
+  more. UNIX sockets are first shut for reading, so that a client sending after that
+  point gets EPIPE instead of losing its message silently.
+- What is waiting: one poll(2) over many sockets, FIONREAD on one.
+- Who is on a UNIX stream: the peer's uid (SO_PEERCRED), for the rate quota.
+
+Rule: the inputs ask the kernel what a socket holds, what it allows and who is on it only
+through here, and a socket file is replaced or removed only here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import select
+import socket
+import stat
+import struct
+import termios
+import time
+from collections.abc import Callable, Iterable
+
+from pydory.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Bytes asked of a stream socket per read while draining it at shutdown.
+DRAIN_READ_SIZE = 256 * 1024
+#: A UNIX datagram larger than this needs the client to raise SO_SNDBUF (Dory's
+#: allowLargeUnixDatagrams); Linux's default net.core.wmem_default is 212992.
+DEFAULT_WMEM_FILE = "/proc/sys/net/core/wmem_default"
+#: The length of a UNIX datagram socket's receive queue, fixed when the socket is created.
+MAX_DGRAM_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
+#: struct ucred (SO_PEERCRED): pid, uid, gid.
+_UCRED = struct.Struct("3i")
+
+
+def prepare_socket_path(path: str, kind: int) -> None:
+    """Remove a stale socket file left by an earlier run; refuse to take over a socket that
+    another process still serves, or to clobber a file that is not a socket."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"socket path {path} exists and is not a socket; refusing to replace it")
+    if _socket_is_served(path, kind):
+        raise ConfigError(f"socket {path} is in use by another running process (another pydory?)")
+    os.unlink(path)
+
+
+def _socket_is_served(path: str, kind: int) -> bool:
+    """Whether something still listens on the UNIX socket at ``path`` (a stale file refuses)."""
+    with socket.socket(socket.AF_UNIX, kind) as probe:
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            return False
+        except OSError as exc:
+            # A live socket of the other type answers EPROTOTYPE: served, just not by us.
+            return exc.errno == errno.EPROTOTYPE
+        return True
+
+
+def remove_socket_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def datagram_queue_limit() -> int | None:
+    """The most datagrams the kernel queues for a UNIX datagram socket created now: one
+    more than net.unix.max_dgram_qlen. None if unknown."""
+    try:
+        with open(MAX_DGRAM_QLEN_FILE) as f:
+            return int(f.read().strip()) + 1
+    except (OSError, ValueError):
+        return None
+
+
+def kernel_datagram_limit() -> int:
+    """The largest UNIX datagram a client can send without raising its SO_SNDBUF."""
+    try:
+        with open(DEFAULT_WMEM_FILE) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 212_992
+
+
+def dup_socket(fd: int) -> socket.socket:
+    """A non-blocking socket object on a duplicate of ``fd``: closing it leaves ``fd`` open
+    (and the socket alive for as long as either is open)."""
+    sock = socket.socket(fileno=os.dup(fd))
+    sock.setblocking(False)
+    return sock
+
+
+def read_buffered(sock: socket.socket, feed: Callable[[bytes], bool], deadline: float) -> None:
+    """Hand ``feed`` the bytes a stream socket holds now, without waiting for more.
+
+    The socket is shut for reading first: a UNIX peer's next send fails (EPIPE), so nothing
+    more arrives. A TCP peer can go on sending, so only the bytes queued at the start are
+    read. Stops early at ``deadline`` or when ``feed`` returns False (the stream broke).
+    """
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
+    remaining = unread_bytes_on(sock.fileno())
+    while remaining > 0 and time.monotonic() < deadline:
+        try:
+            data = sock.recv(min(remaining, DRAIN_READ_SIZE))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # e.g. the peer reset the connection
+            log.debug("reading a connection at shutdown: %s", exc)
+            return
+        if not data:
+            return
+        remaining -= len(data)
+        if not feed(data):
+            return
+
+
+def unread_bytes_on(fd: int) -> int:
+    """Bytes in a stream socket's receive queue (FIONREAD); 0 if the socket is gone."""
+    try:
+        result: int = struct.unpack("@i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+    return result
+
+
+def readable_fds(fds: Iterable[int]) -> set[int]:
+    """Which of ``fds`` hold something to read (or to accept) now: one poll(2), no wait."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(0)}
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a UNIX socket (SO_PEERCRED); None if
+    the kernel does not say."""
+    try:
+        cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except OSError:
+        return None
+    uid: int = _UCRED.unpack(cred)[1]
+    return uid

@@ -1,0 +1,269 @@
+"""A UNIX stream or loopback TCP listener: the asyncio servers whose connections are
+StreamInputProtocol (pydory.daemon.inputs.stream_connection).
+
+asyncio's accept loop already backs off on EMFILE/ENFILE. TCP listens on loopback only
+(127.0.0.1, and ::1 where the host has IPv6), never on a wildcard. The listener holds its
+quotas' settings (a reload replaces them) and can be paused and resumed as a whole.
+
+Closing at shutdown: stop accepting, then hand the intake what the kernel already holds
+(bytes on open connections, connections waiting in the listen backlog), reading without
+waiting for more, within SHUTDOWN_DRAIN_S; then close. A listener a reload moved or
+removed stops accepting but serves its open connections until their clients close them.
+
+Rule: a listener stops (shutdown or reload) without dropping what clients already sent:
+its connections, and those waiting in its listen backlog, are read first (at shutdown,
+within SHUTDOWN_DRAIN_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from pydory.config.model import NO_QUOTAS, ListenerQuotas, QuotasConfig
+from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.intake_port import Intake
+from pydory.daemon.inputs.marks import BacklogMark, ConnectionMark, Pending
+from pydory.daemon.inputs.quotas import ListenerQuota
+from pydory.daemon.inputs.sockets import (
+    dup_socket,
+    prepare_socket_path,
+    read_buffered,
+    remove_socket_file,
+    unread_bytes_on,
+)
+from pydory.daemon.inputs.stream_connection import Connections, FrameReader, StreamInputProtocol
+
+log = logging.getLogger(__name__)
+
+#: At shutdown, the longest time spent reading what clients sent before the inputs closed.
+SHUTDOWN_DRAIN_S = 1.0
+
+
+class StreamInput:
+    """A UNIX stream or loopback TCP listener feeding StreamInputProtocol connections."""
+
+    def __init__(
+        self,
+        kind: Transport,
+        max_msg_size: int,
+        intake: Intake,
+        *,
+        path: str | None = None,
+        mode: int | None = None,
+        port: int | None = None,
+        quotas: QuotasConfig = NO_QUOTAS,
+        counters: Counters | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``quotas``: the ``<quotas>`` section (this listener's part applies);
+        ``counters``: where quota refusals and throttles are counted."""
+        self.kind = kind
+        self.path = path
+        self.port = port
+        self._mode = mode
+        self._max = max_msg_size
+        self._intake = intake
+        self._servers: list[asyncio.Server] = []
+        self._listening_fds: list[int] = []
+        self._quota = ListenerQuota(self._quotas_of(quotas))
+        self._connections = Connections(
+            kind, self._quota, Counters() if counters is None else counters, clock
+        )
+
+    def _quotas_of(self, quotas: QuotasConfig) -> ListenerQuotas:
+        return quotas.tcp if self.kind is Transport.TCP else quotas.unix_stream
+
+    @property
+    def quota(self) -> ListenerQuota:
+        """This listener's quotas (their settings and what they did)."""
+        return self._quota
+
+    def set_quotas(self, quotas: QuotasConfig) -> None:
+        """Replace the quota settings at run time (a config reload): ``quotas`` is the
+        whole ``<quotas>`` section, this listener takes its part. A new connection limit
+        applies to connections made from now on (open ones stay); every open connection
+        takes the new rate quota at once, measured afresh; a throttle under way ends at
+        its time."""
+        self._quota.configure(self._quotas_of(quotas))
+        for connection in list(self._connections.ready):
+            connection.attach_quota()
+
+    def set_max_msg_size(self, max_msg_size: int) -> None:
+        """A config reload: the largest message on connections made from now on (an
+        open connection keeps the limit it was framed with)."""
+        self._max = max_msg_size
+
+    def _protocol(self) -> StreamInputProtocol:
+        return StreamInputProtocol(self.kind, self._max, self._intake, self._connections)
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections.ready)
+
+    @property
+    def listening_fds(self) -> list[int]:
+        """The listening sockets (empty once closing)."""
+        return self._listening_fds
+
+    def connections(self) -> list[StreamInputProtocol]:
+        """Every connection, including those the loop is accepting right now."""
+        return [*self._connections.ready, *self._connections.accepting]
+
+    def watched_fds(self) -> list[int]:
+        """The sockets to probe for unread input: listening sockets and connections."""
+        return [*self._listening_fds, *(c.fd for c in self._connections.ready if not c.lost)]
+
+    def mark_unread(self, readable: set[int]) -> list[Pending]:
+        """The commit point's note of what this input holds now (``readable``: from poll):
+        bytes on connections, clients waiting in the backlog, connections being accepted."""
+        marks: list[Pending] = [
+            ConnectionMark(c, c.bytes_read + unread_bytes_on(c.fd))
+            for c in self._connections.ready
+            if c.fd in readable and not c.lost
+        ]
+        marks += [ConnectionMark(c, None) for c in self._connections.accepting]
+        if not readable.isdisjoint(self._listening_fds):
+            marks.append(BacklogMark(self))
+        return marks
+
+    async def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.path is not None:
+            prepare_socket_path(self.path, socket.SOCK_STREAM)
+            server = await loop.create_unix_server(self._protocol, self.path, backlog=1024)
+            if self._mode is not None:
+                os.chmod(self.path, self._mode)
+            self._servers.append(server)
+            log.info("listening for UNIX stream connections on %s", self.path)
+        else:
+            assert self.port is not None
+            await self._start_tcp(loop, self.port)
+        self._listening_fds = [sock.fileno() for s in self._servers for sock in s.sockets]
+
+    async def _start_tcp(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
+        """Loopback only: 127.0.0.1, and ::1 where the host has IPv6. Never a wildcard."""
+        server = await loop.create_server(self._protocol, "127.0.0.1", port, backlog=1024)
+        self._servers.append(server)
+        bound_port = server.sockets[0].getsockname()[1]
+        self.port = bound_port
+        try:
+            v6 = await loop.create_server(self._protocol, "::1", bound_port, backlog=1024)
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                raise
+            log.info("no IPv6 loopback here; TCP input on 127.0.0.1 only")
+        else:
+            self._servers.append(v6)
+        log.info("listening for TCP connections on loopback port %d", bound_port)
+
+    def pause(self) -> None:
+        """Stop reading the open connections for now (a shutdown was requested, or the
+        backpressure policy mutes the clients while memory is short); writers then block
+        on full socket buffers, and :meth:`close` reads what they sent meanwhile."""
+        self._connections.paused = True
+        for connection in self._connections.ready:
+            connection.pause()
+
+    def resume(self) -> None:
+        """Read the connections again (memory is back)."""
+        self._connections.paused = False
+        for connection in self._connections.ready:
+            connection.resume()
+
+    async def close(self) -> None:
+        """Stop accepting; hand the intake everything clients already sent, connections
+        still in the listen backlog included, reading without waiting for more; close."""
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
+        backlogs = self._stop_listening()
+        self._connections.drain_deadline = deadline
+        try:
+            for listener in backlogs:
+                self._drain_backlog(listener, deadline)
+        finally:
+            for listener in backlogs:
+                listener.close()
+        for connection in list(self._connections.ready):
+            connection.drain_and_close(deadline)
+        # A connection the loop accepted a moment ago drains itself in connection_made.
+        if not await self._connections.wait_all_lost(deadline) or time.monotonic() > deadline:
+            log.warning(
+                "%s input: reading what clients sent before shutdown took over %.1f s; "
+                "whatever was still unread is lost",
+                self.kind,
+                SHUTDOWN_DRAIN_S,
+            )
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+    def _stop_listening(self) -> list[socket.socket]:
+        """Stop the loop accepting, keeping each listening socket (and its backlog of
+        connected clients) open on a duplicate; remove the socket file, so that no new
+        UNIX client can connect."""
+        if not self._listening_fds:
+            return []  # stopped already (by stop_accepting): the file may be another's now
+        backlogs = [dup_socket(fd) for fd in self._listening_fds]
+        self._listening_fds = []
+        for server in self._servers:
+            server.close()
+        if self.path is not None:
+            remove_socket_file(self.path)
+        return backlogs
+
+    async def stop_accepting(
+        self, loop: asyncio.AbstractEventLoop, on_idle: Callable[[], None] | None = None
+    ) -> None:
+        """A reload moved or removed this listener: accept no new connection (the socket
+        file goes at once), but serve the connections open on it, those waiting in the
+        listen backlog included, until their clients close them. Closing them instead
+        would lose what a TCP client sends in the meantime (its writes succeed until the
+        reset). :meth:`close` still drains and closes them at shutdown. ``on_idle`` is
+        called when the last of them closes (not if there is none: see :attr:`idle`)."""
+        backlogs = self._stop_listening()
+        try:
+            for listener in backlogs:
+                while True:
+                    try:
+                        sock, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:
+                        log.warning("%s input: cannot accept a waiting client: %s", self.kind, exc)
+                        break
+                    sock.setblocking(False)
+                    await loop.connect_accepted_socket(self._protocol, sock)
+        finally:
+            for listener in backlogs:
+                listener.close()
+        self._connections.on_idle = on_idle
+
+    @property
+    def idle(self) -> bool:
+        """No connection open or being accepted (a listener a reload retired may go)."""
+        return not self._connections.ready and not self._connections.accepting
+
+    def _drain_backlog(self, listener: socket.socket, deadline: float) -> None:
+        """Accept the connections waiting in the backlog and read what those clients sent."""
+        while time.monotonic() < deadline:
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning(
+                    "%s input: cannot accept a waiting client at shutdown: %s", self.kind, exc
+                )
+                return
+            with sock:
+                sock.setblocking(False)
+                reader = FrameReader(self.kind, self._max, self._intake)
+                self._intake.connection_opened(self.kind)
+                read_buffered(sock, reader.feed, deadline)
+                reader.finish()
+                self._intake.connection_closed(self.kind)
