@@ -36,13 +36,19 @@ class DaemonProcess:
         if wait_ready:
             self.wait_ready()
 
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S, *, metadata: bool = True) -> None:
+        """Until the status pages answer and, if ``metadata``, the first metadata is in
+        (the daemon opens before Kafka answers and holds what it reads until then;
+        tests that count deliveries from the first message wait for it)."""
         deadline = time.monotonic() + timeout_s
-        while not self.answers():
+        while not (self.answers() and (not metadata or self.has_metadata())):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 raise AssertionError(f"pydory serve did not start: {self.log_path.read_text()}")
             time.sleep(0.05)
+
+    def has_metadata(self) -> bool:
+        return bool(self.books().get("metadata_known", True))
 
     def answers(self) -> bool:
         """Whether the status pages answer (the daemon has replayed its spool and opened)."""

@@ -39,13 +39,13 @@ def discarded_after_acceptance(topic_books: dict[str, Any]) -> int:
 
 
 def assert_balanced(snapshot: dict[str, Any]) -> None:
-    """Per topic: accepted == delivered + post-acceptance discards + in flight."""
+    """Per topic: accepted == delivered + possibly delivered + left for the next start +
+    post-acceptance discards + in flight."""
     topics = snapshot["topics"]
     assert isinstance(topics, dict)
     for name, t in topics.items():
-        assert t["accepted"] == t["delivered"] + discarded_after_acceptance(t) + t["in_flight"], (
-            name
-        )
+        settled = t["delivered"] + t["possibly_delivered"] + t["left_for_next_start"]
+        assert t["accepted"] == settled + discarded_after_acceptance(t) + t["in_flight"], name
 
 
 @dataclass

@@ -9,13 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import (
     AFTER_ACCEPTANCE,
     BEFORE_ACCEPTANCE,
+    TOPIC_DISCARDS,
     AccountingError,
+    DiscardEvent,
     DiscardReason,
+    OpenOutcome,
     Transport,
 )
 from pydory.status.discards import discard_report_json, discard_report_plain
@@ -68,6 +72,7 @@ def empty_period(report_id: int, start_time: int) -> dict[str, Any]:
         "possible_duplicate_topic": [],
         "discards_by_reason": {reason.value: 0 for reason in DiscardReason},
         "kafka_error_discards": {},
+        "possibly_delivered_topic": [],
     }
 
 
@@ -92,6 +97,7 @@ def test_reason_and_transport_values_are_the_stable_strings() -> None:
         "failed_delivery_attempts",
         "shutdown_delay",
         "unclean_disconnect",
+        "spool_corrupt",
     ]
     assert [t.value for t in Transport] == ["unix_dgram", "unix_stream", "tcp"]
 
@@ -219,6 +225,31 @@ def test_unclean_disconnect_is_reported_per_stream_transport(
     assert unfinished(books) == expected
 
 
+def test_spool_corrupt_is_a_discard_before_acceptance_with_no_topic() -> None:
+    """A message of the previous run's spool that could not be read back (issue 20)."""
+    events: list[DiscardEvent] = []
+
+    class Sink:
+        def discarded(self, event: DiscardEvent) -> None:
+            events.append(event)
+
+        def possible_duplicate(self, topic: str, client_timestamp_ms: int) -> None:
+            raise AssertionError("not a duplicate")
+
+    books, _ = make_books()
+    books.set_discard_sink(Sink())
+    books.discarded(R.SPOOL_CORRUPT, None, None, prefix=b"\xfe\x00", detail="segment-1 [16, 55)")
+    assert R.SPOOL_CORRUPT in BEFORE_ACCEPTANCE
+    assert R.SPOOL_CORRUPT not in TOPIC_DISCARDS
+    assert unfinished(books) == with_reasons(empty_period(0, 1000), spool_corrupt=1)
+    assert books.per_topic() == {}
+    assert books.lifetime_discards_by_reason()[R.SPOOL_CORRUPT] == 1
+    assert books.counters.get("discarded_spool_corrupt") == 1
+    assert [(e.reason, e.topic, e.message, e.detail) for e in events] == [
+        (R.SPOOL_CORRUPT, None, b"\xfe\x00", "segment-1 [16, 55)")
+    ]
+
+
 def test_possible_duplicates_have_their_own_topic_intervals() -> None:
     books, _ = make_books()
     for ts in (500, 300, 400):
@@ -230,6 +261,69 @@ def test_possible_duplicates_have_their_own_topic_intervals() -> None:
     assert unfinished(books) == expected
     assert books.counters.get("possible_duplicate") == 3
     assert books.lifetime_discards_by_reason() == dict.fromkeys(DiscardReason, 0)
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.events: list[DiscardEvent] = []
+
+    def discarded(self, event: DiscardEvent) -> None:
+        self.events.append(event)
+
+    def possible_duplicate(self, topic: str, client_timestamp_ms: int) -> None:
+        raise AssertionError("not expected here")
+
+
+def test_possibly_delivered_is_its_own_outcome_not_a_discard() -> None:
+    books, _ = make_books()
+    sink = RecordingSink()
+    books.set_discard_sink(sink)
+    books.accepted("t", 3)
+    books.delivered("t")
+    books.possibly_delivered("t", 700, b"value", b"key", "_MSG_TIMED_OUT")
+    totals = books.per_topic()["t"]
+    assert (totals.delivered, totals.possibly_delivered, totals.in_flight) == (1, 1, 1)
+    assert totals.discarded_after_acceptance == 0
+    assert books.lifetime_discards_by_reason() == dict.fromkeys(DiscardReason, 0)
+    expected = empty_period(0, 1000)
+    expected["possibly_delivered_topic"] = [
+        {"topic": "t", "min_timestamp": 700, "max_timestamp": 700, "count": 1}
+    ]
+    assert unfinished(books) == expected
+    assert "possibly delivered topic: 1[t]" in discard_report_plain(books.discard_report())
+    assert books.counters.get(counter_names.POSSIBLY_DELIVERED) == 1
+    (event,) = sink.events
+    assert (event.reason, event.topic, event.key, event.message, event.detail) == (
+        OpenOutcome.POSSIBLY_DELIVERED,
+        "t",
+        b"key",
+        b"value",
+        "_MSG_TIMED_OUT",
+    )
+
+
+def test_left_for_next_start_is_neither_a_discard_nor_in_the_report() -> None:
+    books, _ = make_books()
+    sink = RecordingSink()
+    books.set_discard_sink(sink)
+    books.accepted("t", 4)
+    books.left_for_next_start("t", 3)
+    totals = books.per_topic()["t"]
+    assert (totals.left_for_next_start, totals.in_flight) == (3, 1)
+    assert unfinished(books) == empty_period(0, 1000)
+    assert sink.events == []
+    assert books.counters.get(counter_names.LEFT_FOR_NEXT_START) == 3
+
+
+def test_an_open_outcome_without_a_message_in_flight_is_a_bug() -> None:
+    books, _ = make_books()
+    books.accepted("t", 1)
+    books.left_for_next_start("t")
+    with pytest.raises(AccountingError):
+        books.left_for_next_start("t")
+    with pytest.raises(AccountingError):
+        books.possibly_delivered("t", 1, b"", b"", "_MSG_TIMED_OUT")
+    assert books.per_topic()["t"].left_for_next_start == 1
 
 
 def test_topic_intervals_are_sorted_by_topic() -> None:
@@ -509,8 +603,10 @@ def test_json_of_a_scripted_scenario_matches_the_hand_written_report() -> None:
                 "failed_delivery_attempts": 0,
                 "shutdown_delay": 0,
                 "unclean_disconnect": 1,
+                "spool_corrupt": 0,
             },
             "kafka_error_discards": {},
+            "possibly_delivered_topic": [],
         },
         "finished_report": {
             "id": 0,
@@ -549,8 +645,10 @@ def test_json_of_a_scripted_scenario_matches_the_hand_written_report() -> None:
                 "failed_delivery_attempts": 0,
                 "shutdown_delay": 0,
                 "unclean_disconnect": 0,
+                "spool_corrupt": 0,
             },
             "kafka_error_discards": {"MSG_SIZE_TOO_LARGE": 1},
+            "possibly_delivered_topic": [],
         },
     }
 

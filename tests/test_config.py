@@ -261,9 +261,27 @@ def test_unspecified_mode_means_umask() -> None:
 
 
 def test_empty_path_and_empty_port_turn_inputs_off() -> None:
-    config = parse_config(socket_section(path="", port=""))
+    config = parse_config(socket_section(path=""))
     assert config.inputs.unix_stream.path is None
+    config = parse_config(socket_section(port=""))
     assert config.inputs.tcp.port is None
+
+
+def test_an_input_section_that_enables_nothing_is_refused_as_dory_does() -> None:
+    """Dory (conf.cc, TNoInputSource): "Input sources config must enable at least one of
+    {unixDatagram, unixStream, tcp}"."""
+    error = the_error(socket_section(path="", port=""))
+    assert error.reason == (
+        "Input sources config must enable at least one of {unixDatagram, unixStream, tcp}"
+    )
+    assert error.path == "/doryConfig/inputSources"
+    disabled = with_section("""
+    <inputSources>
+        <unixDatagram enable="false"><path value="/run/d" /></unixDatagram>
+        <unixStream enable="false"><path value="/run/s" /></unixStream>
+        <tcp enable="false"><port value="9000" /></tcp>
+    </inputSources>""")
+    assert the_error(disabled).reason.startswith("Input sources config must enable")
 
 
 def test_enabled_inputs() -> None:
@@ -426,19 +444,81 @@ def test_unknown_top_level_section() -> None:
     assert error.reason.startswith("Unknown element [kafka]")
 
 
-def test_unknown_attribute() -> None:
+def test_unknown_attribute_is_ignored_with_a_warning_as_dory_ignores_it() -> None:
+    """Dory reads the attributes it knows and never looks at others (TAttrReader)."""
     text = replaced(
         '<messageMaxBytes value="1000000" />', '<messageMaxBytes value="1000000" unit="b" />'
     )
+    config = parse_config(text)
+    assert config.batching.message_max_bytes == 1_000_000
+    line, column = position_of(text, "messageMaxBytes")
+    assert config.warnings == (
+        f"Warning in config file: (line {line}, column {column}) "
+        "/doryConfig/batching/messageMaxBytes: Unknown attribute [unit]: expected one of: "
+        "value; ignored, as Dory ignores it",
+    )
+    assert config == parse_config(MINIMAL)  # warnings aside, the same config
+
+
+def test_unknown_attribute_on_a_container_is_ignored_with_a_warning() -> None:
+    config = parse_config(MINIMAL.replace("<namedConfigs>", '<namedConfigs kind="x">', 1))
+    assert len(config.warnings) == 1
+    assert "/doryConfig/batching/namedConfigs: Unknown attribute [kind]" in config.warnings[0]
+
+
+def test_what_dory_accepts_loads() -> None:
+    """Issue 22: a rack on a broker, any extra attribute on <maxBuffer>, syslog's three
+    most severe levels, gzip level 10 all load in Dory 3.2.6; so they do here."""
+    text = replaced(
+        '<broker host="127.0.0.1" port="9092" />',
+        '<broker host="127.0.0.1" port="9092" rack="r1" />',
+    )
+    text = replaced(
+        "    <initialBrokers>",
+        """    <inputConfig>
+        <maxBuffer value="1m" comment="one megabyte" />
+    </inputConfig>
+    <initialBrokers>""",
+        text,
+    )
+    text = replaced(
+        '<config name="plain" type="none" />',
+        '<config name="plain" type="gzip" minSize="0" level="10" />',
+        text,
+    )
+    config = parse_config(text)
+    assert config.initial_brokers == (Broker("127.0.0.1", 9092),)
+    assert config.input_config.max_buffer == 1024 * 1024
+    assert config.compression.default_topic.level is None  # zlib's default, as Dory's gzip codec
+    assert [w.split(") ", 1)[1].split(": ", 1)[0] for w in config.warnings] == [
+        "/doryConfig/compression/namedConfigs/config[@name=plain]",
+        "/doryConfig/inputConfig/maxBuffer",
+        "/doryConfig/initialBrokers/broker",
+    ]
+    for level in ("EMERG", "ALERT", "CRIT"):
+        logging_section = f'    <logging>\n        <level value="{level}" />\n    </logging>'
+        config = parse_config(with_section(logging_section))
+        assert config.logging.level is LogLevel(level)
+        assert config.warnings == ()
+
+
+def test_an_unknown_attribute_in_pydorys_own_sections_is_still_an_error() -> None:
+    """Dory never reads <spool>, <quotas> or <librdkafka>: nothing there is Dory's to
+    ignore, and a typo must not pass silently."""
+    text = with_section(
+        '    <spool enable="false" fsynch="always">\n        <path value="" />\n    </spool>'
+    )
     error = the_error(text)
-    assert error.reason.startswith("Unknown attribute [unit]")
-    assert error.path == "/doryConfig/batching/messageMaxBytes"
+    assert error.reason.startswith("Unknown attribute [fsynch]")
+    assert error.path == "/doryConfig/spool"
 
 
-def test_unknown_attribute_on_a_container() -> None:
-    error = the_error(MINIMAL.replace("<namedConfigs>", '<namedConfigs kind="x">', 1))
-    assert error.reason.startswith("Unknown attribute [kind]")
-    assert error.path == "/doryConfig/batching/namedConfigs"
+def test_http_port_0_is_refused_as_dory_does() -> None:
+    """Dory: "HTTP interface port must be > 0"."""
+    text = with_section('    <httpInterface>\n        <port value="0" />\n    </httpInterface>')
+    error = the_error(text)
+    assert error.path == "/doryConfig/httpInterface/port"
+    assert "at least 1" in error.reason
 
 
 @pytest.mark.parametrize("value", ["12x3", "1.5", "-1", "0x10", "1_000", "+5"])
@@ -496,10 +576,28 @@ def test_size_threshold_percent_above_100() -> None:
     assert "at most 100" in error.reason
 
 
-@pytest.mark.parametrize(
-    ("codec", "level", "bound"),
-    [("gzip", "12", "9"), ("gzip", "-2", "-1"), ("zstd", "13", "12"), ("lz4", "13", "12")],
-)
+@pytest.mark.parametrize("level", ["10", "12", "-2", "2147483647"])
+def test_gzip_level_outside_zlibs_range_takes_the_default_with_a_warning(level: str) -> None:
+    """Dory's gzip codec (GetRealCompressionLevel): a level outside 0..9 means zlib's
+    default level."""
+    text = replaced(
+        '<config name="plain" type="none" />',
+        f'<config name="plain" type="gzip" minSize="0" level="{level}" />',
+    )
+    config = parse_config(text)
+    assert config.compression.default_topic.level is None
+    assert f"gzip level [{level}] is outside zlib's 0..9" in config.warnings[0]
+
+
+def test_a_level_that_is_no_integer_is_refused_as_dory_does() -> None:
+    text = replaced(
+        '<config name="plain" type="none" />',
+        '<config name="plain" type="gzip" minSize="0" level="fast" />',
+    )
+    assert "[level]" in the_error(text).reason
+
+
+@pytest.mark.parametrize(("codec", "level", "bound"), [("zstd", "13", "12"), ("lz4", "13", "12")])
 def test_compression_level_out_of_range(codec: str, level: str, bound: str) -> None:
     text = replaced(
         '<config name="plain" type="none" />',
@@ -511,12 +609,15 @@ def test_compression_level_out_of_range(codec: str, level: str, bound: str) -> N
     assert bound in error.reason
 
 
-def test_level_is_refused_for_codecs_without_levels() -> None:
+def test_level_is_ignored_with_a_warning_for_codecs_without_levels() -> None:
+    """Dory reads the level of any codec and uses it only for gzip."""
     text = replaced(
         '<config name="plain" type="none" />',
         '<config name="plain" type="snappy" minSize="0" level="3" />',
     )
-    assert "not supported for compression type snappy" in the_error(text).reason
+    config = parse_config(text)
+    assert config.compression.default_topic.level is None
+    assert "Attribute [level] ignored for compression type snappy" in config.warnings[0]
 
 
 def test_unknown_compression_type() -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import UnixStreamSender
@@ -205,6 +206,7 @@ def test_every_discard_reason_is_counted_exactly_once_per_message(
     final = daemon.server.snapshot()
     every_reason_once = Counter({str(reason): 1 for reason in DiscardReason})
     every_reason_once[str(DiscardReason.BAD_TOPIC)] = 2  # an illegal name and an unknown topic
+    every_reason_once[str(DiscardReason.SPOOL_CORRUPT)] = 0  # no spool here (test_spool_recovery)
     assert Counter(final["discards"]) == every_reason_once
     for name, reasons in expected_per_topic.items():
         assert Counter(final["topics"][name]["discarded"]) == reasons, name
@@ -571,8 +573,43 @@ class RecordingLedger:
     ) -> None:
         self.outcomes.append(str(reason))
 
+    def possibly_delivered(
+        self, topic: str, timestamp_ms: int, message: Any, detail: str, cost: int, token: int
+    ) -> None:
+        self.outcomes.append("possibly_delivered")
+
+    def left_for_next_start(self, topic: str, cost: int, token: int) -> None:
+        self.outcomes.append("left_for_next_start")
+
     def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
         self.outcomes.append("possible_duplicate")
+
+
+def test_a_poll_timer_armed_for_a_time_already_past_is_moved_on_uvloop(
+    mock_cluster: MockCluster,
+) -> None:
+    """uvloop's call_at returns a plain Handle (no ``when()``) for a time already past; the
+    next arming must still compare due times (an AttributeError here stopped the loop's
+    poll in 3 of 4 broker-fault runs)."""
+    dispatcher = Dispatcher(
+        DeliverySettings(mock_cluster.bootstrap_servers),
+        lambda topic: ProducerProfile(linger_ms=5, batch_messages=100, batch_bytes=100_000),
+        Router(MetadataSnapshot.build({1: "b1"}, {})),
+        RecordingLedger(),
+    )
+    polled = asyncio.Event()
+
+    async def arm_in_the_past_then_again() -> None:
+        loop = asyncio.get_running_loop()
+        dispatcher.start(loop)
+        dispatcher._arm_poll_timer(-1.0)
+        dispatcher._arm_poll_timer(0.005)
+        loop.call_soon(polled.set)
+        await asyncio.wait_for(polled.wait(), 10)
+        await dispatcher.shutdown(max_delay_s=1.0)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(arm_in_the_past_then_again())
 
 
 @pytest.mark.parametrize(
@@ -648,6 +685,7 @@ def test_delivery_reports_are_served_and_settled_on_the_loop_thread_in_batches(
 #: The shutdown totals line pydory logs at NOTICE for every topic.
 TOTALS_LINE = re.compile(
     r"topic (?P<topic>\S+): accepted (?P<accepted>\d+), delivered (?P<delivered>\d+), "
+    r"possibly delivered (?P<possibly>\d+), left for next start (?P<left>\d+), "
     r"discarded (?P<discarded>\{.*\}), in flight (?P<in_flight>\d+)"
 )
 #: The (reason, count) pairs in the logged discard dict.
@@ -794,12 +832,13 @@ def test_sigterm_under_load_with_slow_brokers_exits_in_time_with_every_message_r
     totals = matches[0]
     assert totals["topic"] == topic
     accepted, delivered = int(totals["accepted"]), int(totals["delivered"])
+    possibly = int(totals["possibly"])
     discards = dict(DISCARD_COUNTS.findall(totals["discarded"]))
-    assert int(totals["in_flight"]) == 0
-    assert set(discards) == {str(DiscardReason.SHUTDOWN_DELAY)}
-    shutdown_discards = int(discards[str(DiscardReason.SHUTDOWN_DELAY)])
-    assert shutdown_discards > 0
-    assert accepted == delivered + shutdown_discards
+    assert (int(totals["in_flight"]), int(totals["left"])) == (0, 0)  # no spool here
+    assert set(discards) <= {str(DiscardReason.SHUTDOWN_DELAY)}
+    shutdown_discards = int(discards.get(str(DiscardReason.SHUTDOWN_DELAY), 0))
+    assert shutdown_discards + possibly > 0
+    assert accepted == delivered + possibly + shutdown_discards
     assert 10_000 <= accepted <= len(client.attempted)
     for broker in mock_cluster.broker_ids:
         mock_cluster.set_rtt(broker, 0)
@@ -807,10 +846,10 @@ def test_sigterm_under_load_with_slow_brokers_exits_in_time_with_every_message_r
     values = [r.value for r in records]
     assert len(set(values)) == len(values), "a message was stored twice"
     assert set(values) <= set(client.attempted)
-    # Messages purged while in flight were reported as shutdown_delay discards, yet the
-    # broker may have written them (it only answered late): Kafka holds every delivered
-    # message and at most the purged ones besides.
-    assert delivered <= len(values) <= accepted
+    # Messages purged while in flight may have been written (the broker only answered
+    # late): they are possibly delivered, never shutdown_delay discards. Kafka holds every
+    # delivered message and at most the possibly delivered ones besides.
+    assert delivered <= len(values) <= delivered + possibly
 
 
 def test_a_config_error_stops_the_daemon_naming_the_element_and_line(

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pydory.client import DatagramSender
+from pydory.daemon.books.events import DiscardReason
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
@@ -231,3 +232,38 @@ def test_the_dashboard_is_live_in_chromium(daemon: RunningDaemon, topics: list[s
             assert errors == []
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_before_any_metadata_the_dashboard_says_so_and_counts_what_waits(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    assert CHROMIUM.exists(), "Debian's chromium is missing: `./dev test` installs it"
+    from playwright.sync_api import expect, sync_playwright
+
+    with socket.socket() as closed:  # a port nothing listens on: no broker answers
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{closed.getsockname()[1]}"
+    config = DaemonConfig(nowhere, str(tmp_path_factory.mktemp("s", numbered=True)))
+    daemon = RunningDaemon(config).start(wait_for_metadata=False)
+    try:
+        with DatagramSender(config.datagram_path) as sender:
+            for i in range(3):
+                sender.send("anywhere", b"waits %d" % i)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(PAGE_TIMEOUT_MS)
+                page.goto(f"http://127.0.0.1:{port_of(daemon)}/")
+                updated = page.locator('#metadata-facts dd[data-fact="last updated"]')
+                expect(updated).to_have_text("no metadata yet (3 messages waiting)")
+                expect(updated).to_have_class("warn")
+            finally:
+                browser.close()
+    finally:
+        daemon.stop()
+    # Stopped before any metadata: what waited was settled (no spool: shutdown_delay).
+    totals = daemon.server.books.per_topic()["anywhere"]
+    assert totals.discarded_by_reason == {DiscardReason.SHUTDOWN_DELAY: 3}
+    assert totals.in_flight == 0

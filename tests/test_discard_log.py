@@ -36,11 +36,12 @@ from pydory.daemon.books.discard_log import (
     DiscardLogFile,
     DiscardLogLines,
     PossibleDuplicate,
+    describe_discard,
     dory_info,
     format_line,
 )
 from pydory.daemon.books.discard_log import DiscardLogRotatingFile as RotatingFile
-from pydory.daemon.books.events import DiscardEvent, DiscardReason, Transport
+from pydory.daemon.books.events import DiscardEvent, DiscardReason, OpenOutcome, Transport
 from pydory.daemon.logsetup import configure_logging
 from pydory.testing.daemon import DaemonConfig, running_daemon
 from pydory.testing.mock_cluster import MockCluster
@@ -139,6 +140,17 @@ def test_a_possible_duplicate_is_a_dup_line() -> None:
     assert parse(line) == Line(NOW_MS, TS_MS, "DUP", "NONE", "events", b"", b"")
 
 
+def test_a_possibly_delivered_message_is_a_maybe_line_with_the_clients_bytes() -> None:
+    maybe = DiscardEvent(
+        OpenOutcome.POSSIBLY_DELIVERED, "events", TS_MS, b"k", b"v", "_MSG_TIMED_OUT", None, None
+    )
+    line = parse(format_line(NOW_MS, maybe, 256))
+    assert line == Line(
+        NOW_MS, TS_MS, "MAYBE", "POSSIBLY_DELIVERED(_MSG_TIMED_OUT)", "events", b"k", b"v"
+    )
+    assert describe_discard(maybe).startswith("possibly delivered a message (possibly_delivered")
+
+
 @pytest.mark.parametrize(
     ("discard", "info"),
     [
@@ -149,6 +161,7 @@ def test_a_possible_duplicate_is_a_dup_line() -> None:
         (event(DiscardReason.RATE_LIMIT), "RATE_LIMIT"),
         (event(DiscardReason.FAILED_DELIVERY_ATTEMPTS), "DELIVERY_ATTEMPT_LIMIT"),
         (event(DiscardReason.SHUTDOWN_DELAY), "SERVER_SHUTDOWN"),
+        (event(DiscardReason.SPOOL_CORRUPT, None, None, message=b"\xfe\0"), "SPOOL_CORRUPT"),
         (
             event(DiscardReason.UNSUPPORTED_API_KEY, message=struct.pack(">ihh", 8, 300, 0)),
             "API_KEY(300)",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from pydory.testing.kafka_broker import (
     KafkaCluster,
     find_kafka_jars,
     kafka_version,
+    new_cluster_id,
 )
 from pydory.testing.kafka_util import DeliveryFailed, consume_all, produce_all, unique_topic
 
@@ -49,6 +52,19 @@ def java_processes_under(directory: Path) -> list[int]:
         if str(directory).encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One random id in 64 would (``kafka-storage format`` then reads it as an option): the
+    id is drawn again, as Kafka's own Uuid.randomUuid() does."""
+    dash_first = uuid.UUID(bytes=b"\xf8" + bytes(15))  # base64 "-A..."
+    fresh = uuid.UUID(int=1)
+    draws = iter([dash_first, fresh])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(draws))
+    assert base64.urlsafe_b64encode(dash_first.bytes).startswith(b"-")
+    cluster_id = new_cluster_id()
+    assert cluster_id == base64.urlsafe_b64encode(fresh.bytes).decode().rstrip("=")
+    assert len(cluster_id) == 22
 
 
 def test_the_jars_are_apache_kafka_4() -> None:

@@ -28,6 +28,7 @@ from pydory.daemon.delivery.kafka_stats import BrokerStats, StatsSnapshot, Topic
 from pydory.daemon.delivery.router import MetadataSnapshot
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome
 from pydory.status.metrics import DaemonCollector, build_registry
+from pydory.status.pages import StatusPages
 from pydory.status.view import DaemonView
 from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.mock_cluster import MockCluster
@@ -203,6 +204,7 @@ def test_brokers_rtt_errors_and_state_leave_out_bootstrap_entries(scraped: Sampl
 
 
 def test_metadata_times_and_identity(scraped: Samples) -> None:
+    assert value(scraped, "pydory_metadata_known") == 1
     assert value(scraped, "pydory_metadata_age_seconds") == 30
     assert value(scraped, "pydory_metadata_last_updated_timestamp_seconds") == NOW - 30
     assert value(scraped, "pydory_metadata_last_modified_timestamp_seconds") == NOW - 90
@@ -211,6 +213,30 @@ def test_metadata_times_and_identity(scraped: Samples) -> None:
     build = [labels for name, labels in scraped if name == "pydory_build_info"]
     assert len(build) == 1
     assert dict(build[0])["version"]
+
+
+def test_before_the_first_metadata_every_page_says_there_is_none_yet(
+    fake_server: DaemonView,
+) -> None:
+    """No broker has answered since start-up: the daemon serves all the same, and says so."""
+    never = SimpleNamespace(
+        last_updated_ms=None, last_modified_ms=None, fetch_failures=3, fetch_successes=0
+    )
+    view = dataclasses.replace(fake_server, metadata=never)
+    samples = parse(generate_latest(DaemonCollector(view, clock=lambda: NOW)).decode())
+    assert value(samples, "pydory_metadata_known") == 0
+    assert "pydory_metadata_age_seconds" not in names(samples)
+    assert value(samples, "pydory_queue_new_messages") == 3  # what waits for it
+    pages = StatusPages(view, clock=lambda: NOW)
+    books = pages.books_json()
+    assert books["metadata_known"] is False
+    assert books["waiting_for_metadata"] == 3
+    assert pages.dashboard_json()["metadata"]["known"] is False
+    assert pages.metadata_fetch_time_json()["last_updated"] == 0  # Dory's "never"
+    plain = pages.metadata_fetch_time_plain()
+    assert "metadata last updated at (milliseconds since epoch): 0 (no metadata yet)" in plain
+    # Once it is in, /books/json says so.
+    assert StatusPages(fake_server, clock=lambda: NOW).books_json()["metadata_known"] is True
 
 
 def test_commit_point(scraped: Samples) -> None:

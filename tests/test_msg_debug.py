@@ -35,24 +35,41 @@ from pydory.wire import encode_any_partition, encode_partition_key
 NOW_S = 1_795_246_679.301
 LINE = re.compile(
     rb"ts: (-?\d+) topic: (\d+)\[([^]]*)\] key: (\d+)\[([^]]*)\] value: (\d+)\[([^]]*)\]"
-    rb"( partition: (\d+))? now: (\d+)\n"
+    rb"(?:( partition: (\d+))? now: (\d+))?\n"
 )
 
 
 # --- the line ------------------------------------------------------------------------------
 
 
-def test_a_line_has_dorys_fields_then_partition_and_now() -> None:
-    line = format_line(1795246679208, "clock", b"", b"hello", 3, 1795246679301)
+def test_a_line_is_exactly_dorys() -> None:
+    """Dory's debug_logger.cc: ts, topic, key, value, nothing after."""
+    line = format_line(1795246679208, "clock", b"", b"hello", partition=3)
+    assert line == b"ts: 1795246679208 topic: 5[clock] key: 0[] value: 8[aGVsbG8=]\n"
+
+
+def test_with_the_extra_fields_partition_and_now_follow() -> None:
+    line = format_line(1795246679208, "clock", b"", b"hello", partition=3, now_ms=1795246679301)
     assert line == (
         b"ts: 1795246679208 topic: 5[clock] key: 0[] value: 8[aGVsbG8=] partition: 3"
         b" now: 1795246679301\n"
     )
 
 
+def test_lines_are_dorys_unless_the_extra_fields_are_asked_for() -> None:
+    for extra in (False, True):
+        sinks = [ListSink() for _ in FILE_NAMES]
+        config = MsgDebugConfig("/nowhere", extra_fields=extra)
+        msg_debug = MsgDebug(config, Counters(), writers=sinks, wall_clock=lambda: NOW_S)
+        msg_debug.add_topic("a")
+        msg_debug.acknowledged("a", 2, b"k", b"v", 11)
+        [line] = sinks[Stage.ACKNOWLEDGED].lines
+        assert line.endswith(b" partition: 2 now: 1795246679301\n" if extra else b"[dg==]\n")
+
+
 def test_key_and_value_are_base64_and_partition_only_when_known() -> None:
     key, value = b"\x00\xffk\n", bytes(range(256))
-    line = format_line(-1, "t", key, memoryview(value), None, 7)
+    line = format_line(-1, "t", key, memoryview(value), now_ms=7)
     match = LINE.fullmatch(line)
     assert match is not None
     assert match.group(8) is None  # no partition before routing
@@ -142,7 +159,7 @@ def traced(time_limit_s: int = 60, byte_limit: int = 10_000) -> Traced:
     sinks = [ListSink() for _ in FILE_NAMES]
     timers = Timers()
     msg_debug = MsgDebug(
-        MsgDebugConfig("/nowhere", time_limit_s, byte_limit),
+        MsgDebugConfig("/nowhere", time_limit_s, byte_limit, extra_fields=True),
         Counters(),
         writers=sinks,
         schedule=timers.schedule,
@@ -177,8 +194,9 @@ def test_each_stage_goes_to_its_file() -> None:
     t.msg_debug.sent("a", 2, b"k", b"v", 11)
     t.msg_debug.acknowledged("a", 2, b"k", b"v", 11)
     received, sent, acked = (s.lines for s in t.sinks)
-    assert received == [format_line(11, "a", b"k", b"v", None, int(NOW_S * 1000))]
-    assert sent == acked == [format_line(11, "a", b"k", b"v", 2, int(NOW_S * 1000))]
+    now_ms = int(NOW_S * 1000)
+    assert received == [format_line(11, "a", b"k", b"v", now_ms=now_ms)]
+    assert sent == acked == [format_line(11, "a", b"k", b"v", partition=2, now_ms=now_ms)]
     assert t.msg_debug.bytes_written == sum(len(line) for s in t.sinks for line in s.lines)
 
 
@@ -199,7 +217,7 @@ def test_the_time_limit_clears_the_selection() -> None:
 
 
 def test_the_byte_limit_stops_before_a_line_that_would_pass_it() -> None:
-    size = len(format_line(1, "a", b"", b"x" * 30, None, int(NOW_S * 1000)))
+    size = len(format_line(1, "a", b"", b"x" * 30, now_ms=int(NOW_S * 1000)))
     t = traced(byte_limit=3 * size + size // 2)
     t.msg_debug.add_all_topics()
     for _ in range(5):

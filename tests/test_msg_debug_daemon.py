@@ -30,8 +30,10 @@ from pydory.testing.mock_cluster import MockCluster
 FILES = ("msg_receive", "msg_send", "msg_got_ack")
 LINE = re.compile(
     r"ts: (?P<ts>-?\d+) topic: \d+\[(?P<topic>[^]]*)\] key: \d+\[(?P<key>[^]]*)\]"
-    r" value: \d+\[(?P<value>[^]]*)\]( partition: (?P<partition>\d+))? now: \d+"
+    r" value: \d+\[(?P<value>[^]]*)\](?:( partition: (?P<partition>\d+))? now: \d+)?"
 )
+#: Dory's line exactly (debug_logger.cc), the default.
+DORY_LINE = re.compile(r"ts: -?\d+ topic: \d+\[[^]]*\] key: \d+\[[^]]*\] value: \d+\[[^]]*\]")
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -324,7 +326,12 @@ def test_a_message_is_traced_through_all_three_files_on_kafka(
     traced_topic, other_topic = unique_topic("md-traced"), unique_topic("md-other")
     kafka_broker.create_topic(traced_topic, 3)
     kafka_broker.create_topic(other_topic, 3)
-    config = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir, msg_debug_path=str(tmp_path))
+    config = DaemonConfig(
+        kafka_broker.bootstrap_servers,
+        socket_dir,
+        msg_debug_path=str(tmp_path),
+        msg_debug_extra_fields=True,  # the partition, to compare with Kafka's
+    )
     sent = [
         (b"key-%d" % i if i % 2 else b"", b"value-\x00\xff-%d" % i, 1_795_000_000_000 + i)
         for i in range(6)
@@ -361,3 +368,32 @@ def test_a_message_is_traced_through_all_three_files_on_kafka(
             expected_partition = None if name == "msg_receive" else record.partition
             assert line.partition == expected_partition, (name, line)
     assert all(line.topic == traced_topic for name in FILES for line in lines[name])
+
+
+@pytest.mark.kafka
+def test_lines_are_dorys_and_msg_got_ack_has_the_clients_timestamp_on_a_log_append_topic(
+    kafka_broker: KafkaCluster, unique_topic: Callable[[str], str], socket_dir: str, tmp_path: Path
+) -> None:
+    """Dory's lines, exactly, by default; and every file logs the client's timestamp, also
+    where Kafka stamps the record with its own append time (pydory logged the broker's in
+    msg_got_ack: the delivery report's timestamp is the log's)."""
+    topic = unique_topic("md-append")
+    kafka_broker.create_topic(topic, 1, config={"message.timestamp.type": "LogAppendTime"})
+    config = DaemonConfig(kafka_broker.bootstrap_servers, socket_dir, msg_debug_path=str(tmp_path))
+    client_ms = [1_700_000_000_000 + i for i in range(3)]
+    with running_daemon(config) as daemon:
+        answer(daemon, f"/msg_debug/add_topic/{topic}")
+        with UnixStreamSender(config.stream_path) as sender:
+            for i, timestamp_ms in enumerate(client_ms):
+                sender.send(topic, b"v%d" % i, timestamp_ms=timestamp_ms)
+        wait_until(settled(daemon, topic, 3), what="deliveries")
+        read = lines_of(tmp_path)
+        wait_until(lambda: all(len(lines) == 3 for lines in read().values()), what="9 lines")
+        lines = read()
+
+    records = consume_all(kafka_broker.bootstrap_servers, topic, 3)
+    assert all(r.timestamp_ms > client_ms[-1] for r in records)  # the broker's append time
+    for name in FILES:
+        text = (tmp_path / name).read_text("ascii").splitlines()
+        assert all(DORY_LINE.fullmatch(line) for line in text), text
+        assert sorted(line.timestamp_ms for line in lines[name]) == client_ms, name

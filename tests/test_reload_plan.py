@@ -33,6 +33,19 @@ def test_the_same_file_changes_nothing() -> None:
     assert plan.effective == config()
 
 
+def test_a_file_that_only_adds_what_dory_ignores_changes_nothing_and_brings_its_warnings() -> None:
+    running = config()
+    rendered = DaemonConfig("127.0.0.1:9092", "/run/pydory", tcp_port=7000, http_port=7001)
+    text = rendered.render().replace(
+        '<broker host="127.0.0.1"', '<broker rack="r1" host="127.0.0.1"'
+    )
+    loaded = parse_config(text, source="<test>")
+    assert loaded.warnings
+    plan = plan_reload(running, loaded)
+    assert (plan.changed, plan.restart_needed) == ((), ())
+    assert plan.effective.warnings == loaded.warnings
+
+
 def test_reloadable_sections_take_the_new_values() -> None:
     new = config(
         compression="zstd",

@@ -24,6 +24,8 @@ from pydory.daemon.spool.records import (
     FRAME_HEADER_BYTES,
     HEADER_BYTES,
     MAGIC,
+    MIN_FRAME_BYTES,
+    SYNC_MARKER,
     SpoolRecord,
     decode_records,
     encode_payloads,
@@ -117,17 +119,34 @@ def test_records_the_format_cannot_carry_are_refused(record: SpoolRecord) -> Non
         encode_records([record])
 
 
-def test_frame_layout_is_length_crc_body() -> None:
-    """The documented layout: u32 length, u32 crc32(body), body (big-endian)."""
+def test_frame_layout_is_marker_sequence_length_crc_body() -> None:
+    """The documented layout (version 2): the sync marker, u32 sequence, u32 length,
+    u32 crc32(body) XOR sequence, body (big-endian)."""
     import zlib
 
-    data = encode_records([SpoolRecord("ab", b"K", b"VV", 5, 9)])
-    length = int.from_bytes(data[0:4], "big")
+    data = encode_records([SpoolRecord("ab", b"K", b"VV", 5, 9)], first_sequence=7)
+    assert data[0:4] == SYNC_MARKER == b"\xfe\xd5\x0c\xa7"
+    assert int.from_bytes(data[4:8], "big") == 7
+    length = int.from_bytes(data[8:12], "big")
     assert length == len(data) - FRAME_HEADER_BYTES == 23 + 2 + 1 + 2
-    assert int.from_bytes(data[4:8], "big") == zlib.crc32(data[8:])
-    assert data[8] == 1  # flags: has a partition key
-    assert int.from_bytes(data[9:17], "big", signed=True) == 5
-    assert int.from_bytes(data[17:21], "big") == 9
+    assert int.from_bytes(data[12:16], "big") == zlib.crc32(data[16:]) ^ 7
+    assert data[16] == 1  # flags: has a partition key
+    assert int.from_bytes(data[17:25], "big", signed=True) == 5
+    assert int.from_bytes(data[25:29], "big") == 9
+    # Payload frames: the same header, numbered on from first_sequence.
+    payloads = encode_payloads([b"x", b"yy"], first_sequence=3)
+    assert payloads[4:8] == (3).to_bytes(4, "big")
+    second = FRAME_HEADER_BYTES + 23 + 1
+    assert payloads[second : second + 4] == SYNC_MARKER
+    assert payloads[second + 4 : second + 8] == (4).to_bytes(4, "big")
+
+
+def test_decode_checks_the_sequence() -> None:
+    data = encode_records(records(2), first_sequence=5)
+    assert decode_records(data) == (records(2), len(data), None)  # any first sequence
+    assert decode_records(data, first_sequence=5) == (records(2), len(data), None)
+    got, consumed, why = decode_records(data, first_sequence=4)
+    assert (got, consumed, why) == ([], 0, "frame 5 at offset 0 where 4 was due")
 
 
 def test_decode_stops_at_a_cut_and_reports_why() -> None:
@@ -197,11 +216,18 @@ def test_fuzz_mutated_valid_frames_never_raise(
     check_decodes_or_reports(bytes(encoded))
 
 
-def forge_frame(body: bytes) -> bytes:
+def forge_frame(body: bytes, sequence: int = 0) -> bytes:
     """A frame with a correct CRC around any body: reaches the checks behind the CRC."""
     import zlib
 
-    return len(body).to_bytes(4, "big") + zlib.crc32(body).to_bytes(4, "big") + body
+    crc = zlib.crc32(body) ^ sequence
+    return (
+        SYNC_MARKER
+        + sequence.to_bytes(4, "big")
+        + len(body).to_bytes(4, "big")
+        + crc.to_bytes(4, "big")
+        + body
+    )
 
 
 @pytest.mark.parametrize(
@@ -489,29 +515,28 @@ def test_property_a_cut_inside_the_last_record_keeps_all_the_others(
         assert spool.recovery_report.truncated_bytes == cut - last_start
 
 
-def test_a_flipped_byte_truncates_from_its_record_and_keeps_the_earlier_ones(
-    spool_dir: Path,
-) -> None:
+def test_a_flipped_byte_loses_its_record_only_and_counts_it(spool_dir: Path) -> None:
     first, second = records(3), records(3, start=3)
     path = write_segment(spool_dir, [first, second])
     good = HEADER_BYTES + len(encode_records(first))
     size = path.stat().st_size
+    damaged = good + len(encode_records(second[:1]))
     with path.open("r+b") as file:
-        file.seek(good + len(encode_records(second[:1])) + 20)  # inside record 5 of 6
+        file.seek(damaged + 20)  # inside record 5 of 6
         byte = file.read(1)
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([byte[0] ^ 1]))
     spool, recovered = recover_all(spool_dir)
-    cut = good + len(encode_records(second[:1]))
-    assert recovered == [*first, second[0]]
+    assert recovered == [*first, second[0], second[2]]  # only the damaged one is missing
     report = spool.recovery_report
-    assert (report.segments, report.repaired_segments, report.truncated_bytes) == (
-        1,
-        1,
-        size - cut,
-    )
-    assert "bad CRC" in report.problems[0]
-    assert path.stat().st_size == cut
+    assert (report.segments, report.repaired_segments, report.truncated_bytes) == (1, 0, 0)
+    assert (report.corrupt_messages, report.corrupt_regions) == (1, 1)
+    end = damaged + len(encode_records(second[1:2]))
+    assert report.problems == [
+        f"{path.name}: bad CRC at offset {damaged}: 1 message(s) lost in bytes "
+        f"[{damaged}, {end}); saved as corrupt/{path.name}.{damaged}-{end}.corrupt"
+    ]
+    assert path.stat().st_size == size  # nothing cut: the segment goes after the replay
     spool.close()
 
 
@@ -534,11 +559,17 @@ def test_files_without_a_header_are_removed_and_counted(spool_dir: Path) -> None
     assert report.removed_segments == 3
     assert report.segments == 2  # segment 1, and the header-only one (no records)
     assert report.truncated_bytes == 0 + 5 + 5000
-    assert len(report.problems) == 4
+    assert len(report.problems) == 5
     assert "empty file" in report.problems[0]
     assert "cut inside its header" in report.problems[1]
-    assert "bad magic" in report.problems[2]
-    assert "its header names segment 1" in report.problems[3]  # read anyway
+    # A file named as a segment with no frame in it: a segment damaged beyond reading.
+    assert report.problems[2] == (
+        f"{garbage.name}: not a spool segment (bad magic): at least 1 message(s) lost in "
+        f"bytes [0, 5000); saved as corrupt/{garbage.name}.0-5000.corrupt"
+    )
+    assert report.corrupt_messages == 1
+    assert "(bad magic), no frame: removed" in report.problems[3]
+    assert "its header names segment 1" in report.problems[4]  # read anyway
     assert not empty.exists()
     assert not short.exists()
     assert not garbage.exists()
@@ -551,29 +582,39 @@ def test_files_without_a_header_are_removed_and_counted(spool_dir: Path) -> None
 
 def test_a_segment_of_a_newer_format_is_left_in_place(spool_dir: Path) -> None:
     path = write_segment(spool_dir, [records(2)])
-    data = bytearray(path.read_bytes())
-    data[5] = 2  # format version 2
+    data = bytearray(path.read_bytes()[:HEADER_BYTES] + b"frames of another layout" * 10)
+    data[5] = 3  # format version 3
     path.write_bytes(bytes(data))
     spool, recovered = recover_all(spool_dir)
     assert recovered == []
-    assert "format version 2" in spool.recovery_report.problems[0]
+    assert "format version 3 (this pydory reads 1 and 2)" in spool.recovery_report.problems[0]
     spool.finish_recovery()
     spool.close()
     assert path.read_bytes() == bytes(data)
 
 
-def test_random_junk_after_a_valid_prefix_is_cut(spool_dir: Path) -> None:
+def test_random_junk_after_the_last_good_frame_is_cut_or_counted(spool_dir: Path) -> None:
+    """Fewer bytes than any frame cannot be a whole frame: a torn tail, cut. More are
+    frames the daemon wrote and that were damaged: at least one message, counted."""
     rng = random.Random(7)
     for attempt in range(30):
         directory = spool_dir / str(attempt)
         path = write_segment(directory, [records(4)])
         good_size = path.stat().st_size
+        junk = rng.randrange(1, 3000) if attempt else MIN_FRAME_BYTES - 1
         with path.open("ab") as file:
-            file.write(rng.randbytes(rng.randrange(1, 3000)))
+            file.write(rng.randbytes(junk))
         spool, recovered = recover_all(directory)
         spool.close()
         assert recovered == records(4)
-        assert path.stat().st_size == good_size
+        report = spool.recovery_report
+        if junk < MIN_FRAME_BYTES:
+            assert path.stat().st_size == good_size
+            assert (report.corrupt_messages, report.truncated_bytes) == (0, junk)
+        else:
+            assert path.stat().st_size == good_size + junk
+            assert (report.corrupt_messages, report.truncated_bytes) == (1, 0)
+            assert "at least 1 message(s) lost" in report.problems[0]
 
 
 # --- the size cap and disk errors -------------------------------------------------------------

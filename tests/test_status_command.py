@@ -117,6 +117,12 @@ def test_dorys_metadata_page_renders_times_and_ages() -> None:
     assert text.splitlines()[0].endswith("(19 s ago)")  # now - last_updated = 19.967 s
 
 
+def test_before_the_first_metadata_the_status_says_there_is_none_yet() -> None:
+    page = {**sample("mock_nc_metadata_fetch_time_json.txt"), "last_updated": 0}
+    page["last_modified"] = 0
+    assert render_metadata(page).startswith("metadata: no metadata yet")
+
+
 # --- a real daemon -------------------------------------------------------------------------
 
 

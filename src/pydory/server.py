@@ -1,6 +1,9 @@
 """The daemon: one ``Server`` owns every component and the lifecycle.
 
-Start-up: initial metadata (retried until a broker answers), then the input sockets open.
+Start-up: the spool replayed, then the input sockets and the status pages open at once,
+as Dory's do, whether or not Kafka answers yet: the metadata fetch is retried in the
+background until a broker answers, and messages for topics it does not show yet wait in
+the memory pool (``Intake.metadata_arrived`` routes them when it comes).
 Running: background tasks (metadata refresh, discard report periods) live in one
 TaskGroup; a task that dies takes the server down loudly instead of leaving it half-alive.
 Shutdown (SIGTERM / SIGINT / ``request_shutdown``): inputs close first (socket files
@@ -46,7 +49,11 @@ from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome, ReloadPlan, plan_reload
 from pydory.daemon.spool.errors import SpoolError
 from pydory.daemon.spool.segments import Spool
-from pydory.daemon.spool.write_ahead import WriteAhead, replay_spool
+from pydory.daemon.spool.write_ahead import (
+    WriteAhead,
+    delete_replayed_segments_when_settled,
+    replay_spool,
+)
 from pydory.daemon.systemd import notify as systemd_notify
 from pydory.errors import ConfigError, ConfigErrors
 from pydory.status import DaemonView, StatusServer
@@ -112,6 +119,9 @@ class Server:
             counters=self.counters,
             in_flight_by_topic=self.books.in_flight_by_topic,
             msg_debug=self.msg_debug,
+            kept_on_disk=(lambda token: False)
+            if self.write_ahead is None
+            else self.write_ahead.in_spool,
         )
         self.intake = Intake(
             books=self.books,
@@ -133,6 +143,8 @@ class Server:
         )
         self.status: StatusServer | None = None
         self.ready = threading.Event()  # set once inputs are open (for tests and tools)
+        # ... and this once the first metadata is in (the daemon routes from then on).
+        self.metadata_ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         # monotonic time of the first stop request: shutdownMaxDelay counts from here, not
@@ -142,6 +154,8 @@ class Server:
         # Topic autocreations under way; cancelled at shutdown, which then settles the
         # messages they held (intake.settle_pending_topics).
         self._autocreations: set[asyncio.Task[None]] = set()
+        # Set when the replay left the previous run's segments in place (see _replay_spool).
+        self._replay_ended_at: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -150,12 +164,14 @@ class Server:
         loop = self._loop = asyncio.get_running_loop()
         stop = self._stop = asyncio.Event()
         self._install_signal_handlers(loop)
+        metadata: asyncio.Task[None] | None = None
         try:
             self._open_spool()
-            if not await self.metadata.initial(stop):
-                return
             self.dispatcher.start(loop)
             self.dispatcher.prepare(self._configured_topics())
+            # Fetched from now on, waited for by nothing: the replay and the inputs hold
+            # what they take in until it comes (so it must already run during the replay).
+            metadata = asyncio.ensure_future(self._follow_metadata(stop))
             if not await self._replay_spool(stop):
                 return
             await self.inputs.open(self.config, loop)
@@ -164,11 +180,13 @@ class Server:
             await self.status.start()
             self.ready.set()
             log.log(25, "pydory ready; bootstrap %s", self.config.bootstrap_servers)
-            systemd_notify("READY=1")  # Type=notify: the inputs and pages are open
+            # Type=notify: the inputs and pages are open. Metadata may not be in yet, as
+            # with Dory: what clients send meanwhile waits in memory (docs/operations.md).
+            systemd_notify("READY=1")
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
                 background = [
-                    tasks.create_task(self.metadata.run(), name="metadata-refresh"),
+                    tasks.create_task(_until_done(metadata), name="metadata-refresh"),
                     tasks.create_task(self._roll_discard_reports(), name="discard-report"),
                     tasks.create_task(self._check_report_reads(), name="discard-query-check"),
                 ]
@@ -178,13 +196,34 @@ class Server:
                     background.append(
                         tasks.create_task(self._admit_deferred(), name="spool-deferred")
                     )
+                if self.spool is not None and self._replay_ended_at is not None:
+                    delete_old = delete_replayed_segments_when_settled(
+                        self.spool, self.commit_point, self._replay_ended_at
+                    )
+                    background.append(tasks.create_task(delete_old, name="spool-replayed"))
                 await stop.wait()
                 for task in [*background, *self._autocreations]:
                     task.cancel()
         finally:
             self._tasks = None
+            if metadata is not None and not metadata.done():
+                metadata.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await metadata
             await self._shutdown()
             self._remove_signal_handlers(loop)
+
+    async def _follow_metadata(self, stop: asyncio.Event) -> None:
+        """The first metadata (retried until a broker answers), then what waited for it
+        routed; then a refresh every metadataRefreshInterval and on demand."""
+        if not await self.metadata.initial(stop):
+            return
+        held = self.intake.pending_topic_messages
+        self.intake.metadata_arrived()
+        self.metadata_ready.set()
+        if held:
+            log.log(25, "metadata is in: %d messages that waited for it routed", held)
+        await self.metadata.run()
 
     # -- the spool -----------------------------------------------------------------------
 
@@ -205,7 +244,7 @@ class Server:
         if self.spool is None:
             return True
         replay = asyncio.ensure_future(
-            replay_spool(self.spool, self.intake, self.overload.wait_for_room)
+            replay_spool(self.spool, self.intake, self.overload.wait_for_room, self.books)
         )
         stopped = asyncio.ensure_future(stop.wait())
         try:
@@ -218,20 +257,33 @@ class Server:
                     await replay
         if replay.cancelled():
             return False
-        report = replay.result()
+        report = replay.result().report
         for problem in report.problems:
             log.warning("spool: %s", problem)
+        if report.problems_not_listed:
+            log.warning("spool: and %d more problems like these", report.problems_not_listed)
         if report.records or report.problems:
             log.log(
                 25,
-                "spool: replayed %d messages from %d segments (%d repaired, %d bytes cut)",
+                "spool: replayed %d messages from %d segments (%d repaired, %d bytes cut)%s",
                 report.records,
                 report.segments,
                 report.repaired_segments,
                 report.truncated_bytes,
+                f"; {report.corrupt_messages} messages lost to damage (spool_corrupt)"
+                if report.corrupt_messages
+                else "",
             )
         self.counters.inc(counter_names.SPOOL_REPAIRED_SEGMENTS, report.repaired_segments)
         self.counters.inc(counter_names.SPOOL_TRUNCATED_BYTES, report.truncated_bytes)
+        if replay.result().old_segments_kept:
+            # Their only copy: the old segments go once those messages have settled.
+            self._replay_ended_at = self.commit_point.wall_now()
+            log.warning(
+                "spool: %d replayed messages could not be written ahead again; the previous "
+                "run's segments stay until they settle",
+                replay.result().unprotected,
+            )
         return True
 
     async def _admit_deferred(self) -> None:
@@ -322,10 +374,13 @@ class Server:
         for topic, totals in sorted(self.books.per_topic().items()):
             log.log(
                 25,
-                "topic %s: accepted %d, delivered %d, discarded %s, in flight %d",
+                "topic %s: accepted %d, delivered %d, possibly delivered %d, "
+                "left for next start %d, discarded %s, in flight %d",
                 topic,
                 totals.accepted,
                 totals.delivered,
+                totals.possibly_delivered,
+                totals.left_for_next_start,
                 {str(reason): n for reason, n in totals.discarded_by_reason.items()},
                 totals.in_flight,
             )
@@ -412,6 +467,8 @@ class Server:
             return _refused(attempt, [str(error)])
         for element in plan.restart_needed:
             log.warning("config reload: <%s> changed; it takes effect at the next restart", element)
+        for warning in loaded.warnings:
+            log.warning("config reload: %s", warning)
         log.log(
             25,
             "config reloaded from %s: changed %s",
@@ -576,6 +633,8 @@ class Server:
                     "delivered": t.delivered,
                     "discarded": {str(r): n for r, n in t.discarded_by_reason.items()},
                     "in_flight": t.in_flight,
+                    "possibly_delivered": t.possibly_delivered,
+                    "left_for_next_start": t.left_for_next_start,
                 }
                 for topic, t in self.books.per_topic().items()
             },
@@ -607,6 +666,12 @@ def _metadata_timings(config: Config) -> dict[str, Any]:
         "pause_initial_s": delivery.pause_rate_limit_initial_ms / 1000,
         "pause_max_double": delivery.pause_rate_limit_max_double,
     }
+
+
+async def _until_done(task: asyncio.Task[None]) -> None:
+    """Await ``task``, started before the task group: its failure takes the server down
+    like any background task's, and cancelling this cancels it."""
+    await task
 
 
 def _configured_topics(config: Config) -> list[str]:

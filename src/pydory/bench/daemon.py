@@ -63,7 +63,9 @@ class DaemonProcess:
         return self._process().pid
 
     def start(self, timeout_s: float) -> None:
-        """Start the daemon and return once its status interface answers (inputs are open)."""
+        """Start the daemon and return once its status interface answers (inputs are open)
+        and its first metadata is in (before that it holds what it reads: a round's
+        first messages would take the slow path)."""
         self._config_path.write_text(self.config.render())
         with open(self._stderr_path, "wb") as stderr:
             self._proc = subprocess.Popen(
@@ -95,10 +97,10 @@ class DaemonProcess:
 
     def _answers(self) -> bool:
         try:
-            self._get("/server_info/json")
+            books = self._get("/books/json")
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
-        return True
+        return bool(books.get("metadata_known", True))  # absent: a daemon from before it
 
     def books(self, topic: str) -> TopicBooks:
         """The daemon's lifetime accounting for ``topic`` (zeros before its first message)."""

@@ -70,6 +70,8 @@ def run_check(args: argparse.Namespace) -> int:
                 json.dumps({"valid": False, "errors": [_error_dict(e) for e in errors]}, indent=2)
             )
         return 1
+    for warning in config.warnings:  # valid, but something is ignored: say what
+        print(warning, file=sys.stderr)
     if args.json:
         print(json.dumps({"valid": True, "config": config_as_dict(config)}, indent=2))
     else:

@@ -1,9 +1,18 @@
-"""`pydory serve`: run the daemon in the foreground (Dory's `dory` command)."""
+"""`pydory serve`: run the daemon (Dory's `dory` command; the `dory` entry point runs it too).
+
+``--daemon`` means what it means to Dory (``server/daemonize.cc``): once the config is
+read and valid, fork; the parent prints the child's pid on stdout and exits 0 (Dory's init
+script waits for that), the child starts a new session, points stdin, stdout and stderr
+at /dev/null, moves to ``/`` and runs the daemon. Under systemd (``NOTIFY_SOCKET`` set)
+it refuses instead: systemd supervises the process itself and waits for its readiness.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import sys
 from typing import Any
 
@@ -33,8 +42,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--daemon",
         action="store_true",
-        help="accepted for Dory compatibility; pydory always runs in the foreground "
-        "(run it under a supervisor such as systemd)",
+        help="fork into the background once the config is valid, print the daemon's pid "
+        "and exit 0, as Dory does (refused under systemd: there, run in the foreground)",
     )
     parser.add_argument(
         "--log-stderr",
@@ -46,13 +55,35 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    return serve(args.config_path, daemon=args.daemon, log_stderr=args.log_stderr)
+
+
+def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -> int:
+    """Read the config, fork if ``daemon`` (the parent returns 0 at once), run the daemon
+    until it stops; the exit status."""
     try:
-        config = load_config(args.config_path)
+        config = load_config(config_path)
     except (ConfigError, OSError) as error:
-        print(config_failure(error, args.config_path), file=sys.stderr)
+        print(config_failure(error, config_path), file=sys.stderr)
         return 1
-    log_files = configure_logging(config.logging, force_stderr=args.log_stderr)
-    server = Server(config, log_files, config_path=args.config_path)
+    if daemon:
+        if os.environ.get("NOTIFY_SOCKET"):
+            print(SYSTEMD_REFUSAL, file=sys.stderr)
+            return 1
+        # A reload reads the file again, after the move to "/".
+        config_path = os.path.abspath(config_path)
+        child = daemonize()
+        if child:
+            print(child, flush=True)  # Dory's parent prints the daemon's pid
+            return 0
+        # Dory logs to stdout/stderr only in the foreground.
+        config = dataclasses.replace(
+            config, logging=dataclasses.replace(config.logging, stdout_stderr=False)
+        )
+    log_files = configure_logging(config.logging, force_stderr=log_stderr and not daemon)
+    for warning in config.warnings:  # what Dory accepts and pydory ignores
+        log.warning("%s", warning)
+    server = Server(config, log_files, config_path=config_path)
     try:
         uvloop.run(server.serve())
     except ConfigError as error:  # a setting only checkable at start-up (e.g. a socket path)
@@ -60,4 +91,31 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         log_files.remove()
+    return 0
+
+
+#: Why ``--daemon`` is refused under systemd, and what to do instead.
+SYSTEMD_REFUSAL = (
+    "--daemon: refused under systemd (NOTIFY_SOCKET is set): systemd supervises the daemon "
+    "and waits for it to say it is ready, so run it in the foreground: drop --daemon "
+    "(ExecStart=pydory serve --config-path PATH, Type=notify; see docs/systemd/)"
+)
+
+
+def daemonize() -> int:
+    """Dory's Daemonize(): fork; in the parent return the child's pid, in the child (a new
+    session, stdin/stdout/stderr on /dev/null, working directory "/") return 0. Call it
+    before any thread or event loop exists: a fork keeps only the calling thread."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child:
+        return child
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+    os.chdir("/")
     return 0

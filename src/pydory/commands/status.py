@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
+from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason
 from pydory.errors import ConfigError, PydoryError
 
@@ -257,7 +258,7 @@ def render_summary(pages: Mapping[str, Any], base_url: str) -> str:
         f"up {duration(info['now'] - info['since'])} (since {local_time(info['since'])})",
         _topics_table(pages["books"]),
         _received_and_pool(pages["books"]),
-        _discards_by_reason(pages["counters"]),
+        _discards_by_reason(pages["counters"], pages["books"]),
         _queues_section(pages["queues"]),
         render_metadata(pages["metadata"]),
     ]
@@ -286,31 +287,41 @@ def _received_and_pool(books: Page) -> str:
     pool = books["pool"]
     budget = pool["budget"]
     percent_used = 100.0 * pool["used"] / budget if budget else 0.0
-    return (
+    text = (
         f"received: {received}\n"
         f"memory pool: {byte_size(pool['used'])} of {byte_size(budget)} used "
         f"({percent_used:.1f} %), depleted {pool['percent_time_depleted']:.1f} % of the time"
     )
+    # .get: a daemon older than these fields still gets its summary.
+    if not books.get("metadata_known", True):
+        waiting = books.get("waiting_for_metadata", 0)
+        text += f"\nno metadata yet: {waiting} messages wait in memory until a broker answers"
+    return text
 
 
-def discards_by_reason(counters_page: Page) -> dict[str, int]:
+def discards_by_reason(counters_page: Page, books_page: Page | None = None) -> dict[str, int]:
     """Lifetime discards per reason (``discarded_<reason>`` counters), and per Kafka error
-    name as ``kafka_error: NAME`` (``discarded_kafka_error_<NAME>``), non-zero only."""
+    name as ``kafka_error: NAME`` (``/books/json``'s ``discarded_by_kafka_error``), non-zero
+    only."""
     values = {c["name"]: c["value"] for c in counters_page["counters"]}
     result: dict[str, int] = {}
     for reason in DiscardReason:
         count = values.get(f"discarded_{reason}", 0)
         if count:
             result[str(reason)] = count
-    prefix = f"discarded_{DiscardReason.KAFKA_ERROR}_"
-    for name, count in values.items():
-        if name.startswith(prefix) and count:
-            result[f"{DiscardReason.KAFKA_ERROR}: {name[len(prefix) :]}"] = count
+    # On /books/json since /counters lists a fixed set of names; a daemon older than that
+    # listed them among the counters.
+    by_error = None if books_page is None else books_page.get("discarded_by_kafka_error")
+    if by_error is None:
+        by_error = counter_names.discarded_by_kafka_error(values)
+    for error_name, count in by_error.items():
+        if count:
+            result[f"{DiscardReason.KAFKA_ERROR}: {error_name}"] = count
     return result
 
 
-def _discards_by_reason(counters_page: Page) -> str:
-    by_reason = discards_by_reason(counters_page)
+def _discards_by_reason(counters_page: Page, books_page: Page) -> str:
+    by_reason = discards_by_reason(counters_page, books_page)
     if not by_reason:
         return "DISCARDS since start: none"
     rows = [[("  " + r) if ":" in r else r, n] for r, n in by_reason.items()]
@@ -343,7 +354,7 @@ def render_queues(page: Page) -> str:
     lines = [
         "QUEUES (librdkafka's, from its latest statistics)",
         table(["TOPIC", "BATCH", "SEND WAIT", "ACK WAIT"], rows),
-        f"new (accepted, waiting for topic creation): {page['new']}",
+        f"new (waiting for metadata or topic creation): {page['new']}",
         f"total: {page['new'] + sum(totals)}",
     ]
     return "\n".join(lines)
@@ -352,6 +363,9 @@ def render_queues(page: Page) -> str:
 def render_metadata(page: Page) -> str:
     """``pydory status metadata``: when metadata was fetched and when it last changed."""
     now_ms = page["now"]
+    if page["last_updated"] <= 0:
+        # No broker has answered since start-up: the daemon holds what it reads meanwhile.
+        return "metadata: no metadata yet (no broker has answered; messages wait in memory)"
     return (
         f"metadata last fetched: {_ms_time(page['last_updated'], now_ms)}\n"
         f"metadata last changed: {_ms_time(page['last_modified'], now_ms)}"

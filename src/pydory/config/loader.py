@@ -5,7 +5,10 @@ line, column, reason) and raised together as ConfigErrors, so a user fixes them 
 once. Problems that stop the reading itself (unreadable file, XML that is not
 well-formed, unsafe XML, a wrong root element) raise a single ConfigError at once.
 Nothing is guessed: a value is either valid or an error, and an omitted optional
-element takes Dory's documented default.
+element takes Dory's documented default. What Dory itself accepts and ignores (an unknown
+attribute on one of its elements, a gzip level outside zlib's range) loads with a warning
+(``Config.warnings``) rather than an error: every file Dory accepts loads here too.
+docs/config.md lists every difference that remains.
 
 Sections made only of simple leaf elements (<msgDelivery>, <httpInterface>, ...) are read
 from a table per section (``MSG_DELIVERY``, ...) that lists each element as the element
@@ -14,6 +17,7 @@ tables of docs/config.md do: its name, the model field it sets, and its kind of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -74,6 +78,11 @@ T = TypeVar("T")
 S = TypeVar("S")  # a section's model (a dataclass from model.py)
 
 ROOT_ELEMENTS = ("doryConfig", "bruceConfig")  # Dory still accepts its predecessor's name
+#: pydory's own sections: Dory never reads them, so nothing in them is Dory's to ignore
+#: and an unknown attribute there is an error.
+EXTENSION_SECTIONS = frozenset({"librdkafka", "spool", "quotas"})
+#: zlib's levels: Dory's gzip codec uses its default level for any other value.
+GZIP_LEVELS = (0, 9)
 INT32_MAX = 2**31 - 1  # Kafka's protocol fields (sizes, timeouts) are signed 32-bit
 PORT_MAX = 65535
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}", re.ASCII)
@@ -121,7 +130,13 @@ def parse_config(text: bytes | str, source: str = "<string>") -> Config:
     config = _read_config(reader, root)
     if reader.errors:
         raise ConfigErrors(sorted(reader.errors, key=lambda e: (e.line or 0, e.column or 0)))
-    return config
+    warnings = sorted(reader.warnings, key=lambda e: (e.line or 0, e.column or 0))
+    return dataclasses.replace(
+        config,
+        warnings=tuple(
+            str(w).replace("Error in config file", "Warning in config file", 1) for w in warnings
+        ),
+    )
 
 
 # --- the reader: structural checks and value conversion, collecting errors --------------------
@@ -136,18 +151,29 @@ class _Reader:
 
     def __init__(self) -> None:
         self.errors: list[ConfigError] = []
+        self.warnings: list[ConfigError] = []
 
     def report(self, element: Element, reason: str) -> None:
         self.errors.append(element.error(reason))
 
+    def warn(self, element: Element, reason: str) -> None:
+        """Something Dory accepts and pydory ignores: the file loads, the user is told."""
+        self.warnings.append(element.error(reason))
+
     def attributes(
         self, element: Element, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
     ) -> dict[str, str]:
-        """The element's attributes, after checking none is unknown or missing."""
+        """The element's attributes, after checking none is missing; an unknown one is
+        ignored with a warning, as Dory ignores it (an error in pydory's own sections)."""
         allowed = (*required, *optional)
         for name in element.attributes:
-            if name not in allowed:
-                self.report(element, f"Unknown attribute [{name}]: {_expected(allowed)}")
+            if name in allowed:
+                continue
+            reason = f"Unknown attribute [{name}]: {_expected(allowed)}"
+            if _section_of(element) in EXTENSION_SECTIONS:
+                self.report(element, reason)
+            else:
+                self.warn(element, f"{reason}; ignored, as Dory ignores it")
         for name in required:
             if name not in element.attributes:
                 self.report(element, f"Missing required attribute [{name}]")
@@ -323,6 +349,12 @@ class _Reader:
             self.no_text(child)
 
 
+def _section_of(element: Element) -> str:
+    """The top-level section an element is in ("" for the root): its path's 2nd step."""
+    steps = element.path.split("/")
+    return steps[2].split("[", 1)[0] if len(steps) > 2 else ""
+
+
 def _expected(allowed: tuple[str, ...], what: str = "expected one of") -> str:
     return f"{what}: {', '.join(allowed)}" if allowed else "none allowed here"
 
@@ -450,26 +482,38 @@ def _read_path_section(
     model: Callable[..., S],
     what: str,
     table: tuple[Leaf, ...],
+    flags: Mapping[str, str] = MappingProxyType({}),
 ) -> S:
-    """A section like <msgDebug enable="..."> that writes to a <path>, and optional leaves.
+    """A section like <msgDebug enable="..."> that writes to a <path>, and optional leaves;
+    ``flags``: optional true/false attributes of the section (attribute -> model field).
 
     It is off (the model's path is None) when omitted, disabled, or given an empty path.
     """
     default = model()
     if element is None:
         return default
-    path, parts = _read_enabled_path(reader, element, what, tuple(leaf.tag for leaf in table))
-    return model(path=path, **_leaf_values(reader, parts, default, table))
+    path, parts = _read_enabled_path(
+        reader, element, what, tuple(leaf.tag for leaf in table), tuple(flags)
+    )
+    flag_values = {
+        field: reader.flag(element, attribute, getattr(default, field))
+        for attribute, field in flags.items()
+    }
+    return model(path=path, **_leaf_values(reader, parts, default, table), **flag_values)
 
 
 def _read_enabled_path(
-    reader: _Reader, element: Element, what: str, optional: tuple[str, ...]
+    reader: _Reader,
+    element: Element,
+    what: str,
+    optional: tuple[str, ...],
+    optional_attributes: tuple[str, ...] = (),
 ) -> tuple[str | None, dict[str, Element]]:
     """The required enable attribute and <path> child of ``element``, and its children.
 
     The path is None when disabled or empty, else absolute.
     """
-    reader.attributes(element, required=("enable",))
+    reader.attributes(element, required=("enable",), optional=optional_attributes)
     enabled = reader.flag(element, "enable")
     parts = reader.children(element, required=("path",), optional=optional)
     return reader.absolute_path(parts.get("path"), enabled, what), parts
@@ -724,13 +768,33 @@ def _read_codec(reader: _Reader, element: Element, name: str) -> CompressionCode
 
 
 def _read_level(reader: _Reader, element: Element, codec_type: CompressionType) -> int | None:
-    """The codec level; None (the codec's default) when omitted or -1."""
+    """The codec level; None (the codec's default) when omitted or -1.
+
+    Dory reads any integer, ignores it for none and snappy, and compresses gzip at zlib's
+    default level when it is outside 0..9: so do we, with a warning. lz4 and zstd are
+    pydory's, and their range is enforced.
+    """
     text = element.attributes.get("level")
     if text is None:
         return None
+    # Dory reads a C int: anything else is an error there too.
+    level = reader.convert(
+        element, "level", text, partial(parse_signed, minimum=-INT32_MAX - 1, maximum=INT32_MAX)
+    )
+    if level is None:
+        return None  # not an integer: reported (Dory refuses it too)
     if codec_type not in COMPRESSION_LEVELS:
-        reader.report(
-            element, f"Attribute [level] is not supported for compression type {codec_type}"
+        reader.warn(element, f"Attribute [level] ignored for compression type {codec_type}")
+        return None
+    if (
+        codec_type is CompressionType.GZIP
+        and level != -1
+        and not (GZIP_LEVELS[0] <= level <= GZIP_LEVELS[1])
+    ):
+        reader.warn(
+            element,
+            f"gzip level [{level}] is outside zlib's {GZIP_LEVELS[0]}..{GZIP_LEVELS[1]}: "
+            "the default level is used, as Dory does",
         )
         return None
     low, high = COMPRESSION_LEVELS[codec_type]
@@ -792,12 +856,21 @@ def _read_input_sources(reader: _Reader, element: Element | None) -> InputSource
     if element is None:
         return InputSourcesConfig()
     reader.attributes(element)
+    errors_before = len(reader.errors)
     parts = reader.children(element, optional=("unixDatagram", "unixStream", "tcp"))
-    return InputSourcesConfig(
+    inputs = InputSourcesConfig(
         unix_datagram=_read_unix_socket(reader, parts.get("unixDatagram"), "UNIX datagram socket"),
         unix_stream=_read_unix_socket(reader, parts.get("unixStream"), "UNIX stream socket"),
         tcp=_read_tcp(reader, parts.get("tcp")),
     )
+    enabled = (inputs.unix_datagram.enabled, inputs.unix_stream.enabled, inputs.tcp.enabled)
+    # Dory refuses a section that enables nothing (an input in error is reported already).
+    if not any(enabled) and len(reader.errors) == errors_before:
+        reader.report(
+            element,
+            "Input sources config must enable at least one of {unixDatagram, unixStream, tcp}",
+        )
+    return inputs
 
 
 def _read_file_section(
@@ -869,7 +942,8 @@ def _read_msg_delivery(reader: _Reader, element: Element | None) -> MsgDeliveryC
 PREFIX_SIZE = unsigned(suffixes=COUNT_SUFFIXES, maximum=INT32_MAX)  # bytes, given like a count
 
 HTTP_INTERFACE = (
-    Leaf("port", "port", unsigned(maximum=PORT_MAX)),
+    # Dory: "HTTP interface port must be > 0".
+    Leaf("port", "port", unsigned(minimum=1, maximum=PORT_MAX)),
     Leaf("loopbackOnly", "loopback_only", boolean()),
     Leaf("discardReportInterval", "discard_report_interval_s", POSITIVE_INT32),
     Leaf("badMsgPrefixSize", "bad_msg_prefix_size", PREFIX_SIZE),
@@ -910,7 +984,14 @@ MSG_DEBUG = (
 
 
 def _read_msg_debug(reader: _Reader, element: Element | None) -> MsgDebugConfig:
-    return _read_path_section(reader, element, MsgDebugConfig, "Message debug", MSG_DEBUG)
+    return _read_path_section(
+        reader,
+        element,
+        MsgDebugConfig,
+        "Message debug",
+        MSG_DEBUG,
+        flags={"extraFields": "extra_fields"},  # pydory's: partition and now on each line
+    )
 
 
 def _read_log_level(reader: _Reader, element: Element | None, default: LogLevel) -> LogLevel:

@@ -266,11 +266,16 @@ class KafkaConfig:
 
 @dataclass(frozen=True, slots=True)
 class MsgDebugConfig:
-    """The ``<msgDebug>`` section. ``path`` (a directory) None = off (the default)."""
+    """The ``<msgDebug>`` section. ``path`` (a directory) None = off (the default).
+
+    ``extra_fields`` (pydory's ``extraFields`` attribute): each line ends with the
+    partition and the time of the stage, after Dory's fields.
+    """
 
     path: str | None = None
     time_limit_s: int = 3600
     byte_limit: int = 2 * 1024 * 1024
+    extra_fields: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -368,6 +373,9 @@ NO_QUOTAS = QuotasConfig()
 class LogLevel(enum.StrEnum):
     """Dory's (syslog's) log levels, most severe first."""
 
+    EMERG = "EMERG"
+    ALERT = "ALERT"
+    CRIT = "CRIT"
     ERR = "ERR"
     WARNING = "WARNING"
     NOTICE = "NOTICE"
@@ -428,6 +436,9 @@ class Config:
     """Connection and client rate quotas (pydory's ``<quotas>`` extension); off by default."""
     librdkafka: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Extra librdkafka producer properties (pydory's ``<librdkafka>`` extension)."""
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    """What the file says that Dory accepts and pydory ignores (an unknown attribute, a
+    gzip level zlib has not), one rendered line each: the daemon logs them at start."""
 
     def batching_for(self, topic: str) -> TopicBatching:
         """How ``topic`` is batched."""

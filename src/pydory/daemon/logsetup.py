@@ -19,6 +19,10 @@ NOTICE = 25
 logging.addLevelName(NOTICE, "NOTICE")
 
 _LEVELS = {
+    # Python has one level above ERROR: syslog's three most severe share it.
+    LogLevel.EMERG: logging.CRITICAL,
+    LogLevel.ALERT: logging.CRITICAL,
+    LogLevel.CRIT: logging.CRITICAL,
     LogLevel.ERR: logging.ERROR,
     LogLevel.WARNING: logging.WARNING,
     LogLevel.NOTICE: NOTICE,

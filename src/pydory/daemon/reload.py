@@ -75,6 +75,8 @@ def plan_reload(running: Config, loaded: Config) -> ReloadPlan:
     changed: list[str] = []
     restart_needed: list[str] = []
     for spec in dataclasses.fields(Config):
+        if not spec.compare:
+            continue  # not a setting (Config.warnings: what the new file says is ignored)
         name = spec.name
         old, new = getattr(running, name), getattr(loaded, name)
         if old == new:
@@ -86,7 +88,11 @@ def plan_reload(running: Config, loaded: Config) -> ReloadPlan:
             # Unknown sections too: a section nobody taught the reload waits for a restart.
             restart_needed.append(RESTART_SECTIONS.get(name, name))
     return ReloadPlan(
-        effective=dataclasses.replace(running, **changes),  # type: ignore[arg-type]
+        effective=dataclasses.replace(
+            running,
+            **changes,  # type: ignore[arg-type]
+            warnings=loaded.warnings,
+        ),
         changed=tuple(changed),
         restart_needed=tuple(restart_needed),
         changed_fields=frozenset(changes),

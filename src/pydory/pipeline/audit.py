@@ -1,4 +1,4 @@
-"""The audit job: does the lake hold exactly what the daemon says it delivered?
+"""The audit job: does the lake hold what the daemon says it delivered, exactly once?
 
 Two inputs, read here, compared in :mod:`pydory.pipeline.reconcile`:
 
@@ -13,7 +13,8 @@ Two inputs, read here, compared in :mod:`pydory.pipeline.reconcile`:
 
 The books are lifetime totals of one daemon process: audit a lake that holds the topics
 of that run, after the daemon has settled (``in_flight`` 0) and the landing job has
-caught up.
+caught up. A lake that also holds what a later run delivered of the messages the earlier
+one left in its spool (``left_for_next_start``) is audited with both runs' books, summed.
 """
 
 from __future__ import annotations

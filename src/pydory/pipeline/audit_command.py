@@ -23,9 +23,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Read the lake the landing job wrote (through the file sink's commit log) and "
             "the daemon's books, and print per topic: accepted, delivered, discarded by "
-            "reason, landed, duplicate rows and missing offsets. Exits 0 when every topic "
-            "landed exactly what the daemon delivered, once; 1 when not; 2 when the audit "
-            "cannot run."
+            "reason, possibly delivered and left for the next start when any, landed, "
+            "duplicate rows and missing offsets. Exits 0 when every topic landed what the "
+            "daemon delivered, once, and at most what it possibly delivered besides (or left "
+            "for its next start); 1 when not; 2 when the audit cannot run."
         ),
     )
     parser.add_argument(
@@ -44,8 +45,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="a saved copy of a daemon's /books/json (for a daemon that has exited); "
-        "repeatable, and combinable with --status",
+        help="a saved copy of a daemon's /books/json (for a daemon that has exited, or an "
+        "earlier run of one that restarted); repeatable, and combinable with --status",
     )
     parser.add_argument(
         "--master", default=DEFAULT_MASTER, help=f"Spark master URL (default: {DEFAULT_MASTER})"

@@ -73,6 +73,7 @@ def dashboard_json(daemon: DaemonView, clock: Callable[[], float] = time.time) -
         "brokers": _brokers(daemon),
         "stats_taken_at": daemon.kafka_stats.latest().taken_at,
         "metadata": {
+            "known": daemon.metadata.last_updated_ms is not None,  # false: no metadata yet
             "last_updated": daemon.metadata.last_updated_ms or 0,
             "last_modified": daemon.metadata.last_modified_ms or 0,
             "fetch_failures": daemon.metadata.fetch_failures,

@@ -88,6 +88,7 @@ def period_json(period: PeriodReport) -> dict[str, Any]:
             str(reason): count for reason, count in period.discards_by_reason.items()
         },
         "kafka_error_discards": dict(period.kafka_error_discards),
+        "possibly_delivered_topic": _topic_intervals_json(period.possibly_delivered_topic),
     }
 
 
@@ -126,6 +127,8 @@ def period_plain_lines(period: PeriodReport, format_time: Callable[[float], str]
         ],
         _plain_topic_intervals("discard topic", period.discard_topic),
         _plain_topic_intervals("possible duplicate topic", period.possible_duplicate_topic),
+        # pydory's own section, after all of Dory's: not discarded, and not known delivered.
+        _plain_topic_intervals("possibly delivered topic", period.possibly_delivered_topic),
     ]
     for section in sections:
         if section:

@@ -3,8 +3,8 @@
 Dory's ``/counters`` lists every counter it has, zeros included, and its Nagios check
 (``status_monitoring/check_dory_counters.py``) answers UNKNOWN when one it reads is
 missing. pydory lists each of those names, always, with an honest value: where pydory has
-the same event, its count (read at render time from the books, the metadata service,
-librdkafka's statistics and pydory's own counters); where the event cannot happen in
+the same event, its count (read at render time from the books, the metadata service
+and pydory's own counters); where the event cannot happen in
 pydory (a hand-parsed Kafka response, a Mongoose web-server exception, Dory's internal
 bug checks), 0. docs/status.md has the table, name by name.
 """
@@ -29,32 +29,14 @@ def _counter(name: str) -> Reading:
     return lambda view: view.counters.get(name)
 
 
-def _broker_sum(field: str) -> Reading:
-    """A librdkafka broker statistic, summed over the brokers (cumulative per producer)."""
-    return lambda view: sum(getattr(b, field) for b in view.kafka_stats.latest().brokers)
-
-
 def _messages_created(view: DaemonView) -> int:
     return sum(t.accepted for t in view.books.per_topic().values())
 
 
 def _messages_destroyed(view: DaemonView) -> int:
-    return sum(t.delivered + t.discarded_after_acceptance for t in view.books.per_topic().values())
-
-
-def _broker_socket_errors(view: DaemonView) -> int:
-    return sum(b.tx_errors + b.rx_errors for b in view.kafka_stats.latest().brokers)
-
-
-def _failed_connects(view: DaemonView) -> int:
-    """Connection attempts that did not connect: librdkafka counts attempts (``connects``)
-    and closed connections (``disconnects``); every connection that was made has been
-    closed since, or is the one up now."""
-    failed = 0
-    for broker in view.kafka_stats.latest().brokers:
-        up_now = 1 if broker.state == "UP" else 0
-        failed += max(0, broker.connects - broker.disconnects - up_now)
-    return failed
+    """Accepted messages with an outcome (delivered, possibly delivered, left in the spool
+    for the next start, discarded): every one but those in flight."""
+    return sum(t.accepted - t.in_flight for t in view.books.per_topic().values())
 
 
 #: Dory's counters that pydory counts, and where each value comes from.
@@ -66,10 +48,12 @@ COUNTED: Mapping[str, Reading] = {
     "GetMetadataSuccess": lambda view: view.metadata.fetch_successes,
     "GetMetadataFail": lambda view: view.metadata.fetch_failures,
     "MetadataUpdated": lambda view: view.metadata.updates,
-    "ConnectorConnectFail": _failed_connects,
-    "ConnectorSocketBrokerClose": _broker_sum("disconnects"),
-    "ConnectorSocketError": _broker_socket_errors,
-    "ConnectorSocketTimeout": _broker_sum("request_timeouts"),
+    # librdkafka reports each to the producers' error callback (delivery/broker_trouble.py);
+    # counted as they happen, so they never go down (Dory's check: UNKNOWN if one does).
+    "ConnectorConnectFail": _counter(counter_names.KAFKA_CONNECT_FAILED),
+    "ConnectorSocketBrokerClose": _counter(counter_names.KAFKA_CLOSED_BY_BROKER),
+    "ConnectorSocketError": _counter(counter_names.KAFKA_SOCKET_ERROR),
+    "ConnectorSocketTimeout": _counter(counter_names.KAFKA_REQUEST_TIMED_OUT),
     "UnixStreamInputInvalidSizeField": _counter(
         counter_names.STREAM_FRAMING_ERROR[Transport.UNIX_STREAM]
     ),

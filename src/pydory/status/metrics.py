@@ -310,7 +310,8 @@ class DaemonCollector(Collector):
         yield queued
         yield GaugeMetricFamily(
             "pydory_queue_new_messages",
-            "Accepted messages not yet handed to librdkafka (waiting for topic creation).",
+            "Messages received, not yet handed to librdkafka: waiting for the first "
+            "metadata or for a topic's creation.",
             value=self._view.pending_topic_messages(),
         )
         yield GaugeMetricFamily(
@@ -344,6 +345,12 @@ class DaemonCollector(Collector):
     def _metadata(self, now: float) -> Iterator[Metric]:
         metadata = self._view.metadata
         updated_ms, modified_ms = metadata.last_updated_ms, metadata.last_modified_ms
+        yield GaugeMetricFamily(
+            "pydory_metadata_known",
+            "1 once a metadata fetch has succeeded; 0: no metadata yet (no broker has "
+            "answered since start-up; what the inputs read waits in the memory pool).",
+            value=0 if updated_ms is None else 1,
+        )
         if updated_ms is not None:
             yield GaugeMetricFamily(
                 "pydory_metadata_last_updated_timestamp_seconds",
@@ -397,7 +404,10 @@ class DaemonCollector(Collector):
             "Every internal event counter, as /counters lists them.",
             labels=["event"],
         )
-        for name, value in self._view.counters.snapshot().items():
+        # Every fixed name from the first scrape (a series that appears late loses its
+        # first increase to rate()), then the open-ended families as they appear.
+        counts = self._view.counters.snapshot()
+        for name, value in {**dict.fromkeys(counter_names.EVERY_COUNTER, 0), **counts}.items():
             events.add_metric([name], value)
         yield events
 

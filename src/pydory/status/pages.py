@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydory import __version__
+from pydory.daemon.books import counters as counter_names
 from pydory.status.dashboard import dashboard_json
 from pydory.status.discards import discard_report_json, discard_report_plain
 from pydory.status.dory_counters import dory_counters
@@ -23,7 +24,14 @@ if TYPE_CHECKING:
     from pydory.daemon.delivery.kafka_stats import TopicQueues
     from pydory.status.view import DaemonView
 
-__all__ = ["StatusPages"]
+__all__ = ["COUNTER_LOCATION", "NO_METADATA_YET", "StatusPages"]
+
+#: A counter's source location, ``[file, line]`` in Dory: pydory's counters have none, so
+#: they show what Dory shows for a counter without one (its blank location, line 1).
+COUNTER_LOCATION = "[, 1]"
+
+#: What the pages say before the first metadata fetch succeeded.
+NO_METADATA_YET = "no metadata yet"
 
 
 class StatusPages:
@@ -76,26 +84,34 @@ class StatusPages:
         """``/server_info/plain``."""
         return _text(self._header_lines(self._clock()))
 
-    # /counters: Dory's counters first, every one always (its monitoring looks them up by
-    # name), then pydory's own. None has a source location, so it is empty.
+    # /counters: Dory's counters first, then pydory's own, every one always and the same
+    # names from the first request to the last (Dory's check answers UNKNOWN when a name
+    # appears or goes). The open-ended family discarded_kafka_error_<name> is on
+    # /books/json (discarded_by_kafka_error) and /metrics instead.
 
     def counters_json(self) -> dict[str, Any]:
         """``/counters/json``: the header, then every counter."""
         counters = [
-            {"location": "", "name": name, "value": value}
+            {"location": COUNTER_LOCATION, "name": name, "value": value}
             for name, value in self._all_counters().items()
         ]
         return {**self._header(self._clock()), "counters": counters}
 
     def counters_plain(self) -> str:
-        """``/counters/plain``: the header, a blank line, then ``location.name=value``."""
+        """``/counters/plain``: the header, a blank line, then ``[file, line].name=value``."""
         lines = [*self._header_lines(self._clock()), ""]
-        lines += [f".{name}={value}" for name, value in self._all_counters().items()]
+        lines += [
+            f"{COUNTER_LOCATION}.{name}={value}" for name, value in self._all_counters().items()
+        ]
         return _text(lines)
 
     def _all_counters(self) -> dict[str, int]:
-        """Dory's counters under Dory's names, then pydory's in order of first use."""
-        return {**dory_counters(self._view), **self._view.counters.snapshot()}
+        """Dory's counters under Dory's names, then every one of pydory's, zeros included."""
+        counters = self._view.counters
+        return {
+            **dory_counters(self._view),
+            **{name: counters.get(name) for name in counter_names.EVERY_COUNTER},
+        }
 
     # /discards
 
@@ -158,8 +174,13 @@ class StatusPages:
         return _text(lines)
 
     def _queued_topics(self) -> list[tuple[str, TopicQueues]]:
-        """librdkafka's queues by topic name, sorted as Dory's std::map iterates them."""
-        return sorted(self._view.kafka_stats.latest().topics.items())
+        """librdkafka's queues by topic name, sorted as Dory's std::map iterates them; as
+        Dory (TMsgStateTracker::GetStats), only topics with a message in some state."""
+        return sorted(
+            (topic, q)
+            for topic, q in self._view.kafka_stats.latest().topics.items()
+            if q.batch or q.send_wait or q.ack_wait
+        )
 
     # /metadata_fetch_time: Dory reports "now" in milliseconds on this page only.
 
@@ -181,10 +202,14 @@ class StatusPages:
         lines = self._header_lines(now_s)[:3]
         lines += [
             f"now (milliseconds since epoch): {self._stamp_ms(int(now_s * 1000))}",
-            f"metadata last updated at (milliseconds since epoch): {self._stamp_ms(updated)}",
-            f"metadata last modified at (milliseconds since epoch): {self._stamp_ms(modified)}",
+            f"metadata last updated at (milliseconds since epoch): {self._fetch_stamp(updated)}",
+            f"metadata last modified at (milliseconds since epoch): {self._fetch_stamp(modified)}",
         ]
         return _text(lines)
+
+    def _fetch_stamp(self, epoch_ms: int) -> str:
+        """A metadata time; 0 (no fetch yet) says so rather than render 1970."""
+        return f"0 ({NO_METADATA_YET})" if epoch_ms == 0 else self._stamp_ms(epoch_ms)
 
     def _metadata_times(self) -> tuple[int, int]:
         metadata = self._view.metadata
@@ -206,7 +231,8 @@ class StatusPages:
     def books_json(self) -> dict[str, Any]:
         """``/books/json``: lifetime accounting per topic and per transport, and the pool.
 
-        Per topic, ``accepted == delivered + discarded_after_acceptance + in_flight``.
+        Per topic, ``accepted == delivered + possibly_delivered + left_for_next_start +
+        discarded_after_acceptance + in_flight``.
         """
         books, pool = self._view.books, self._view.pool
         topics = [
@@ -217,6 +243,8 @@ class StatusPages:
                 "discarded": {str(r): n for r, n in totals.discarded_by_reason.items()},
                 "discarded_after_acceptance": totals.discarded_after_acceptance,
                 "in_flight": totals.in_flight,
+                "possibly_delivered": totals.possibly_delivered,
+                "left_for_next_start": totals.left_for_next_start,
             }
             for topic, totals in sorted(books.per_topic().items())
         ]
@@ -224,6 +252,15 @@ class StatusPages:
             **self._header(self._clock()),
             "topics": topics,
             "received": {str(t): n for t, n in books.received_by_transport().items()},
+            # Lifetime kafka_error discards by librdkafka's error name: an open-ended set of
+            # names, so here rather than on /counters (whose names never change).
+            "discarded_by_kafka_error": counter_names.discarded_by_kafka_error(
+                self._view.counters.snapshot()
+            ),
+            # Received, neither accepted nor discarded yet: waiting for the first metadata
+            # (while metadata_known is false) or for a topic's creation.
+            "metadata_known": self._view.metadata.last_updated_ms is not None,
+            "waiting_for_metadata": self._view.pending_topic_messages(),
             "pool": {
                 "budget": pool.budget,
                 "used": pool.used,

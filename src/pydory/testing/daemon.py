@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -40,11 +41,21 @@ class RunningDaemon:
         except BaseException as exc:  # noqa: BLE001 -- re-raised in the test thread by start()/stop()
             self._error = exc
             self.server.ready.set()
+            self.server.metadata_ready.set()
 
-    def start(self, timeout: float = 30.0) -> RunningDaemon:
+    def start(self, timeout: float = 30.0, *, wait_for_metadata: bool = True) -> RunningDaemon:
+        """Start the daemon; return once its inputs are open and, unless
+        ``wait_for_metadata`` is False, its first metadata is in (until then it holds
+        what it reads: tests that want routing from the first message wait)."""
+        deadline = time.monotonic() + timeout
         self._thread.start()
         if not self.server.ready.wait(timeout):
-            raise TimeoutError("pydory did not become ready (no metadata from the brokers?)")
+            raise TimeoutError("pydory did not open its inputs")
+        self._raise_if_failed()
+        if wait_for_metadata and not self.server.metadata_ready.wait(
+            max(0.0, deadline - time.monotonic())
+        ):
+            raise TimeoutError("pydory got no metadata from the brokers")
         self._raise_if_failed()
         return self
 

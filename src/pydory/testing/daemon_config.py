@@ -42,6 +42,7 @@ class DaemonConfig:
     msg_debug_path: str | None = None  # <msgDebug> on: the directory of its three files
     msg_debug_time_limit_s: int = 3600
     msg_debug_byte_limit: int = 2 * 1024 * 1024
+    msg_debug_extra_fields: bool = False  # pydory's partition and now on each line
     spool_path: str | None = None  # <spool> on: the directory of its segments
     spool_fsync: str = "none"  # none | always | an interval in ms
     spool_max_size: str = "1g"
@@ -171,7 +172,8 @@ class DaemonConfig:
     def _msg_debug(self) -> str:
         if self.msg_debug_path is None:
             return ""
-        return f"""    <msgDebug enable="true">
+        extra = ' extraFields="true"' if self.msg_debug_extra_fields else ""
+        return f"""    <msgDebug enable="true"{extra}>
         <path value="{self.msg_debug_path}" />
         <timeLimit value="{self.msg_debug_time_limit_s}" />
         <byteLimit value="{self.msg_debug_byte_limit}" />

@@ -153,6 +153,16 @@ class _Node:
         return self.directory / "server.properties"
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id as Kafka's ``Uuid.randomUuid()`` makes one: 16 random bytes,
+    URL-safe base64 without padding, never starting with ``-`` (one in 64 would, and
+    ``kafka-storage format --cluster-id -...`` then takes it for an option)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class KafkaCluster(StopsOnExit):
     """Apache Kafka brokers on 127.0.0.1, started by the constructor, ended by :meth:`stop`.
 
@@ -187,7 +197,7 @@ class KafkaCluster(StopsOnExit):
             (SaslUser(_SUPER_USER, f"{_SUPER_USER}-secret"), *sasl_users) if sasl_users else ()
         )
         self._settings = dict(settings or {})
-        self._cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self._cluster_id = new_cluster_id()
         self._lock = threading.Lock()
         self._nodes = [self._plan_node(node_id, tls) for node_id in range(1, brokers + 1)]
         self.ca_path: Path | None = None
@@ -319,6 +329,19 @@ class KafkaCluster(StopsOnExit):
         if process is not None:
             process.kill()
             process.wait()
+
+    def pause_broker(self, node_id: int) -> None:
+        """SIGSTOP node ``node_id``: a hung broker (its sockets stay open, nothing answers)
+        until :meth:`resume_broker`."""
+        process = self._node(node_id).process
+        if process is not None:
+            process.send_signal(signal.SIGSTOP)
+
+    def resume_broker(self, node_id: int) -> None:
+        """SIGCONT node ``node_id`` after :meth:`pause_broker`."""
+        process = self._node(node_id).process
+        if process is not None:
+            process.send_signal(signal.SIGCONT)
 
     def stop_broker(self, node_id: int, timeout_s: float = 60.0) -> None:
         """SIGTERM node ``node_id``: a controlled shutdown that moves its leaders away first."""

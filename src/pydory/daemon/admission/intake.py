@@ -7,14 +7,19 @@ Every step either passes the message on or discards it with a reason, in this or
 2. size against messageMaxBytes -> too_long
 3. memory pool (KIP-72)         -> no_memory
 4. per-topic rate limit         -> rate_limit
-5. topic known to the cluster?  -> bad_topic (unless topicAutocreate: held, then routed)
+5. topic known to the cluster?  -> bad_topic (unless topicAutocreate: held, then routed);
+                                   no metadata yet: held until the first metadata, then
+                                   routed (or found bad, or auto-created)
 6. partition choice and enqueue -> accepted; librdkafka refusing at once is a discard too
+
+A held message is charged to the memory pool like any other (the overload policy applies
+to it), and holds the commit point back from the moment it is held.
 
 From "accepted" on, the message is the daemon's: dispatch reports it delivered or
 discarded, and delivery's ``DeliveryLedger`` (delivery/outcomes.py) releases its pool
 bytes at that moment. The commit point counts it from acceptance (or from being held for
-autocreation) to that outcome: the token it hands out travels with the message through
-dispatch and comes back to the ledger.
+metadata or autocreation) to that outcome: the token it hands out travels with the
+message through dispatch and comes back to the ledger.
 
 Rule: the moment a message is accepted is here alone: a message passes every check above, in
 that order, or is discarded with the reason of the first it fails; nothing after this module
@@ -27,6 +32,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from confluent_kafka import KafkaError
+
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.accounting import Books
@@ -34,7 +41,14 @@ from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transpor
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import MemoryPool, message_cost, pool_cost
 from pydory.daemon.delivery.dispatcher import Dispatcher
-from pydory.daemon.delivery.outcomes import EnqueueRefused, Tokens
+from pydory.daemon.delivery.outcomes import (
+    DeliveryLedger,
+    Discard,
+    EnqueueRefused,
+    LeftForNextStart,
+    Tokens,
+    failure_outcome,
+)
 from pydory.daemon.delivery.router import Router
 from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.errors import (
@@ -56,7 +70,9 @@ KAFKA_RECORD_OVERHEAD = 61 + 21
 
 @dataclass
 class _PendingTopic:
-    """Messages for a topic being auto-created, waiting for the metadata that shows it."""
+    """Messages waiting for metadata: the metadata that shows a topic being auto-created
+    (one per topic), or the first metadata of all (one for every topic, so that a flood
+    of distinct topic names before it grows one list, bounded by the pool, and no map)."""
 
     messages: list[tuple[Message, int, int]] = field(default_factory=list)  # with cost, token
 
@@ -93,6 +109,7 @@ class Intake:
         self._on_unknown_topic = on_unknown_topic
         self._autocreate = autocreate
         self._pending: dict[str, _PendingTopic] = {}
+        self._before_metadata = _PendingTopic()
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._write_ahead = write_ahead
         #: When the pool is short, hold on to a message read (charging it anyway) instead
@@ -406,18 +423,29 @@ class Intake:
     # -- unknown topics ----------------------------------------------------------------------
 
     def _unknown_topic(self, message: Message, cost: int) -> None:
-        topic = message.topic
+        # Held, not yet sent: it holds the commit point back all the same.
+        if not self._router.has_metadata:
+            # Kafka has not answered yet (Dory's sockets open at once and buffer too).
+            self._before_metadata.messages.append((message, cost, self._commit_point.open()))
+            return
         if self._autocreate is None:
             self._pool.release(cost)
             self._discard_bad_topic(message)
-            self._on_unknown_topic(topic)
+            self._on_unknown_topic(message.topic)
             return
+        self._hold_for_creation(message, cost, self._commit_point.open())
+
+    def _hold_for_creation(self, message: Message, cost: int, token: int) -> None:
+        """Hold ``message`` until metadata shows its topic (autocreate is on)."""
+        assert self._autocreate is not None
+        topic = message.topic
         pending = self._pending.get(topic)
-        if pending is None:
-            pending = self._pending[topic] = _PendingTopic()
-            self._autocreate(topic)
-        # Held, not yet sent: it holds the commit point back all the same.
-        pending.messages.append((message, cost, self._commit_point.open()))
+        if pending is not None:
+            pending.messages.append((message, cost, token))
+            return
+        # Held before asking: the creation may settle at once (no task group yet).
+        self._pending[topic] = _PendingTopic([(message, cost, token)])
+        self._autocreate(topic)
 
     def _discard_bad_topic(self, message: Message) -> None:
         self._books.discarded(
@@ -441,11 +469,61 @@ class Intake:
                 self._commit_point.close(token)
                 self._discard_bad_topic(message)
 
+    def metadata_arrived(self) -> None:
+        """The first metadata is in: route what waited for it, in the order received. A
+        topic it does not show is a bad topic, or is auto-created (topicAutocreate)."""
+        held, self._before_metadata = self._before_metadata, _PendingTopic()
+        for message, cost, token in held.messages:
+            topic = message.topic
+            if self._router.knows(topic):
+                self._enqueue(message, cost, token)
+            elif self._autocreate is not None:
+                self._hold_for_creation(message, cost, token)
+            else:
+                self._pool.release(cost)
+                self._commit_point.close(token)
+                self._discard_bad_topic(message)
+                self._on_unknown_topic(topic)
+
     @property
     def pending_topic_messages(self) -> int:
-        return sum(len(p.messages) for p in self._pending.values())
+        """Messages held for metadata: Dory's "new" queue."""
+        held = len(self._before_metadata.messages)
+        return held + sum(len(p.messages) for p in self._pending.values())
 
     def settle_pending_topics(self) -> None:
-        """Shutdown: route or discard every message still waiting for topic creation."""
+        """Shutdown: route or discard every message still waiting for topic creation,
+        and settle those still waiting for the first metadata (:meth:`_settle_unrouted`)."""
         for topic in list(self._pending):
             self.topic_creation_settled(topic)
+        held, self._before_metadata = self._before_metadata, _PendingTopic()
+        for message, cost, token in held.messages:
+            self._settle_unrouted(message, cost, token)
+
+    def _settle_unrouted(self, message: Message, cost: int, token: int) -> None:
+        """Shutdown before any metadata: ``message`` was taken in and never reached a
+        producer, as if purged from librdkafka's queue when the shutdown ran out of time.
+        It meets that outcome, decided where every delivery outcome is
+        (``outcomes.failure_outcome``): left for the next start when it is in the spool,
+        else discarded ``shutdown_delay``."""
+        topic = message.topic
+        outcome = failure_outcome(
+            KafkaError._PURGE_QUEUE,
+            "no metadata yet",
+            error_is_fatal=False,
+            producer_fatal_error=None,
+            topic_known=False,
+            attempt=1,
+            max_attempts=1,
+            shutting_down=True,
+            in_spool=self._write_ahead is not None and self._write_ahead.in_spool(token),
+        )
+        self._books.accepted(topic)
+        ledger = DeliveryLedger(self._books, self._pool, self._commit_point)
+        if isinstance(outcome, LeftForNextStart):
+            ledger.left_for_next_start(topic, cost, token)
+        else:
+            assert isinstance(outcome, Discard), outcome  # a purge never left the daemon
+            ledger.discarded(
+                outcome.reason, topic, message.timestamp_ms, outcome.detail, cost, token
+            )

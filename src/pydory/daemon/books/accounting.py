@@ -3,6 +3,8 @@
 A message's life (docs/accounting.md has the full story)::
 
     received ──> accepted ──> delivered
+        │            ├──────> possibly delivered   (librdkafka cannot know: in Kafka or not)
+        │            ├──────> left for next start  (kept in the spool at shutdown)
         │            └──────> discarded after acceptance  (kafka_error,
         │                                                  failed_delivery_attempts,
         │                                                  shutdown_delay)
@@ -10,13 +12,15 @@ A message's life (docs/accounting.md has the full story)::
              unsupported_version, bad_topic, too_long, no_memory, rate_limit)
 
 ``unclean_disconnect`` is a partial message left when a stream closes: it was never
-framed, so it is neither received nor accepted.
+framed, so it is neither received nor accepted. ``spool_corrupt`` is a message of the
+previous run's spool that could not be read back: neither received nor replayed.
 
 A message is *accepted* once it passed every admission check (framed and decoded, size
 within limits, pool bytes allocated, rate limit passed, topic known): from then on the
 daemon alone is responsible for it. The invariant, per topic, at every moment::
 
-    accepted == delivered + discarded_after_acceptance + in_flight      (in_flight >= 0)
+    accepted == delivered + possibly_delivered + left_for_next_start
+                + discarded_after_acceptance + in_flight                (in_flight >= 0)
 
 :class:`Books` enforces it (a delivery or post-acceptance discard with nothing in flight
 raises :class:`AccountingError`) and the audit job reads the totals from
@@ -58,6 +62,7 @@ from pydory.daemon.books.events import (
     DiscardEvent,
     DiscardReason,
     DiscardSink,
+    OpenOutcome,
     Transport,
 )
 
@@ -77,6 +82,10 @@ class TopicTotals:
     delivered: int
     discarded_by_reason: Mapping[DiscardReason, int]
     in_flight: int
+    #: The last attempt's error left it unknown whether Kafka has the message.
+    possibly_delivered: int = 0
+    #: Kept in the spool at shutdown: the next start replays them.
+    left_for_next_start: int = 0
 
     @property
     def discarded_after_acceptance(self) -> int:
@@ -93,10 +102,18 @@ class _TopicLedger:
     discarded: Counter[DiscardReason] = field(default_factory=Counter)
     # Kept alongside ``discarded`` so that in_flight, checked on every delivery, is O(1).
     discarded_after_acceptance: int = 0
+    possibly_delivered: int = 0
+    left_for_next_start: int = 0
 
     @property
     def in_flight(self) -> int:
-        return self.accepted - self.delivered - self.discarded_after_acceptance
+        return (
+            self.accepted
+            - self.delivered
+            - self.discarded_after_acceptance
+            - self.possibly_delivered
+            - self.left_for_next_start
+        )
 
     def discard(self, reason: DiscardReason) -> None:
         self.discarded[reason] += 1
@@ -109,6 +126,8 @@ class _TopicLedger:
             delivered=self.delivered,
             discarded_by_reason=MappingProxyType(dict(self.discarded)),
             in_flight=self.in_flight,
+            possibly_delivered=self.possibly_delivered,
+            left_for_next_start=self.left_for_next_start,
         )
 
 
@@ -204,6 +223,8 @@ class Books:
         - ``bad_topic``: ``topic``, the rejected name as text.
         - ``malformed``, ``unclean_disconnect``: ``prefix``, the bytes received;
           ``unclean_disconnect`` also needs ``transport`` (UNIX stream or TCP).
+        - ``spool_corrupt``: nothing; ``prefix`` (the damaged bytes) and ``detail`` (where
+          they were) go to the discard sink.
         - ``unsupported_version``: ``api_version``, the version the client sent.
         - ``unsupported_api_key``: nothing (Dory reports only the count).
 
@@ -228,6 +249,44 @@ class Books:
                 reason, topic, client_timestamp_ms, key, prefix, detail, transport, api_version
             )
             self._discard_sink.discarded(event)
+
+    def possibly_delivered(
+        self, topic: str, client_timestamp_ms: int, value: bytes, key: bytes, detail: str
+    ) -> None:
+        """An accepted message's last attempt ended in an error after which it may be in
+        Kafka or not (``detail``: librdkafka's error name). Not a discard: Dory's report
+        lists it apart, and the discard log has it, with the client's bytes, as ``MAYBE``.
+        """
+        ledger = self._topics.get(topic)
+        if ledger is None or ledger.in_flight < 1:
+            self._require_in_flight(topic, 1, "possibly delivered")  # raises
+        else:
+            ledger.possibly_delivered += 1
+        self.counters.inc(counter_names.POSSIBLY_DELIVERED)
+        self.maybe_roll()
+        widen(self._current.possibly_delivered_topics, topic, client_timestamp_ms)
+        if self._discard_sink is not None:
+            event = DiscardEvent(
+                OpenOutcome.POSSIBLY_DELIVERED,
+                topic,
+                client_timestamp_ms,
+                key,
+                value,
+                detail,
+                None,
+                None,
+            )
+            self._discard_sink.discarded(event)
+
+    def left_for_next_start(self, topic: str, n: int = 1) -> None:
+        """At shutdown, ``n`` accepted messages of ``topic`` stay in the spool for the next
+        start, which replays them. Not a discard: nothing is dropped."""
+        ledger = self._topics.get(topic)
+        if ledger is None or n > ledger.in_flight:
+            self._require_in_flight(topic, n, "left for the next start")  # raises
+        else:
+            ledger.left_for_next_start += n
+        self.counters.inc(counter_names.LEFT_FOR_NEXT_START, n)
 
     def possible_duplicate(self, topic: str, client_timestamp_ms: int) -> None:
         """A message of ``topic`` was sent again after a send whose outcome was unknown."""
@@ -373,6 +432,8 @@ class Books:
                 raise ValueError(f"an unclean disconnect needs a stream transport, not {transport}")
             period.unclean_disconnect_counts[transport] += 1
             period.recent_unclean[transport].add(self._cut(prefix))
+        elif reason is DiscardReason.SPOOL_CORRUPT:
+            pass  # Dory's report has no place for it: the period's discards_by_reason counts it
         else:
             raise AssertionError(f"discard reason {reason} has no place in the report")
 

@@ -203,6 +203,11 @@ class CommitPoint:
         if self._waiters and (not self._live or next(iter(self._live)) > token):
             self._wake_waiters()  # the oldest generation is gone: the commit point moved
 
+    def keep(self, token: int, n: int = 1) -> None:
+        """``n`` messages counted under ``token`` stay for the next start (in the spool,
+        when there is one): this run no longer waits for them, as if settled."""
+        self.close(token, n)
+
     # -- reading it -----------------------------------------------------------------------
 
     @property

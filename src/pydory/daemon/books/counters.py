@@ -5,9 +5,19 @@ that shows it both name the counter through this module, so a typo is an import 
 (and a mypy error), not a counter that reads 0 for ever. Names are plain strings: they are
 the keys of ``/counters`` and of the ``pydory_events_total`` metric, stable across
 releases.
+
+Every upper-case constant here is a counter name (or a mapping whose values are), and
+``EVERY_COUNTER`` collects them: ``/counters`` lists exactly those, zeros included, from
+the first request to the last, because Dory's Nagios check answers UNKNOWN when the set of
+names changes between two runs. The one open-ended family,
+``discarded_kafka_error_<error name>``, is therefore not on ``/counters``: it is on
+``/metrics`` and in ``/counters/json``'s ``discarded_by_kafka_error``
+(``discarded_by_kafka_error()`` reads it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pydory.daemon.books.events import DiscardReason, Transport
 
@@ -15,6 +25,10 @@ from pydory.daemon.books.events import DiscardReason, Transport
 ACCEPTED = "accepted"
 DELIVERED = "delivered"
 POSSIBLE_DUPLICATE = "possible_duplicate"
+#: Accepted messages whose outcome librdkafka cannot know (books/events.py OpenOutcome).
+POSSIBLY_DELIVERED = "possibly_delivered"
+#: Accepted messages kept in the spool at shutdown for the next start.
+LEFT_FOR_NEXT_START = "left_for_next_start"
 DISCARD_REPORT_UNREAD = "discard_report_unread"
 #: received_<transport>: messages framed on each transport.
 RECEIVED = {transport: f"received_{transport}" for transport in Transport}
@@ -22,9 +36,18 @@ RECEIVED = {transport: f"received_{transport}" for transport in Transport}
 DISCARDED = {reason: f"discarded_{reason}" for reason in DiscardReason}
 
 
+_KAFKA_ERROR_PREFIX = f"discarded_{DiscardReason.KAFKA_ERROR}_"
+
+
 def discarded_kafka_error(error_name: str) -> str:
     """discarded_kafka_error_<librdkafka error name>: one counter per Kafka error seen."""
-    return f"discarded_kafka_error_{error_name}"
+    return f"{_KAFKA_ERROR_PREFIX}{error_name}"
+
+
+def discarded_by_kafka_error(counts: Mapping[str, int]) -> dict[str, int]:
+    """The ``discarded_kafka_error_<name>`` family of ``counts``, by error name."""
+    prefix = _KAFKA_ERROR_PREFIX
+    return {name[len(prefix) :]: n for name, n in counts.items() if name.startswith(prefix)}
 
 
 # --- inputs and admission --------------------------------------------------------------------
@@ -52,6 +75,13 @@ PRODUCERS_RETIRED = "producers_retired"
 PRODUCER_RECREATED = "producer_recreated"
 TOPIC_NO_AVAILABLE_PARTITIONS = "topic_no_available_partitions"
 METADATA_UPDATE_REQUESTED = "metadata_update_requested"
+#: Connection trouble with a broker, as librdkafka reports it to the producers' error
+#: callback (daemon/delivery/broker_trouble.py): Dory's ConnectorConnectFail,
+#: ConnectorSocketBrokerClose, ConnectorSocketError and ConnectorSocketTimeout.
+KAFKA_CONNECT_FAILED = "kafka_connect_failed"
+KAFKA_CLOSED_BY_BROKER = "kafka_closed_by_broker"
+KAFKA_SOCKET_ERROR = "kafka_socket_error"
+KAFKA_REQUEST_TIMED_OUT = "kafka_request_timed_out"
 
 # --- the spool -------------------------------------------------------------------------------
 SPOOL_REPLAYED = "spool_replayed"
@@ -75,6 +105,22 @@ MSG_DEBUG_DROPPED = "msg_debug_dropped"
 # --- the config ------------------------------------------------------------------------------
 CONFIG_RELOADS = "config_reloads"
 CONFIG_RELOAD_FAILURES = "config_reload_failures"
+
+
+def _every_counter() -> tuple[str, ...]:
+    names: list[str] = []
+    for constant, value in list(globals().items()):
+        if not constant.isupper() or constant.startswith("_"):
+            continue
+        if isinstance(value, str):
+            names.append(value)
+        elif isinstance(value, dict):
+            names.extend(value.values())
+    return tuple(dict.fromkeys(names))
+
+
+#: Every counter with a fixed name, in the order this module spells them.
+EVERY_COUNTER: tuple[str, ...] = _every_counter()
 
 
 class Counters:

@@ -12,7 +12,9 @@ Dory's tools keep reading it. One line per event (shown here on two)::
 
 - ``now``: when pydory recorded the event; ``ts``: the client's timestamp, or ``now`` when
   none could be read (malformed bytes, ...), as Dory does. Both in ms since the epoch.
-- ``event``: ``DISC`` (a discard) or ``DUP`` (a possible duplicate, ``info: NONE``).
+- ``event``: ``DISC`` (a discard), ``DUP`` (a possible duplicate, ``info: NONE``) or
+  pydory's ``MAYBE`` (a message possibly delivered: its last attempt ended in an error
+  after which Kafka may have it or not; ``info: POSSIBLY_DELIVERED(<error>)``).
 - ``info``: the reason in Dory's words (:func:`dory_info`).
 - ``topic``, ``key``, ``msg``: a byte length, then the field in brackets. ``key`` and
   ``msg`` are base64 (binary-safe), of at most ``maxMsgPrefixSize`` bytes of the original.
@@ -52,7 +54,13 @@ from typing import NamedTuple
 from pydory.config.model import Config
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
-from pydory.daemon.books.events import DiscardEvent, DiscardReason, DiscardSink, Transport
+from pydory.daemon.books.events import (
+    DiscardEvent,
+    DiscardReason,
+    DiscardSink,
+    OpenOutcome,
+    Transport,
+)
 from pydory.daemon.books.files import (
     MAX_BACKLOG_BYTES,
     MAX_BACKLOG_ENTRIES,
@@ -82,6 +90,7 @@ _PLAIN_INFO = {
     DiscardReason.RATE_LIMIT: "RATE_LIMIT",
     DiscardReason.FAILED_DELIVERY_ATTEMPTS: "DELIVERY_ATTEMPT_LIMIT",
     DiscardReason.SHUTDOWN_DELAY: "SERVER_SHUTDOWN",
+    DiscardReason.SPOOL_CORRUPT: "SPOOL_CORRUPT",  # pydory's: ``msg`` has the damaged bytes
 }
 _NOT_A_TOKEN = re.compile(r"[^A-Za-z0-9_.-]")
 # Size:int32 then ApiKey:int16 at the start of every Dory message.
@@ -96,6 +105,10 @@ def dory_info(event: DiscardEvent) -> str:
     ``KAFKA_ERROR_ACK(TOPIC_AUTHORIZATION_FAILED)``. Never contains a space.
     """
     reason = event.reason
+    if reason is OpenOutcome.POSSIBLY_DELIVERED:
+        detail = _NOT_A_TOKEN.sub("_", event.detail)
+        return f"POSSIBLY_DELIVERED({detail})" if detail else "POSSIBLY_DELIVERED"
+    assert isinstance(reason, DiscardReason), reason
     plain = _PLAIN_INFO.get(reason)
     if plain is not None:
         return plain
@@ -132,7 +145,8 @@ def format_line(
         topic, key, message = what.topic, b"", b""
     else:
         timestamp_ms = now_ms if what.client_timestamp_ms is None else what.client_timestamp_ms
-        event, info = b"DISC", dory_info(what)
+        event = b"MAYBE" if what.reason is OpenOutcome.POSSIBLY_DELIVERED else b"DISC"
+        info = dory_info(what)
         topic, key, message = what.topic or "", what.key, what.message
     if prefix_size is not None:
         key, message = key[:prefix_size], message[:prefix_size]
@@ -312,7 +326,8 @@ def describe_discard(event: DiscardEvent) -> str:
         facts.append(f"on {event.transport}")
     if event.message:
         facts.append(f"{len(event.message)} bytes kept")
-    return f"discarded a message ({reason})" + (": " + ", ".join(facts) if facts else "")
+    what = "possibly delivered" if event.reason is OpenOutcome.POSSIBLY_DELIVERED else "discarded"
+    return f"{what} a message ({reason})" + (": " + ", ".join(facts) if facts else "")
 
 
 # --- both, as the config asks --------------------------------------------------------------

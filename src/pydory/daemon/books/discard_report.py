@@ -87,6 +87,7 @@ class Period:
         # discard (a flood costs no object per message), frozen in snapshot().
         self.discard_topics: dict[str, list[int]] = {}
         self.duplicate_topics: dict[str, list[int]] = {}
+        self.possibly_delivered_topics: dict[str, list[int]] = {}
         self.discards_by_reason: Counter[DiscardReason] = Counter()
         self.kafka_errors: Counter[str] = Counter()
 
@@ -113,6 +114,7 @@ class Period:
             rate_limit_discard=tuple(sorted(self.rate_limit_discards.items())),
             discard_topic=frozen_intervals(self.discard_topics),
             possible_duplicate_topic=frozen_intervals(self.duplicate_topics),
+            possibly_delivered_topic=frozen_intervals(self.possibly_delivered_topics),
             discards_by_reason=MappingProxyType(
                 {reason: self.discards_by_reason[reason] for reason in DiscardReason}
             ),
@@ -151,6 +153,8 @@ class PeriodReport:
     # pydory extras (new JSON keys, never in place of Dory's):
     discards_by_reason: Mapping[DiscardReason, int]
     kafka_error_discards: Mapping[str, int]
+    #: Accepted messages whose last attempt left it unknown whether Kafka has them.
+    possibly_delivered_topic: tuple[tuple[str, TopicInterval], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ __all__ = [
     "DiscardEvent",
     "DiscardReason",
     "DiscardSink",
+    "OpenOutcome",
     "Transport",
 ]
 
@@ -39,6 +40,23 @@ class DiscardReason(enum.StrEnum):
     FAILED_DELIVERY_ATTEMPTS = "failed_delivery_attempts"
     SHUTDOWN_DELAY = "shutdown_delay"
     UNCLEAN_DISCONNECT = "unclean_disconnect"
+    #: A message of the previous run's spool that recovery could not read back (a damaged
+    #: frame): discarded before acceptance in this run's books, with no topic.
+    SPOOL_CORRUPT = "spool_corrupt"
+
+
+class OpenOutcome(enum.StrEnum):
+    """An accepted message's outcome that is neither "delivered" nor "discarded".
+
+    ``possibly_delivered``: the last attempt ended in an error after which the message may
+    be in Kafka or not (a timeout or a broken connection after the request may have left);
+    librdkafka cannot know, so the books do not pretend to. ``left_for_next_start``: the
+    shutdown deadline came first and the message stays in the spool, replayed by the next
+    start (never a discard: it is not dropped).
+    """
+
+    POSSIBLY_DELIVERED = "possibly_delivered"
+    LEFT_FOR_NEXT_START = "left_for_next_start"
 
 
 class Transport(enum.StrEnum):
@@ -91,13 +109,15 @@ class DiscardEvent(NamedTuple):
     A named tuple: it is built on the hot path, and a tuple is the cheapest immutable
     record Python has.
 
+    ``reason`` is a discard reason, or :data:`OpenOutcome.POSSIBLY_DELIVERED` (written to
+    the discard log with the client's bytes, as a discard is, but never counted as one).
     ``message`` holds the bytes the caller had: the value for topic discards that passed
     one (``too_long``, refusals at enqueue), the raw bytes received for ``malformed``,
     ``unsupported_*`` and ``unclean_disconnect``, else empty. ``key`` is empty unless the
     caller passed it. ``client_timestamp_ms`` is None when no timestamp could be read.
     """
 
-    reason: DiscardReason
+    reason: DiscardReason | OpenOutcome
     topic: str | None
     client_timestamp_ms: int | None
     key: bytes

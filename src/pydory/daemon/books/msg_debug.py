@@ -8,14 +8,17 @@ and reading three files in ``<msgDebug><path>``, one line per message and stage:
 - ``msg_send``: handed to librdkafka (``produce()`` took it; again on each reroute);
 - ``msg_got_ack``: acknowledged by Kafka.
 
-A line, in Dory's format with two fields added at the end::
+A line, exactly Dory's (``debug_logger.cc``), so that a parser written for Dory's files
+reads pydory's::
 
-    ts: 1795246679208 topic: 5[clock] key: 0[] value: 8[aGVsbG8=] partition: 3 now: 1795246679301
+    ts: 1795246679208 topic: 5[clock] key: 0[] value: 8[aGVsbG8=]
 
-``ts`` is the client's timestamp (ms since the epoch); ``topic``, ``key`` and ``value`` are
-a length then the field in brackets, key and value base64 (Dory's fields, in its order).
-pydory adds ``partition`` (only where known: on ``msg_send`` and ``msg_got_ack`` lines) and
-``now``, when the stage happened (ms since the epoch).
+``ts`` is the client's timestamp (ms since the epoch) on all three files, ``msg_got_ack``
+included (not the broker's: a LogAppendTime topic's acknowledgement carries the broker's
+append time); ``topic``, ``key`` and ``value`` are a length then the field in brackets, key
+and value base64. With ``<msgDebug extraFields="true">`` (pydory's attribute; Dory ignores
+it) each line also ends with `` partition: 3`` (where known: on ``msg_send`` and
+``msg_got_ack`` lines) and `` now: 1795246679301``, when the stage happened.
 
 Tracing starts when the selection goes from no topic to some (the three files are emptied
 then, as Dory does), and stops by itself after ``<timeLimit>`` seconds or once the three
@@ -89,16 +92,21 @@ def format_line(
     topic: str,
     key: bytes | memoryview | None,
     value: bytes | memoryview | None,
-    partition: int | None,
-    now_ms: int,
+    *,
+    partition: int | None = None,
+    now_ms: int | None = None,
 ) -> bytes:
-    """One trace line (newline-terminated); ``partition`` None = not known yet."""
+    """One trace line (newline-terminated), Dory's; with ``now_ms`` (the extra fields on),
+    pydory's ``partition`` (None = not known yet) and ``now`` follow."""
     key64 = binascii.b2a_base64(key, newline=False) if key else b""
     value64 = binascii.b2a_base64(value, newline=False) if value else b""
     if not (topic.isascii() and topic.isprintable()):
         topic = topic.encode("unicode_escape").decode("ascii")
-    where = b"" if partition is None else b" partition: %d" % partition
-    return b"ts: %d topic: %d[%s] key: %d[%s] value: %d[%s]%s now: %d\n" % (
+    extra = b""
+    if now_ms is not None:
+        where = b"" if partition is None else b" partition: %d" % partition
+        extra = b"%s now: %d" % (where, now_ms)
+    return b"ts: %d topic: %d[%s] key: %d[%s] value: %d[%s]%s\n" % (
         timestamp_ms,
         len(topic),
         topic.encode("ascii"),
@@ -106,8 +114,7 @@ def format_line(
         key64,
         len(value64),
         value64,
-        where,
-        now_ms,
+        extra,
     )
 
 
@@ -238,6 +245,7 @@ class MsgDebug:
         self.directory = config.path or ""
         self.time_limit_s = config.time_limit_s
         self.byte_limit = config.byte_limit
+        self.extra_fields = config.extra_fields  # pydory's partition and now on each line
         self._writers: Sequence[LineSink] = ()
         if config.path is not None:
             self._writers = writers if writers is not None else _open_writers(config.path, counters)
@@ -286,8 +294,8 @@ class MsgDebug:
     ) -> None:
         if not self.active:
             return
-        now_ms = int(self._wall_clock() * 1000)
-        line = format_line(timestamp_ms, topic, key, value, partition, now_ms)
+        now_ms = int(self._wall_clock() * 1000) if self.extra_fields else None
+        line = format_line(timestamp_ms, topic, key, value, partition=partition, now_ms=now_ms)
         if self.bytes_written + len(line) > self.byte_limit:
             self._stop_by_itself(f"byteLimit reached ({self.byte_limit} bytes)")
             return

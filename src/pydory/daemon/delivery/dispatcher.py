@@ -40,6 +40,7 @@ from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import message_cost, pool_cost
+from pydory.daemon.delivery.broker_trouble import count_broker_trouble
 from pydory.daemon.delivery.kafka_stats import (
     STATS_INTERVAL_MS,
     KafkaStats,
@@ -52,10 +53,14 @@ from pydory.daemon.delivery.librdkafka_settings import (
     producer_properties,
 )
 from pydory.daemon.delivery.outcomes import (
+    POSSIBLY_PERSISTED,
     Delivered,
     Discard,
     EnqueueRefused,
+    FinalOutcome,
     Ledger,
+    PossiblyDelivered,
+    Reroute,
     failure_outcome,
     no_producer_refusal,
     produce_refusal,
@@ -97,9 +102,12 @@ class Dispatcher:
         counters: Counters | None = None,
         in_flight_by_topic: Callable[[], Mapping[str, int]] | None = None,
         msg_debug: MsgDebug | None = None,
+        kept_on_disk: Callable[[int], bool] = lambda token: False,
     ) -> None:
         """``in_flight_by_topic`` (the books' count of accepted, unsettled messages per
-        topic) lets the statistics tell how many messages wait for a produce request."""
+        topic) lets the statistics tell how many messages wait for a produce request;
+        ``kept_on_disk(token)``: the message is in the spool (the write-ahead's tokens
+        say), so a shutdown that cannot deliver it leaves it there for the next start."""
         self._settings = settings
         self._profile_for = profile_for
         self._router = router
@@ -115,9 +123,22 @@ class Dispatcher:
         self._reports = DeliveryReports()
         self._drain_scheduled = False  # a closing thread asked the loop to settle reports
         self._poll_scheduled = False  # a poll runs once the callbacks in progress are done
-        self._poll_timer: asyncio.TimerHandle | None = None
+        # The poll timer and when it is due: uvloop's call_at returns a plain Handle, with
+        # no when(), for a time already past, so the due time is kept beside it.
+        self._poll_timer: asyncio.Handle | None = None
+        self._poll_due = 0.0
         self._in_flight_by_topic = in_flight_by_topic
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
+        self._kept_on_disk = kept_on_disk
+        # librdkafka's idempotent producer, once a message times out in flight, bumps its
+        # epoch and renumbers what it still holds: a batch already written may be written
+        # again and reported delivered once (its INTRODUCTION.md, "Message timeout
+        # considerations"; confluentinc/librdkafka#4953). Which ones, confluent-kafka does
+        # not say, so every message sent before such a failure (its token at most this)
+        # and acknowledged after it is flagged a possible duplicate, until nothing sent
+        # before it is held any more. Tokens never decrease in send order (send()).
+        self._newest_token = 0
+        self._suspect_through: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.rerouted = 0
         self._closing = False
@@ -140,9 +161,12 @@ class Dispatcher:
         partition_key: int | None = None,
         attempt: int = 1,
         token: int = 0,
+        maybe_in_kafka: bool = False,
     ) -> None:
         """Hand one message to librdkafka; its outcome reaches the ledger later, with
-        ``token``.
+        ``token``. ``maybe_in_kafka``: an earlier attempt may have reached the log.
+        Tokens never decrease from one first attempt to the next (the commit point's
+        generations do not): the possible-duplicate window relies on it.
 
         Raises ``EnqueueRefused`` when librdkafka refuses it at once (queue full, too
         large): the caller decides what that refusal means for its books.
@@ -162,13 +186,15 @@ class Dispatcher:
                 ) or handle.first_attempt_callback(token, timestamp_ms)
             else:
                 callback = functools.partial(
-                    handle.on_delivery, partition_key, attempt, token, timestamp_ms
+                    handle.on_delivery, partition_key, attempt, token, timestamp_ms, maybe_in_kafka
                 )
             producer.produce(
                 topic, value, key, partition, on_delivery=callback, timestamp=timestamp_ms
             )
         except (BufferError, KafkaException) as exc:
             raise produce_refusal(exc) from None
+        if attempt == 1:
+            self._newest_token = token
         if not self._poll_scheduled:
             self._poll_scheduled = True
             assert self._loop is not None, "Dispatcher.start() was not called"
@@ -212,6 +238,7 @@ class Dispatcher:
             self._reports_waiting,
             self._take_statistics if statistics else None,
             self._replace,
+            functools.partial(count_broker_trouble, self._counters),
         )
         self._handles_created += 1
         assert self._loop is not None, "Dispatcher.start() was not called"
@@ -352,6 +379,8 @@ class Dispatcher:
             handle.serve()
         self._drain_reports()
         busy = self.in_librdkafka() > 0
+        if not busy:
+            self._suspect_through = None  # everything sent before the failure has settled
         self._arm_poll_timer(BUSY_POLL_INTERVAL_S if busy else IDLE_POLL_INTERVAL_S)
 
     def _arm_poll_timer(self, delay_s: float) -> None:
@@ -362,10 +391,11 @@ class Dispatcher:
         due = loop.time() + delay_s
         timer = self._poll_timer
         if timer is not None:
-            if timer.when() <= due:
+            if self._poll_due <= due:
                 return
             timer.cancel()
         self._poll_timer = loop.call_at(due, self._on_poll_timer)
+        self._poll_due = due
 
     def _on_poll_timer(self) -> None:
         self._poll_timer = None
@@ -379,26 +409,29 @@ class Dispatcher:
                 self._loop.call_soon_threadsafe(self._drain_reports)
 
     def _drain_reports(self) -> None:
-        """Settle every report waiting: acknowledgements as one batch, per topic and per
-        token, then failures one by one (each needs its own decision)."""
+        """Settle every report waiting: failures one by one (each needs its own decision),
+        then acknowledgements as one batch, per topic and per token."""
         self._drain_scheduled = False
-        acks = self._reports.acks
-        if acks:
-            self._settle_acks(acks)
+        # Failures first: one may open the possible-duplicate window for the acks after it.
         failures = self._reports.failures
         while failures:
             self._settle_failure(*failures.popleft())
+        acks = self._reports.acks
+        if acks:
+            self._settle_acks(acks)
 
     def _settle_acks(self, acks: collections.deque[AckReport]) -> None:
         if self._msg_debug.active:  # one check per batch
             self._trace_acks(acks)
+        if self._suspect_through is not None:  # one check per batch
+            self._flag_suspects(acks, self._suspect_through)
         by_topic: dict[str, int] = {}
         by_token: dict[int, int] = {}
         cost = 0
         pop = acks.popleft
         cost_of = message_cost
         while acks:
-            msg, token = pop()
+            msg, token, _ = pop()
             topic = msg.topic()
             key = msg.key()
             by_topic[topic] = by_topic.get(topic, 0) + 1
@@ -407,15 +440,21 @@ class Dispatcher:
             cost += cost_of(topic, len(msg) + (len(key) if key else 0))
         self._ledger.delivered(Delivered(by_topic, by_token, cost))
 
+    def _flag_suspects(self, acks: collections.deque[AckReport], through: int) -> None:
+        """Each acknowledged message sent before the last failure after which librdkafka
+        may have renumbered what it held: a possible duplicate (see ``__init__``)."""
+        possible_duplicate = self._ledger.possible_duplicate
+        for msg, token, timestamp_ms in acks:
+            if token <= through:
+                possible_duplicate(msg.topic(), timestamp_ms)
+
     def _trace_acks(self, acks: collections.deque[AckReport]) -> None:
         """Message debugging: a ``msg_got_ack`` line per acknowledged traced message."""
         msg_debug = self._msg_debug
-        for msg, _ in acks:
+        for msg, _, timestamp_ms in acks:
             topic = msg.topic()
             if msg_debug.traces(topic):
-                msg_debug.acknowledged(
-                    topic, msg.partition(), msg.key(), msg.value(), msg.timestamp()[1]
-                )
+                msg_debug.acknowledged(topic, msg.partition(), msg.key(), msg.value(), timestamp_ms)
 
     def _settle_failure(
         self,
@@ -426,6 +465,7 @@ class Dispatcher:
         attempt: int,
         token: int,
         handle: ProducerHandle,
+        maybe_in_kafka: bool = False,
     ) -> None:
         topic: str = msg.topic()
         outcome = failure_outcome(
@@ -437,21 +477,43 @@ class Dispatcher:
             attempt=attempt,
             max_attempts=self._max_attempts,
             shutting_down=self._closing,
+            maybe_in_kafka_before=maybe_in_kafka,
+            in_spool=self._kept_on_disk(token),
         )
-        if isinstance(outcome, Discard):
-            self._discard(msg, timestamp_ms, outcome, token)
+        if err.code() in POSSIBLY_PERSISTED and not self._closing:
+            self._suspect_through = self._newest_token
+        # Sent before such a failure (its own included): librdkafka may have written it
+        # twice, and a copy in Kafka may then be a second one.
+        renumbered = self._suspect_through is not None and token <= self._suspect_through
+        if not isinstance(outcome, Reroute):
+            if renumbered and isinstance(outcome, PossiblyDelivered):
+                self._ledger.possible_duplicate(topic, timestamp_ms)
+            self._settle(msg, timestamp_ms, outcome, token)
             return
-        if outcome.possible_duplicate:
+        if outcome.possible_duplicate or renumbered:
             self._ledger.possible_duplicate(topic, timestamp_ms)
-        self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token)
+        maybe_in_kafka = maybe_in_kafka or outcome.possible_duplicate
+        self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token, maybe_in_kafka)
 
-    def _discard(self, msg: Any, timestamp_ms: int, outcome: Discard, token: int) -> None:
+    def _settle(self, msg: Any, timestamp_ms: int, outcome: FinalOutcome, token: int) -> None:
         topic = msg.topic()
         cost = pool_cost(topic, msg.key(), msg.value())
-        self._ledger.discarded(outcome.reason, topic, timestamp_ms, outcome.detail, cost, token)
+        ledger = self._ledger
+        if isinstance(outcome, Discard):
+            ledger.discarded(outcome.reason, topic, timestamp_ms, outcome.detail, cost, token)
+        elif isinstance(outcome, PossiblyDelivered):
+            ledger.possibly_delivered(topic, timestamp_ms, msg, outcome.detail, cost, token)
+        else:
+            ledger.left_for_next_start(topic, cost, token)
 
     def _reroute(
-        self, msg: Any, timestamp_ms: int, partition_key: int | None, attempt: int, token: int
+        self,
+        msg: Any,
+        timestamp_ms: int,
+        partition_key: int | None,
+        attempt: int,
+        token: int,
+        maybe_in_kafka: bool,
     ) -> None:
         """Send again: an AnyPartition message to another available partition, a
         PartitionKey message by the key rule (which skips partitions without a leader)."""
@@ -476,9 +538,10 @@ class Dispatcher:
                 partition_key,
                 attempt,
                 token,
+                maybe_in_kafka,
             )
         except EnqueueRefused as refusal:
-            self._discard(msg, timestamp_ms, resend_refused(refusal), token)
+            self._settle(msg, timestamp_ms, resend_refused(refusal, maybe_in_kafka), token)
             return
         msg_debug = self._msg_debug
         if msg_debug.active and msg_debug.traces(topic):

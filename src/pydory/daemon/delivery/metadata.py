@@ -129,7 +129,7 @@ class MetadataService:
         self.fetch_successes += 1
         self.last_updated_ms = _now_ms()
         changed = not self._router.snapshot.same_layout(snapshot)
-        if changed or not self._compare:
+        if changed or not self._compare or not self._router.has_metadata:
             self.updates += 1
             self._router.replace(snapshot)
             self.last_modified_ms = self.last_updated_ms
@@ -143,9 +143,13 @@ class MetadataService:
         return changed
 
     async def initial(self, stop: asyncio.Event) -> bool:
-        """Fetch until it works (or ``stop`` is set, then return False)."""
+        """Fetch until it works (or ``stop`` is set, then return False). The daemon
+        serves meanwhile (its messages wait for this); a refresh asked for (``POST
+        /metadata_update``, a producer seeing a broker come back) cuts a pause between
+        attempts short, spaced by minPauseDelay as on-demand refreshes always are."""
         attempt = 0
         while not stop.is_set():
+            self._wanted.clear()
             try:
                 await self.refresh()
             except KafkaException as exc:
@@ -153,13 +157,25 @@ class MetadataService:
                 delay = self._pause_delay(attempt)
                 log.warning("initial metadata fetch failed (%s); retrying in %.1f s", exc, delay)
                 attempt += 1
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    continue
+                await self._pause_before_retry(stop, delay)
             else:
                 return True
         return False
+
+    async def _pause_before_retry(self, stop: asyncio.Event, delay_s: float) -> None:
+        """Wait ``delay_s``, or until a refresh is asked for (then minPauseDelay after the
+        last on-demand one), or until ``stop`` is set."""
+        stopped = asyncio.ensure_future(stop.wait())
+        wanted = asyncio.ensure_future(self._wanted.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {stopped, wanted}, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopped.cancel()
+            wanted.cancel()
+        if wanted in done and not stop.is_set():
+            await self._space_on_demand()
 
     @staticmethod
     def new_client(properties: dict[str, Any]) -> Producer:

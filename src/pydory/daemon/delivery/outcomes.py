@@ -23,8 +23,23 @@ from pydory.daemon.books.events import DiscardReason
 from pydory.daemon.books.pool import MemoryPool
 from pydory.errors import PydoryError
 
-# Errors after which the message may already be in the log: a resend may duplicate it.
-_POSSIBLY_PERSISTED = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
+# Errors after which the message may already be in the log: the request may have left
+# (or been written by the leader) before the error. librdkafka knows per message whether it
+# was sent (rd_kafka_message_status), but confluent-kafka's Message does not carry that, so
+# the classification is conservative: a timeout or a broken connection may come after the
+# request left. A resend after one of these may duplicate the message; a final failure
+# after one of these is "possibly delivered", never a plain discard.
+POSSIBLY_PERSISTED = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError._PURGE_INFLIGHT,
+    }
+)
 
 # Errors that mean "we are shutting down and ran out of time", not a Kafka verdict.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
@@ -57,10 +72,29 @@ class Discard:
 
 
 @dataclass(frozen=True, slots=True)
+class PossiblyDelivered:
+    """The message's last attempt failed, but an attempt may have reached the log: Kafka
+    may have it or not. ``detail`` names the last error."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeftForNextStart:
+    """Shutting down, and the message is in the spool: it stays there for the next start,
+    which replays it (a possible duplicate if an attempt may have reached the log)."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Reroute:
     """The message is sent again; ``possible_duplicate``: it may already be in the log."""
 
     possible_duplicate: bool
+
+
+FinalOutcome = Discard | PossiblyDelivered | LeftForNextStart
 
 
 def failure_outcome(
@@ -73,23 +107,36 @@ def failure_outcome(
     attempt: int,
     max_attempts: int,
     shutting_down: bool,
-) -> Discard | Reroute:
+    maybe_in_kafka_before: bool = False,
+    in_spool: bool = False,
+) -> FinalOutcome | Reroute:
     """The outcome of a failed delivery report: librdkafka's error ``code`` (named
     ``error_name``, fatal or not) for a message sent ``attempt`` times of at most
     ``max_attempts``, by a producer that has had a fatal error (``producer_fatal_error``)
     or not, for a topic the router still knows or not, while the daemon runs or shuts
-    down. The first rule that applies decides."""
+    down; ``maybe_in_kafka_before``: an earlier attempt ended in a POSSIBLY_PERSISTED
+    error; ``in_spool``: the message is on disk for the next start.
+
+    The first rule that applies decides. A final failure of a message that may be in
+    Kafka (this error or an earlier one) is possibly delivered, not discarded.
+    """
+    maybe_in_kafka = maybe_in_kafka_before or code in POSSIBLY_PERSISTED
+    verdict: Discard
     if producer_fatal_error is not None:
         # Whatever the failed producer still held: its fatal error is the verdict.
-        return Discard(DiscardReason.KAFKA_ERROR, producer_fatal_error)
-    if code in _PURGED or (shutting_down and code not in _PERMANENT):
+        verdict = Discard(DiscardReason.KAFKA_ERROR, producer_fatal_error)
+    elif code in _PURGED or (shutting_down and code not in _PERMANENT):
         # Nothing will poll for a resend's report once the producers stop.
-        return Discard(DiscardReason.SHUTDOWN_DELAY, error_name)
-    if code in _PERMANENT or error_is_fatal or not topic_known:
-        return Discard(DiscardReason.KAFKA_ERROR, error_name)
-    if attempt >= max_attempts:
-        return Discard(DiscardReason.FAILED_DELIVERY_ATTEMPTS, error_name)
-    return Reroute(possible_duplicate=code in _POSSIBLY_PERSISTED)
+        if in_spool:
+            return LeftForNextStart(error_name)
+        verdict = Discard(DiscardReason.SHUTDOWN_DELAY, error_name)
+    elif code in _PERMANENT or error_is_fatal or not topic_known:
+        verdict = Discard(DiscardReason.KAFKA_ERROR, error_name)
+    elif attempt >= max_attempts:
+        verdict = Discard(DiscardReason.FAILED_DELIVERY_ATTEMPTS, error_name)
+    else:
+        return Reroute(possible_duplicate=code in POSSIBLY_PERSISTED)
+    return PossiblyDelivered(verdict.detail) if maybe_in_kafka else verdict
 
 
 # -- a refusal at produce() --------------------------------------------------------------
@@ -119,8 +166,11 @@ def no_producer_refusal() -> EnqueueRefused:
     return EnqueueRefused(DiscardReason.KAFKA_ERROR, "producer unavailable")
 
 
-def resend_refused(refusal: EnqueueRefused) -> Discard:
-    """librdkafka refused a reroute at ``produce()``: that was the message's last attempt."""
+def resend_refused(refusal: EnqueueRefused, maybe_in_kafka: bool) -> Discard | PossiblyDelivered:
+    """librdkafka refused a reroute at ``produce()``: that was the message's last attempt
+    (possibly delivered if the attempt before may have reached the log)."""
+    if maybe_in_kafka:
+        return PossiblyDelivered(refusal.detail)
     return Discard(DiscardReason.FAILED_DELIVERY_ATTEMPTS, refusal.detail)
 
 
@@ -152,7 +202,20 @@ class Ledger(Protocol):
         token: int,
     ) -> None: ...
 
+    def possibly_delivered(
+        self, topic: str, timestamp_ms: int, message: Unsent, detail: str, cost: int, token: int
+    ) -> None: ...
+
+    def left_for_next_start(self, topic: str, cost: int, token: int) -> None: ...
+
     def possible_duplicate(self, topic: str, timestamp_ms: int) -> None: ...
+
+
+class Unsent(Protocol):
+    """The client's bytes of a message whose delivery failed (librdkafka's Message)."""
+
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
 
 
 class Tokens(Protocol):
@@ -161,6 +224,9 @@ class Tokens(Protocol):
 
     def open(self) -> int: ...
     def close(self, token: int, n: int = 1) -> None: ...
+    def keep(self, token: int, n: int = 1) -> None:
+        """Shutdown: the messages stay in the spool for the next start; this run's commit
+        point no longer waits for them."""
 
 
 class DeliveryLedger:
@@ -192,6 +258,19 @@ class DeliveryLedger:
         self._books.discarded(reason, topic, timestamp_ms, detail=detail)
         self._pool.release(cost)
         self._commit_point.close(token)
+
+    def possibly_delivered(
+        self, topic: str, timestamp_ms: int, message: Unsent, detail: str, cost: int, token: int
+    ) -> None:
+        value, key = message.value() or b"", message.key() or b""
+        self._books.possibly_delivered(topic, timestamp_ms, value, key, detail)
+        self._pool.release(cost)
+        self._commit_point.close(token)  # its fate is decided: a replay would only duplicate
+
+    def left_for_next_start(self, topic: str, cost: int, token: int) -> None:
+        self._books.left_for_next_start(topic)
+        self._pool.release(cost)
+        self._commit_point.keep(token)
 
     def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
         self._books.possible_duplicate(topic, timestamp_ms)

@@ -40,10 +40,11 @@ PURGE_REPORTS_WAIT_S = 2.0
 # was sent with (librdkafka reports a failed message without one), its PartitionKey (None
 # for AnyPartition), how many times it has been sent, the caller's token (an opaque int
 # given to ``send``, returned to the ledger with the outcome: the commit point's epoch),
-# and the producer that reported it.
-FailureReport = tuple[Any, Any, int, "int | None", int, int, "ProducerHandle"]
-# A successful delivery report: the message and its token.
-AckReport = tuple[Any, int]
+# the producer that reported it, and whether an earlier attempt may have reached the log.
+FailureReport = tuple[Any, Any, int, "int | None", int, int, "ProducerHandle", bool]
+# A successful delivery report: the message, its token, and the client's timestamp it was
+# sent with (the report's own is the broker's append time on a LogAppendTime topic).
+AckReport = tuple[Any, int, int]
 
 
 class DeliveryReports:
@@ -83,7 +84,10 @@ class ProducerHandle:
         on_reports: Callable[[], None],
         on_statistics: Callable[[ProducerHandle, ProducerStats], None] | None,
         on_fatal: Callable[[ProducerHandle], None],
+        on_broker_error: Callable[[Any], None] | None = None,
     ):
+        """``on_broker_error(KafkaError)``: a non-fatal error librdkafka reports (a broker
+        it cannot reach, a connection lost), called on the loop thread."""
         self.name = name
         self.profile = profile
         self._ack = reports.acks.append
@@ -93,6 +97,9 @@ class ProducerHandle:
         self._on_fatal = on_fatal
         if on_statistics is not None:
             properties = {**properties, "stats_cb": self._statistics}
+        self._on_broker_error = on_broker_error
+        if on_broker_error is not None:
+            properties = {**properties, "error_cb": self._broker_error}
         self.producer: Producer | None = Producer(properties)
         # Set (once) when librdkafka reports a fatal error: the instance is unusable and
         # everything it still holds fails.
@@ -118,7 +125,7 @@ class ProducerHandle:
         if callback is None:
             if len(self.first_attempt_callbacks) > 1024:
                 self.first_attempt_callbacks.clear()
-            callback = functools.partial(self.on_delivery, None, 1, token, timestamp_ms)
+            callback = functools.partial(self.on_delivery, None, 1, token, timestamp_ms, False)
             self.first_attempt_callbacks[cache_key] = callback
         return callback
 
@@ -131,13 +138,15 @@ class ProducerHandle:
         attempt: int,
         token: int,
         timestamp_ms: int,
+        maybe_in_kafka: bool,
         err: Any,
         msg: Any,
     ) -> None:
         if err is None:
-            self._ack((msg, token))
+            self._ack((msg, token, timestamp_ms))
         else:
-            self._fail((err, msg, timestamp_ms, partition_key, attempt, token, self))
+            report = (err, msg, timestamp_ms, partition_key, attempt, token, self, maybe_in_kafka)
+            self._fail(report)
 
     def _statistics(self, raw: str) -> None:
         # About once a second per producer: parsed where it arrives, so that the loop
@@ -149,6 +158,12 @@ class ProducerHandle:
             return
         assert self._on_statistics is not None
         self._loop.call_soon_threadsafe(self._on_statistics, self, report)
+
+    def _broker_error(self, error: Any) -> None:
+        # Served by poll() or flush(): on the loop, or on the closing thread at shutdown,
+        # so handed to the loop either way (the counters belong to it).
+        assert self._on_broker_error is not None
+        self._loop.call_soon_threadsafe(self._on_broker_error, error)
 
     def serve(self) -> None:
         """Loop thread: serve the callbacks librdkafka has ready, without waiting."""

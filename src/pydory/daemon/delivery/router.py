@@ -117,6 +117,8 @@ class Router:
         self, snapshot: MetadataSnapshot | None = None, counters: Counters | None = None
     ) -> None:
         self._snapshot = snapshot or MetadataSnapshot({}, {})
+        # Until the first snapshot, an unknown topic is not a bad topic: nothing is known.
+        self._has_metadata = snapshot is not None
         self._counters = counters if counters is not None else Counters()
         self._unavailable_brokers: frozenset[int] = frozenset()
         self._unavailable_partitions: frozenset[tuple[str, int]] = frozenset()
@@ -131,12 +133,19 @@ class Router:
         return self._snapshot
 
     @property
+    def has_metadata(self) -> bool:
+        """Whether the router has had a snapshot: before the first metadata fetch
+        succeeds, it knows no topic, and that says nothing about the cluster."""
+        return self._has_metadata
+
+    @property
     def unavailable_brokers(self) -> frozenset[int]:
         return self._unavailable_brokers
 
     def replace(self, snapshot: MetadataSnapshot) -> None:
         """Route by ``snapshot`` from now on."""
         self._snapshot = snapshot
+        self._has_metadata = True
         self._forget_choices()
 
     def set_unavailable(

@@ -9,10 +9,11 @@ left behind. Single-threaded by design: all calls come from the loop thread.
 On disk, ``directory`` holds a ``LOCK`` file (an exclusive ``flock`` held while the spool
 is open, so two daemons never share one spool) and segment files
 ``segment-<20-digit id>.spool``, ids increasing across restarts. A segment is a header
-followed by framed, checksummed records (their layout: :mod:`pydory.daemon.spool.records`).
-Appends only ever add whole frames, and a failed write is truncated away, so a segment is
-always a valid prefix followed at worst by one torn frame (a crash mid-write); recovery
-(:mod:`pydory.daemon.spool.recovery`) keeps the valid prefix and cuts the rest.
+followed by framed, checksummed records numbered from 0 (their layout:
+:mod:`pydory.daemon.spool.records`). Appends only ever add whole frames, and a failed
+write is truncated away, so a segment is always a run of good frames followed at worst
+by one torn frame (a crash mid-write); recovery (:mod:`pydory.daemon.spool.recovery`)
+cuts the torn frame, and finds its way past a damaged one (a bad disk, a power cut).
 
 A segment is deleted once every message in it is settled. The segment being written is
 never deleted while it is current: when all its messages are settled it is truncated
@@ -28,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
+import logging
 import os
 import re
 import time
@@ -37,13 +40,21 @@ from dataclasses import dataclass
 from pydory.daemon.spool.errors import SpoolError, SpoolFull, SpoolInUse
 from pydory.daemon.spool.records import (
     HEADER_BYTES,
+    SEQUENCES_PER_SEGMENT,
     SpoolRecord,
     decode_records,
     encode_header,
     encode_payloads,
     encode_records,
 )
-from pydory.daemon.spool.recovery import RecoveryReport, SegmentRecovery, read_exactly
+from pydory.daemon.spool.recovery import (
+    OnCorrupt,
+    RecoveryReport,
+    SegmentRecovery,
+    read_exactly,
+)
+
+log = logging.getLogger(__name__)
 
 LOCK_FILE = "LOCK"
 SEGMENT_NAME = re.compile(r"segment-([0-9]{20})\.spool", re.ASCII)
@@ -58,6 +69,7 @@ class _Segment:
     size: int
     outstanding: int = 0
     fd: int | None = None  # open while it is the current segment
+    next_sequence: int = 0  # the sequence of the next frame appended to it
 
 
 class Spool:
@@ -92,7 +104,7 @@ class Spool:
         self.fsync_interval_ms = fsync_interval_ms
         self._clock = clock
         self._lock_fd: int | None = None
-        self._recovery = SegmentRecovery(self._error, self._make_durable)
+        self._recovery = SegmentRecovery(directory, self._error, self._make_durable)
         self._segments: dict[int, _Segment] = {}  # this run's segments, by id
         self._current: _Segment | None = None
         self._next_id = 1
@@ -117,7 +129,9 @@ class Spool:
         """Create the directory (mode 0700), lock it, and note the segments already there.
 
         Raises SpoolInUse if another process holds the lock, SpoolError if the directory
-        cannot be created or read. Writing starts with the first ``append()``.
+        cannot be created or read. Writing starts with the first ``append()``. Nothing
+        here needs free space once the directory exists: a full disk must not stop a
+        start (the daemon then runs unprotected until appends succeed again).
         """
         if self._lock_fd is not None:
             raise RuntimeError("spool already open")
@@ -136,10 +150,8 @@ class Spool:
         except OSError as exc:
             os.close(lock_fd)
             raise self._error(f"cannot lock spool directory [{self.directory}]", exc) from exc
+        self._write_pid(lock_fd)
         try:
-            # The holder's pid, for the message a second daemon prints (advisory only).
-            os.ftruncate(lock_fd, 0)
-            os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
             found = self._scan()
         except OSError as exc:
             os.close(lock_fd)
@@ -147,6 +159,24 @@ class Spool:
         self._lock_fd = lock_fd
         self._recovery.found = found
         self._next_id = found[-1][0] + 1 if found else 1
+
+    def _write_pid(self, lock_fd: int) -> None:
+        """The holder's pid in LOCK, for the message a second daemon prints. Advisory
+        only (the flock is the lock), so a disk that refuses it (full) is logged, not
+        fatal. Written over the old pid before the file is cut to length: a file that had
+        a pid needs no new block then."""
+        pid = f"{os.getpid()}\n".encode()
+        try:
+            os.pwrite(lock_fd, pid, 0)
+            os.ftruncate(lock_fd, len(pid))
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # no stale pid, then (a cut needs no space)
+                os.ftruncate(lock_fd, 0)
+            log.warning(
+                "spool: cannot write the pid into [%s] (%s); the directory is locked anyway",
+                os.path.join(self.directory, LOCK_FILE),
+                exc.strerror or exc,
+            )
 
     def _scan(self) -> list[tuple[int, str]]:
         found = []
@@ -204,19 +234,21 @@ class Spool:
 
     # --- recovery -----------------------------------------------------------------------------
 
-    def recover(self) -> Iterator[SpoolRecord]:
+    def recover(self, on_corrupt: OnCorrupt | None = None) -> Iterator[SpoolRecord]:
         """Every record of the segments present at ``open()``: oldest segment first, in
         write order.
 
-        A segment that ends in a torn frame or holds a corrupt one (bad CRC, impossible
-        lengths) is truncated at its last good record; a file without a valid header is
-        removed; both are counted in ``recovery_report``, never raised. Reads a segment
+        A torn tail (a crash mid-write) is cut; past a damaged frame (bad CRC, no marker,
+        impossible lengths) reading resynchronises on the next good one, and each damaged
+        region is counted in messages, copied to ``corrupt/`` and handed to
+        ``on_corrupt``; a file without a valid header or frame is removed. All of it is
+        in ``recovery_report``, never raised, and neither is a disk that refuses a repair
+        or a read (that segment stays for the next start). Reads a segment
         ``RECOVERY_CHUNK_BYTES`` at a time, so memory stays bounded whatever its size.
-        A segment fully read is pending replay: ``finish_recovery()`` deletes it. Raises
-        SpoolError only when the disk fails a read or a repair.
+        A segment fully read is pending replay: ``finish_recovery()`` deletes it.
         """
         self._require_open()
-        yield from self._recovery.records()
+        yield from self._recovery.records(on_corrupt)
 
     @property
     def recovery_report(self) -> RecoveryReport:
@@ -225,7 +257,8 @@ class Spool:
 
     def finish_recovery(self) -> None:
         """Delete the segments ``recover()`` read to the end: their records are now in
-        this run's segments (the caller appended them). Segments not read stay."""
+        this run's segments (the caller appended them), or settled. Segments not read
+        stay, and so does one the disk refuses to delete (reported)."""
         self._require_open()
         self._recovery.delete_recovered()
 
@@ -246,20 +279,26 @@ class Spool:
         ``max_bytes``; SpoolError if the disk fails, after cutting any partial write away
         so the segment stays a valid prefix. fsyncs as the policy says.
         """
-        return self._append_encoded(encode_records(records), len(records))
+        return self._append_encoded(functools.partial(encode_records, records), len(records))
 
     def append_payloads(self, payloads: Sequence[bytes]) -> int:
         """:meth:`append` for client messages as read (see :func:`encode_payloads`)."""
-        return self._append_encoded(encode_payloads(payloads), len(payloads))
+        return self._append_encoded(functools.partial(encode_payloads, payloads), len(payloads))
 
-    def _append_encoded(self, data: bytes, count: int) -> int:
+    def _append_encoded(self, encode: Callable[[int], bytes], count: int) -> int:
+        """Append the frames ``encode(first sequence)`` makes for ``count`` messages."""
         self._require_open()
         current = self._current
-        if current is not None and current.size >= self.segment_bytes:
+        if current is not None and (
+            current.size >= self.segment_bytes
+            or current.next_sequence + count > SEQUENCES_PER_SEGMENT
+        ):
             self._retire(current)
             if current.outstanding == 0:
                 self._delete(current)
             current = None
+        # Numbered in the segment they go to: from 0 in a new one (see records.py).
+        data = encode(0 if current is None else current.next_sequence)
         new_bytes = len(data) + (HEADER_BYTES if current is None else 0)
         if self._live_bytes + new_bytes > self.max_bytes:
             self.full_total += 1
@@ -296,6 +335,7 @@ class Spool:
                 self._cut_back(current, before)
                 self._retire(current)
                 raise
+        current.next_sequence += count
         current.outstanding += count
         self._outstanding += count
         self.appended_total += count
@@ -486,6 +526,7 @@ class Spool:
             raise self._error(f"cannot truncate spool segment [{segment.path}]", exc) from exc
         self._live_bytes -= segment.size - HEADER_BYTES
         segment.size = HEADER_BYTES
+        segment.next_sequence = 0  # what recovery expects after the header
 
     def _delete(self, segment: _Segment) -> None:
         if segment.fd is not None:

@@ -26,14 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.commit_point import CommitPoint
 from pydory.daemon.books.counters import Counters
+from pydory.daemon.books.events import DiscardReason
+from pydory.daemon.spool.corrupt import CorruptRegion
 from pydory.daemon.spool.errors import SpoolError
 from pydory.daemon.spool.records import SpoolRecord
 from pydory.daemon.spool.recovery import RecoveryReport
@@ -42,7 +46,15 @@ from pydory.wire import encode_any_partition, encode_partition_key
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REPLAY_BURST", "SEGMENT_SHIFT", "SpoolWriter", "WriteAhead", "replay_spool"]
+__all__ = [
+    "REPLAY_BURST",
+    "SEGMENT_SHIFT",
+    "Replay",
+    "SpoolWriter",
+    "WriteAhead",
+    "delete_replayed_segments_when_settled",
+    "replay_spool",
+]
 
 #: Replayed messages are admitted this many at a time, each burst once the pool has room:
 #: memory stays bounded by the pool plus one burst, however large the spool.
@@ -203,6 +215,17 @@ class WriteAhead:
         if segment:
             self._spool.settle(segment, n)
 
+    def keep(self, token: int, n: int = 1) -> None:
+        """Shutdown: ``n`` messages under ``token`` stay in their segment for the next
+        start (which replays them); only this run's commit point lets them go."""
+        self._commit_point.close(token & _GENERATION_MASK, n)
+
+    @staticmethod
+    def in_spool(token: int) -> bool:
+        """Whether the message under ``token`` is in a spool segment (one the write-ahead
+        could not write is accepted unprotected: its token names no segment)."""
+        return token >> SEGMENT_SHIFT != 0
+
 
 class Replayer(Protocol):
     """Where replayed messages go (``Intake``)."""
@@ -212,38 +235,94 @@ class Replayer(Protocol):
     def replayed(self, burst: Sequence[bytes]) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What :func:`replay_spool` did: the recovery's report, and how many replayed
+    messages the spool could not take again (a full disk): while any of those is
+    unsettled the old segments are their only copy, so they stay (``old_segments_kept``)
+    until :func:`delete_replayed_segments_when_settled`."""
+
+    report: RecoveryReport
+    unprotected: int
+
+    @property
+    def old_segments_kept(self) -> bool:
+        """Whether the previous run's segments are still on disk, waiting."""
+        return self.unprotected > 0
+
+
 async def replay_spool(
-    spool: Spool, intake: Replayer, wait_for_room: Callable[[], Awaitable[None]]
-) -> RecoveryReport:
+    spool: Spool,
+    intake: Replayer,
+    wait_for_room: Callable[[], Awaitable[None]],
+    books: Books,
+) -> Replay:
     """Admit again, oldest first, every message an earlier run left unsettled in ``spool``;
-    then delete the old segments (their messages are in this run's segments by then).
+    then delete the old segments (their messages are in this run's segments by then), unless
+    the spool refused some of them (:class:`Replay`).
 
     Runs before the inputs open. A message is never discarded for memory here: each burst
-    waits until the pool has room, and is charged whole.
+    waits until the pool has room, and is charged whole. The messages of a damaged region
+    are discarded in ``books`` as ``spool_corrupt``, one discard per message lost.
     """
     held = intake.hold_when_memory_short
     intake.hold_when_memory_short = True
     burst: list[bytes] = []
+    unprotected = 0
     try:
-        for record in spool.recover():
+        for record in spool.recover(functools.partial(_count_corrupt, books)):
             burst.append(record.value if record.is_payload else _as_client_message(record))
             if len(burst) >= REPLAY_BURST:
-                await _replay_burst(intake, burst, wait_for_room)
+                unprotected += await _replay_burst(spool, intake, burst, wait_for_room)
                 burst = []
         if burst:
-            await _replay_burst(intake, burst, wait_for_room)
+            unprotected += await _replay_burst(spool, intake, burst, wait_for_room)
     finally:
         intake.hold_when_memory_short = held
-    spool.finish_recovery()
-    return spool.recovery_report
+    if not unprotected:
+        spool.finish_recovery()
+    return Replay(spool.recovery_report, unprotected)
 
 
 async def _replay_burst(
-    intake: Replayer, burst: list[bytes], wait_for_room: Callable[[], Awaitable[None]]
-) -> None:
+    spool: Spool,
+    intake: Replayer,
+    burst: list[bytes],
+    wait_for_room: Callable[[], Awaitable[None]],
+) -> int:
+    """Admit one replayed burst; return how many of its messages the spool refused."""
     await wait_for_room()
-    intake.replayed(burst)
+    appended = spool.appended_total
+    intake.replayed(burst)  # synchronous: nothing else appends meanwhile
+    refused = len(burst) - (spool.appended_total - appended)
     await asyncio.sleep(0)  # let delivery reports be served between bursts
+    return refused
+
+
+def _count_corrupt(books: Books, region: CorruptRegion) -> None:
+    """Each message of a damaged region, discarded before acceptance in this run's books
+    (no topic: its bytes cannot be trusted), with the region's first bytes."""
+    where = f"{region.segment} bytes [{region.start}, {region.end})"
+    detail = where if region.saved_as is None else f"{where}, saved as {region.saved_as}"
+    for _ in range(region.messages):
+        books.discarded(DiscardReason.SPOOL_CORRUPT, None, None, region.sample, detail)
+
+
+async def delete_replayed_segments_when_settled(
+    spool: Spool, commit_point: CommitPoint, replay_ended_at: float
+) -> None:
+    """The previous run's segments, kept because some replayed messages went unprotected
+    (:class:`Replay`), deleted once every message replayed before ``replay_ended_at``
+    (the commit point's wall clock) is settled. A stop first leaves them for the next
+    start, which replays them again (counted as possible duplicates, as always)."""
+    while not await commit_point.wait_past(replay_ended_at, 60.0):
+        if commit_point.shutting_down:
+            return
+    problems = len(spool.recovery_report.problems)
+    spool.finish_recovery()
+    log.log(25, "spool: every replayed message settled: the previous run's segments deleted")
+    for problem in spool.recovery_report.problems[problems:]:  # one it could not delete
+        log.warning("spool: %s", problem)
 
 
 def _as_client_message(record: SpoolRecord) -> bytes:

@@ -20,6 +20,7 @@ const REASON_COLOURS = {
   failed_delivery_attempts: "#f472b6",
   shutdown_delay: "#e879f9",
   unclean_disconnect: "#94a3b8",
+  spool_corrupt: "#78716c",
 };
 
 // --- state ---------------------------------------------------------------------------------
@@ -424,8 +425,12 @@ function renderBrokers(brokers) {
 function renderMetadata(doc) {
   const metadata = doc.metadata;
   const statsAge = doc.stats_taken_at ? formatDuration(Math.max(0, doc.now - doc.stats_taken_at)) : "none yet";
+  // Before the first fetch succeeds the daemon holds what it reads ("new"): say so.
+  const lastUpdated = metadata.known
+    ? [`${formatClock(metadata.last_updated)} (${ago(doc.now, metadata.last_updated)})`, ""]
+    : [`no metadata yet (${formatCount(doc.new)} messages waiting)`, "warn"];
   facts("metadata-facts", [
-    ["last updated", `${formatClock(metadata.last_updated)} (${ago(doc.now, metadata.last_updated)})`],
+    ["last updated", ...lastUpdated],
     ["last modified", `${formatClock(metadata.last_modified)} (${ago(doc.now, metadata.last_modified)})`],
     ["fetch failures", formatCount(metadata.fetch_failures), metadata.fetch_failures > 0 ? "warn" : ""],
     ["update requests", formatCount(metadata.update_requests)],
