@@ -32,6 +32,8 @@ from pydory.config.model import (
     QuotasConfig,
     SpoolConfig,
 )
+from pydory.config.xmltree import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_ELEMENTS, parse_xml
+from pydory.errors import MAX_REPORTED_ERRORS
 
 SAMPLE = Path(__file__).parent / "data" / "dory_conf.xml"
 
@@ -1333,3 +1335,99 @@ def test_quota_listeners_and_duplicates() -> None:
         ("/doryConfig/quotas/tcp[1]/maxConnections[2]", "Duplicate element [maxConnections]"),
         ("/doryConfig/quotas/tcp[2]", "Duplicate element [tcp]"),
     ]
+
+
+# --- pathological files: refused early, with one message naming the limit ------------------
+
+
+def nested(depth: int) -> str:
+    """A <doryConfig> whose first child holds elements nested ``depth`` levels in all."""
+    inner = depth - 1  # the root is the first level
+    return "<doryConfig>" + "<a>" * inner + "</a>" * inner + "</doryConfig>"
+
+
+def test_nesting_beyond_the_depth_limit_is_refused_in_one_line() -> None:
+    # 1,000 levels used to end in a RecursionError traceback.
+    with pytest.raises(ConfigError) as caught:
+        parse_config(nested(1000))
+    assert type(caught.value) is ConfigError  # one error, not a list
+    message = str(caught.value)
+    assert message.count("\n") == 0
+    assert f"nested more than {MAX_DEPTH} deep" in message
+    assert f"the limit is {MAX_DEPTH} levels" in message
+    # Refused at the first element too deep: its column is that of the (limit+1)-th <a>.
+    assert caught.value.line == 1
+    assert caught.value.column == len("<doryConfig>") + len("<a>") * (MAX_DEPTH - 1) + 1
+
+
+def test_nesting_at_the_depth_limit_is_parsed() -> None:
+    root = parse_xml(nested(MAX_DEPTH))
+    depth = 1
+    while root.children:
+        (root,) = root.children
+        depth += 1
+    assert depth == MAX_DEPTH
+    with pytest.raises(ConfigError, match="nested more than"):
+        parse_xml(nested(MAX_DEPTH + 1))
+
+
+def test_too_many_elements_stop_the_parse_at_the_first_one_over() -> None:
+    # 10 MB of unknown elements used to take 83 s and print 2.1 M error lines. One element
+    # per line: the error's line shows where the parse stopped, so nothing after the limit
+    # was built or checked (the file goes on for 3 * MAX_ELEMENTS more elements).
+    document = "<doryConfig>\n" + "<unknown/>\n" * (4 * MAX_ELEMENTS) + "</doryConfig>\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(document)
+    assert type(caught.value) is ConfigError
+    assert str(caught.value).count("\n") == 0
+    assert f"more than {MAX_ELEMENTS} elements" in str(caught.value)
+    assert caught.value.line == MAX_ELEMENTS + 1  # the root is element 1, on line 1
+
+
+def test_many_errors_show_the_first_ones_then_a_count() -> None:
+    unknown = 3 * MAX_REPORTED_ERRORS
+    with pytest.raises(ConfigErrors) as caught:
+        parse_config(replaced("<initialBrokers>", "<initialBrokers>" + "<bad/>" * unknown))
+    lines = str(caught.value).splitlines()
+    assert len(lines) == MAX_REPORTED_ERRORS + 1
+    assert all("Unknown element [bad]" in line for line in lines[:-1])
+    assert lines[-1] == f"... and {unknown - MAX_REPORTED_ERRORS} more errors"
+    assert caught.value.total == unknown
+
+
+def test_errors_beyond_those_kept_are_still_counted() -> None:
+    # Past what the reader keeps, errors are counted, not built: memory stays bounded.
+    unknown = MAX_ELEMENTS - 100
+    with pytest.raises(ConfigErrors) as caught:
+        parse_config(replaced("<initialBrokers>", "<initialBrokers>" + "<bad/>" * unknown))
+    assert caught.value.total == unknown
+    assert len(caught.value.errors) < unknown // 10
+    assert str(caught.value).splitlines()[-1] == (
+        f"... and {unknown - MAX_REPORTED_ERRORS} more errors"
+    )
+
+
+def test_many_warnings_show_the_first_ones_then_a_count() -> None:
+    attributes = " ".join(f'extra{i}="x"' for i in range(2 * MAX_REPORTED_ERRORS))
+    config = parse_config(replaced("<batching>", f"<batching {attributes}>"))
+    assert len(config.warnings) == MAX_REPORTED_ERRORS + 1
+    assert config.warnings[-1] == f"... and {MAX_REPORTED_ERRORS} more warnings"
+
+
+def test_a_file_over_the_size_limit_is_refused_without_being_read(tmp_path: Path) -> None:
+    # A sparse file of 1 TiB: reading it whole (as the loader used to) would take far
+    # longer than the test's timeout, or fail to allocate; the limit needs one read.
+    huge = tmp_path / "huge.xml"
+    with huge.open("wb") as file:
+        file.truncate(1 << 40)
+    with pytest.raises(ConfigError) as caught:
+        load_config(huge)
+    assert type(caught.value) is ConfigError
+    assert f"[{huge}] is larger than {MAX_CONFIG_BYTES} bytes" in str(caught.value)
+
+
+def test_a_document_over_the_size_limit_is_refused() -> None:
+    padding = " " * MAX_CONFIG_BYTES  # whitespace: well-formed, and nothing else wrong
+    with pytest.raises(ConfigError, match=f"larger than {MAX_CONFIG_BYTES} bytes"):
+        parse_config(MINIMAL.replace("</doryConfig>", padding + "</doryConfig>"))
+    parse_config(MINIMAL.replace("</doryConfig>", padding[: -len(MINIMAL)] + "</doryConfig>"))

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers import RecordingDispatcher
 from pydory.config.model import MsgDebugConfig
@@ -80,6 +82,29 @@ def test_key_and_value_are_base64_and_partition_only_when_known() -> None:
 
 
 # --- the selection (Dory's rules) ----------------------------------------------------------
+
+
+KAFKA_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+@pytest.mark.parametrize(
+    "name", ["", "\x00", "a/b", "x" * 250, "x" * 5000, ".", "..", "caf\u00e9", "a b", "a\nb"]
+)
+def test_selection_refuses_names_kafka_refuses(name: str) -> None:
+    assert Selection().add(name) is None
+    assert Selection(topics=frozenset({"ok"})).add(name) is None
+
+
+@given(
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=300)
+    | st.from_regex(KAFKA_TOPIC_NAME, fullmatch=True)
+)
+def test_selection_accepts_exactly_kafkas_topic_names(name: str) -> None:
+    legal = KAFKA_TOPIC_NAME.fullmatch(name) is not None and name not in (".", "..")
+    added = Selection().add(name)
+    assert (added is not None) == legal
+    if added is not None:
+        assert added.topics == frozenset({name})
 
 
 def test_selection_adds_and_removes_topics_by_dorys_rules() -> None:

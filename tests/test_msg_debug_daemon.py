@@ -205,6 +205,24 @@ def test_the_dashboard_feed_shows_the_traced_topics(
     assert isinstance(section["seconds_left"], float)
 
 
+def test_add_topic_refuses_names_kafka_refuses(daemon: RunningDaemon) -> None:
+    # NUL, '/', 5,000 characters, a space: each used to be selected (and kept) as a topic.
+    for path, echoed in (
+        ("%00", "\\x00"),
+        ("a/b", "a/b"),
+        ("a%20b", "a b"),
+        ("x" * 5000, "x" * 249 + "..."),
+    ):
+        refused = f"Failed to enable debug topic [{echoed}]\n"
+        assert answer(daemon, f"/msg_debug/add_topic/{path}") == refused
+    assert answer(daemon, "/msg_debug/get_topics") == (
+        "No message debug topics are currently enabled\n"
+    )
+    assert answer(daemon, "/msg_debug/add_topic/a.legal_name-1") == (
+        "Enabled debug topic [a.legal_name-1]\n"
+    )
+
+
 def answer_json(daemon: RunningDaemon) -> str:
     reply = get(daemon, "/dashboard/json")
     assert reply.status == 200

@@ -40,9 +40,22 @@ def test_grants_a_large_request_while_any_budget_remains() -> None:
     pool = MemoryPool(100, clock=FakeClock())
     assert pool.try_allocate(99)
     assert pool.try_allocate(1000)  # only 1 byte left, still granted: no starvation
-    assert pool.available == -999
+    # The overshoot is reported apart: available never goes below zero (issue 21 saw
+    # ``available -48`` on the status page under an outage).
+    assert (pool.available, pool.over_budget) == (0, 999)
     assert pool.used == 1099
     assert not pool.try_allocate(1)
+
+
+def test_a_forced_charge_is_reported_over_budget_not_as_negative_room() -> None:
+    pool = MemoryPool(100, clock=FakeClock())
+    assert pool.try_allocate(100)
+    pool.force_allocate(48)
+    assert (pool.used, pool.available, pool.over_budget) == (148, 0, 48)
+    pool.release(48)
+    assert (pool.used, pool.available, pool.over_budget) == (100, 0, 0)
+    pool.release(60)
+    assert (pool.used, pool.available, pool.over_budget) == (40, 60, 0)
 
 
 def test_release_restores_the_budget_and_allocation_resumes() -> None:
@@ -166,7 +179,8 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.used >= 0
         assert self.pool.used == sum(self.outstanding)
         assert self.pool.used < self.BUDGET + max(self.largest_granted, 1)
-        assert self.pool.available == self.BUDGET - self.pool.used
+        assert self.pool.available == max(0, self.BUDGET - self.pool.used)
+        assert self.pool.over_budget == max(0, self.pool.used - self.BUDGET)
 
     @invariant()
     def depleted_share_is_a_percentage(self) -> None:

@@ -110,16 +110,27 @@ class ConfigError(PydoryError):
         return f"Error in config file: {location}{element}{self.reason}"
 
 
-class ConfigErrors(ConfigError):
-    """Several config errors found in one pass; each is in ``errors``."""
+#: How many config errors (or warnings) are shown; the rest are counted in one last line,
+#: so a file with a million mistakes gives a readable message, not a million lines.
+MAX_REPORTED_ERRORS = 100
 
-    def __init__(self, errors: list[ConfigError]) -> None:
+
+class ConfigErrors(ConfigError):
+    """Several config errors found in one pass; each is in ``errors``, the first
+    :data:`MAX_REPORTED_ERRORS` are in the message, then how many more there are."""
+
+    def __init__(self, errors: list[ConfigError], unlisted: int = 0) -> None:
+        """``unlisted``: further errors that were counted but not kept (see ``total``)."""
         self.errors = list(errors)
+        self.total = len(self.errors) + unlisted
         first = self.errors[0]
         super().__init__(first.reason, first.path, first.line, first.column)
 
     def _render(self) -> str:
-        return "\n".join(str(e) for e in self.errors)
+        lines = [str(e) for e in self.errors[:MAX_REPORTED_ERRORS]]
+        if self.total > len(lines):
+            lines.append(f"... and {self.total - len(lines)} more errors")
+        return "\n".join(lines)
 
 
 # --- client library errors: raised into the sending application ---------------------------

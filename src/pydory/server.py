@@ -176,7 +176,7 @@ class Server:
                 return
             await self.inputs.open(self.config, loop)
             self.overload.inputs_opened()
-            self.status = StatusServer(self.status_view())
+            self.status = StatusServer(self.status_view(), count=self.counters.inc)
             await self.status.start()
             self.ready.set()
             log.log(25, "pydory ready; bootstrap %s", self.config.bootstrap_servers)

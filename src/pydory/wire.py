@@ -62,6 +62,7 @@ __all__ = [
     "encode_partition_key",
     "encoded_size",
     "parse_any_partition",
+    "topic_name_problem",
     "validate_topic",
 ]
 
@@ -142,6 +143,16 @@ def validate_topic(topic: bytes) -> str:
     if problem is not None:
         raise BadTopic(problem, prefix=topic[:DEFAULT_PREFIX_SIZE], topic=topic)
     return _remember_topic(topic)
+
+
+def topic_name_problem(topic: str) -> str | None:
+    """Why Kafka would refuse ``topic`` (a name typed by a person: a URL, a config) as a
+    topic name, or None if it is legal; the rules of :func:`validate_topic`."""
+    try:
+        raw = topic.encode("ascii")
+    except UnicodeEncodeError:
+        return "the topic has characters outside [a-zA-Z0-9._-]"
+    return _topic_problem(raw)
 
 
 def _validate_topic_name(topic: str) -> None:

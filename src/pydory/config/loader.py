@@ -71,8 +71,8 @@ from pydory.config.values import (
     parse_signed,
     parse_unsigned,
 )
-from pydory.config.xmltree import Element, parse_xml
-from pydory.errors import ConfigError, ConfigErrors
+from pydory.config.xmltree import MAX_CONFIG_BYTES, Element, check_config_size, parse_xml
+from pydory.errors import MAX_REPORTED_ERRORS, ConfigError, ConfigErrors
 
 T = TypeVar("T")
 S = TypeVar("S")  # a section's model (a dataclass from model.py)
@@ -107,11 +107,15 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     read or is invalid in any way; the daemon must not start then.
     """
     try:
-        data = Path(path).read_bytes()
+        # One byte more than the limit is enough to know the file is too large: a huge
+        # file (or /dev/zero) is refused without being read.
+        with Path(path).open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(
             f"Cannot read config file [{os.fsdecode(path)}]: {exc.strerror}"
         ) from None
+    check_config_size(len(data), os.fsdecode(path))
     return parse_config(data, source=os.fsdecode(path))
 
 
@@ -121,6 +125,7 @@ def parse_config(text: bytes | str, source: str = "<string>") -> Config:
     ``source`` names the document in errors about the document as a whole.
     Raises ConfigError / ConfigErrors like ``load_config``.
     """
+    check_config_size(len(text), source)
     if not text.strip():
         raise ConfigError(f"Config file [{source}] is empty: expected a <doryConfig> document")
     root = parse_xml(text)
@@ -129,14 +134,19 @@ def parse_config(text: bytes | str, source: str = "<string>") -> Config:
     reader = _Reader()
     config = _read_config(reader, root)
     if reader.errors:
-        raise ConfigErrors(sorted(reader.errors, key=lambda e: (e.line or 0, e.column or 0)))
+        raise ConfigErrors(
+            sorted(reader.errors, key=lambda e: (e.line or 0, e.column or 0)),
+            unlisted=reader.unlisted_errors,
+        )
     warnings = sorted(reader.warnings, key=lambda e: (e.line or 0, e.column or 0))
-    return dataclasses.replace(
-        config,
-        warnings=tuple(
-            str(w).replace("Error in config file", "Warning in config file", 1) for w in warnings
-        ),
-    )
+    shown = [
+        str(w).replace("Error in config file", "Warning in config file", 1)
+        for w in warnings[:MAX_REPORTED_ERRORS]
+    ]
+    unshown = len(warnings) + reader.unlisted_warnings - len(shown)
+    if unshown:  # each warning is logged at start-up: keep the log short
+        shown.append(f"... and {unshown} more warnings")
+    return dataclasses.replace(config, warnings=tuple(shown))
 
 
 # --- the reader: structural checks and value conversion, collecting errors --------------------
@@ -149,16 +159,33 @@ class _Reader:
     goes on and finds the next one; the result is thrown away if any were recorded.
     """
 
+    #: Errors (and warnings) kept for the message; beyond it they are only counted. More
+    #: than are shown, so the ones shown are the first in the file after sorting by line.
+    KEPT = 10 * MAX_REPORTED_ERRORS
+
     def __init__(self) -> None:
         self.errors: list[ConfigError] = []
         self.warnings: list[ConfigError] = []
+        self.unlisted_errors = 0
+        self.unlisted_warnings = 0
+
+    @property
+    def error_count(self) -> int:
+        """Every error found so far, kept or only counted."""
+        return len(self.errors) + self.unlisted_errors
 
     def report(self, element: Element, reason: str) -> None:
-        self.errors.append(element.error(reason))
+        if len(self.errors) < self.KEPT:
+            self.errors.append(element.error(reason))
+        else:
+            self.unlisted_errors += 1
 
     def warn(self, element: Element, reason: str) -> None:
         """Something Dory accepts and pydory ignores: the file loads, the user is told."""
-        self.warnings.append(element.error(reason))
+        if len(self.warnings) < self.KEPT:
+            self.warnings.append(element.error(reason))
+        else:
+            self.unlisted_warnings += 1
 
     def attributes(
         self, element: Element, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
@@ -856,7 +883,7 @@ def _read_input_sources(reader: _Reader, element: Element | None) -> InputSource
     if element is None:
         return InputSourcesConfig()
     reader.attributes(element)
-    errors_before = len(reader.errors)
+    errors_before = reader.error_count
     parts = reader.children(element, optional=("unixDatagram", "unixStream", "tcp"))
     inputs = InputSourcesConfig(
         unix_datagram=_read_unix_socket(reader, parts.get("unixDatagram"), "UNIX datagram socket"),
@@ -865,7 +892,7 @@ def _read_input_sources(reader: _Reader, element: Element | None) -> InputSource
     )
     enabled = (inputs.unix_datagram.enabled, inputs.unix_stream.enabled, inputs.tcp.enabled)
     # Dory refuses a section that enables nothing (an input in error is reported already).
-    if not any(enabled) and len(reader.errors) == errors_before:
+    if not any(enabled) and reader.error_count == errors_before:
         reader.report(
             element,
             "Input sources config must enable at least one of {unixDatagram, unixStream, tcp}",
@@ -1136,10 +1163,10 @@ def _read_spool(reader: _Reader, element: Element | None) -> SpoolConfig:
     if element is None:
         return default
     path, parts = _read_enabled_path(reader, element, "Spool", tuple(leaf.tag for leaf in SPOOL))
-    errors_before = len(reader.errors)
+    errors_before = reader.error_count
     spool = SpoolConfig(path=path, **_leaf_values(reader, parts, default, SPOOL))
     # Compared only when the values were read (a bad size is reported already).
-    if len(reader.errors) == errors_before and spool.segment_bytes > spool.max_bytes:
+    if reader.error_count == errors_before and spool.segment_bytes > spool.max_bytes:
         where = parts.get("segmentSize") or parts.get("maxSize") or element
         reader.report(
             where,

@@ -5,6 +5,11 @@ The config file is parsed with defusedxml's expat SAX reader: entity declaration
 the network) are refused before anything is expanded or read. Each element records
 its line and column (1-based, the position of its ``<``) and an XPath-like path such
 as ``/doryConfig/batching/namedConfigs/config[@name=low_latency]/time`` for errors.
+
+A config file is small and shallow, so anything far beyond that is refused while it is
+being read, with one message naming the limit, before it can cost time or memory: more
+than :data:`MAX_CONFIG_BYTES` bytes, elements nested deeper than :data:`MAX_DEPTH`, or
+more than :data:`MAX_ELEMENTS` elements (docs/config.md, "Limits").
 """
 
 from __future__ import annotations
@@ -20,6 +25,22 @@ from defusedxml import DefusedXmlException, EntitiesForbidden, ExternalReference
 from defusedxml.expatreader import DefusedExpatParser
 
 from pydory.errors import ConfigError
+
+#: The largest config file read, in bytes. Dory's sample config is 10 KB; a file with a
+#: thousand topic overrides is a few hundred KB.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+#: The deepest element nesting accepted; Dory's deepest element is 5 levels down.
+MAX_DEPTH = 32
+#: The most elements accepted in one file: room for thousands of per-topic settings.
+MAX_ELEMENTS = 20_000
+
+
+class _LimitExceeded(Exception):
+    """Raised from inside the SAX handler to stop the parse at once; carries the error."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(slots=True)
@@ -47,6 +68,7 @@ class _TreeBuilder(xml.sax.handler.ContentHandler):
         self.locator: xml.sax.xmlreader.Locator | None = None
         self.root: Element | None = None
         self._open: list[Element] = []
+        self.element_count = 0
 
     def setDocumentLocator(self, locator: xml.sax.xmlreader.Locator) -> None:
         self.locator = locator
@@ -60,6 +82,26 @@ class _TreeBuilder(xml.sax.handler.ContentHandler):
 
     def startElement(self, name: str, attrs: xml.sax.xmlreader.AttributesImpl) -> None:
         line, column = self.position()
+        self.element_count += 1
+        # Checked before the element is built: the parse stops at the first one too many.
+        if self.element_count > MAX_ELEMENTS:
+            raise _LimitExceeded(
+                ConfigError(
+                    f"Config file has more than {MAX_ELEMENTS} elements: refused "
+                    f"(the limit is {MAX_ELEMENTS})",
+                    line=line,
+                    column=column,
+                )
+            )
+        if len(self._open) >= MAX_DEPTH:
+            raise _LimitExceeded(
+                ConfigError(
+                    f"Element [{name}] is nested more than {MAX_DEPTH} deep: refused "
+                    f"(the limit is {MAX_DEPTH} levels)",
+                    line=line,
+                    column=column,
+                )
+            )
         element = Element(name, dict(attrs.items()), line or 0, column or 0)
         if self._open:
             self._open[-1].children.append(element)
@@ -78,9 +120,11 @@ class _TreeBuilder(xml.sax.handler.ContentHandler):
 def parse_xml(text: bytes | str) -> Element:
     """Parse a whole document into its root Element, or raise ConfigError.
 
-    Raises ConfigError for XML that is not well-formed (an empty document included) and any
-    entity declaration or external reference (refused, never expanded or fetched).
+    Raises ConfigError for XML that is not well-formed (an empty document included), any
+    entity declaration or external reference (refused, never expanded or fetched), and a
+    document beyond :data:`MAX_CONFIG_BYTES`, :data:`MAX_DEPTH` or :data:`MAX_ELEMENTS`.
     """
+    check_config_size(len(text))
     builder = _TreeBuilder()
     parser = DefusedExpatParser(forbid_dtd=False, forbid_entities=True, forbid_external=True)
     parser.setContentHandler(builder)
@@ -91,6 +135,8 @@ def parse_xml(text: bytes | str) -> Element:
         source.setByteStream(io.BytesIO(text))
     try:
         parser.parse(source)
+    except _LimitExceeded as exc:
+        raise exc.error from None
     except xml.sax.SAXParseException as exc:
         column = exc.getColumnNumber()
         raise ConfigError(
@@ -119,6 +165,16 @@ def parse_xml(text: bytes | str) -> Element:
         raise ConfigError("Config file has no root element")
     _assign_paths(builder.root, f"/{builder.root.tag}")
     return builder.root
+
+
+def check_config_size(size: int, source: str = "") -> None:
+    """Raise ConfigError if a config document of ``size`` bytes is over the limit."""
+    if size > MAX_CONFIG_BYTES:
+        named = f" [{source}]" if source else ""
+        raise ConfigError(
+            f"Config file{named} is larger than {MAX_CONFIG_BYTES} bytes: refused "
+            f"(the limit is {MAX_CONFIG_BYTES // (1024 * 1024)} MiB)"
+        )
 
 
 def _assign_paths(element: Element, path: str) -> None:

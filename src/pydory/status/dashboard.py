@@ -67,6 +67,7 @@ def dashboard_json(daemon: DaemonView, clock: Callable[[], float] = time.time) -
             "budget": daemon.pool.budget,
             "used": daemon.pool.used,
             "available": daemon.pool.available,
+            "over_budget": daemon.pool.over_budget,
             "percent_time_depleted": daemon.pool.percent_time_depleted(),
         },
         "new": daemon.pending_topic_messages(),

@@ -142,8 +142,13 @@ class DaemonCollector(Collector):
             ("pydory_pool_used_bytes", "Bytes of messages held by the daemon.", pool.used),
             (
                 "pydory_pool_available_bytes",
-                "Budget minus used; negative after an over-allocation.",
+                "Budget minus used, never below 0.",
                 pool.available,
+            ),
+            (
+                "pydory_pool_over_budget_bytes",
+                "Bytes held above the budget (KIP-72 over-allocation, or held anyway).",
+                pool.over_budget,
             ),
             (
                 "pydory_pool_depleted_time_percent",

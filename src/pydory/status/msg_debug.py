@@ -2,7 +2,8 @@
 
 Dory's URLs, HTTP GET as Dory accepts them, answering Dory's plain-text lines::
 
-    GET /msg_debug/add_topic/NAME    Enabled debug topic [NAME]   (or Failed to enable ...)
+    GET /msg_debug/add_topic/NAME    Enabled debug topic [NAME]   (or Failed to enable ...,
+                                     also for a name Kafka would refuse as a topic)
     GET /msg_debug/del_topic/NAME    Disabled debug topic [NAME]  (or Failed to disable ...)
     GET /msg_debug/add_all_topics    All message debug topics enabled
     GET /msg_debug/del_all_topics    All message debug topics disabled
@@ -20,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+
+from pydory.wire import MAX_TOPIC_LENGTH, topic_name_problem
 
 if TYPE_CHECKING:
     from pydory.status.view import DaemonView, MsgDebugControl
@@ -56,18 +59,31 @@ def _truncate_files(control: MsgDebugControl, request: web.Request) -> str:
     return "Message debug files truncated\n"
 
 
+def _echo(topic: str) -> str:
+    """The name as the answer repeats it: a legal name as it is, as Dory does; a refused one
+    escaped (no NUL or control character reaches a terminal) and cut to Kafka's length."""
+    if topic_name_problem(topic) is None:
+        return topic
+    escaped = topic.encode("unicode_escape").decode("ascii")
+    if len(escaped) > MAX_TOPIC_LENGTH:
+        return escaped[:MAX_TOPIC_LENGTH] + "..."
+    return escaped
+
+
 def _add_topic(control: MsgDebugControl, request: web.Request) -> str:
+    # Refused (Dory's "Failed to enable") when Kafka would refuse the name: the selection
+    # applies Kafka's topic-name rules.
     topic = request.match_info["topic"]
     if control.add_topic(topic):
         return f"Enabled debug topic [{topic}]\n"
-    return f"Failed to enable debug topic [{topic}]\n"
+    return f"Failed to enable debug topic [{_echo(topic)}]\n"
 
 
 def _del_topic(control: MsgDebugControl, request: web.Request) -> str:
     topic = request.match_info["topic"]
     if control.del_topic(topic):
         return f"Disabled debug topic [{topic}]\n"
-    return f"Failed to disable debug topic [{topic}]\n"
+    return f"Failed to disable debug topic [{_echo(topic)}]\n"
 
 
 _Action = Callable[["MsgDebugControl", web.Request], str]

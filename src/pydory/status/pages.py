@@ -265,6 +265,7 @@ class StatusPages:
                 "budget": pool.budget,
                 "used": pool.used,
                 "available": pool.available,
+                "over_budget": pool.over_budget,
                 "percent_time_depleted": pool.percent_time_depleted(),
             },
         }

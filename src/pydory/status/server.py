@@ -25,7 +25,8 @@ them with aiohttp on the daemon's event loop. Handlers therefore run on the thre
 owns the books, so every page is a consistent snapshot without locks, and every request
 takes loop time from ingestion: a rendered page is reused for PAGE_REUSE_S, and requests
 are paced (:class:`RequestPacer`), so a client polling in a tight loop cannot slow the
-daemon.
+daemon. Connections are bounded by ``pydory.status.limits`` (header and idle timeouts, a
+cap on open connections), and malformed requests are logged one line per kind per minute.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydory.errors import ConfigError
 from pydory.status.commit_point import commit_point_routes
 from pydory.status.dashboard import ASSETS, Asset, load_asset
+from pydory.status.limits import ConnectionGuard, GuardedSite, QuietRequestErrors, StatusLimits
 from pydory.status.metrics import build_registry
 from pydory.status.msg_debug import msg_debug_routes
 from pydory.status.pages import StatusPages
@@ -82,6 +84,8 @@ STATUS_BURST = 20
 #: Requests held back by the pacing at once; more are refused with 503 at once, so a
 #: flood of connections cannot pile up waiting requests without bound.
 MAX_WAITING_REQUESTS = 64
+#: The status port's connection limits (``pydory.status.limits``): module defaults.
+DEFAULT_LIMITS = StatusLimits()
 
 JSON_TYPE = "application/json"
 PLAIN_TYPE = "text/plain; charset=utf-8"
@@ -228,9 +232,19 @@ def _not_found_lists(routes: Sequence[web.RouteDef]) -> Middleware:
 class StatusServer:
     """Serves :class:`StatusPages` on the httpInterface port, in the server's event loop."""
 
-    def __init__(self, view: DaemonView) -> None:
-        """Prepare to serve the pages of ``view``; nothing listens until :meth:`start`."""
+    def __init__(
+        self,
+        view: DaemonView,
+        count: Callable[[str], None] = lambda name: None,
+        limits: StatusLimits | None = None,
+    ) -> None:
+        """Prepare to serve the pages of ``view``; nothing listens until :meth:`start`.
+
+        ``count`` increments an event counter (the status port's refusals and timeouts);
+        ``limits`` defaults to DEFAULT_LIMITS as it is when the server is made.
+        """
         self._view = view
+        self._guard = ConnectionGuard(limits or DEFAULT_LIMITS, count)
         self._pages = StatusPages(view)
         registry = build_registry(view)
         self._metrics = _page_handler(
@@ -263,11 +277,20 @@ class StatusServer:
             middlewares=[_not_found_lists(routes), paced(pacer, MAX_WAITING_REQUESTS)]
         )
         app.add_routes(routes)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=CLOSE_TIMEOUT_S)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=CLOSE_TIMEOUT_S,
+            # aiohttp's own idle timeout; the header timeout and the cap are the guard's.
+            keepalive_timeout=self._guard.limits.idle_timeout_s,
+            logger=QuietRequestErrors(),
+        )
         await runner.setup()
         self._runner = runner
         try:
-            self._port = await self._listen(runner, listen_hosts(http.loopback_only), http.port)
+            self._port = await self._listen(
+                runner, self._guard, listen_hosts(http.loopback_only), http.port
+            )
         except BaseException:
             await self.close()
             raise
@@ -304,15 +327,17 @@ class StatusServer:
         ]
 
     @staticmethod
-    async def _listen(runner: web.AppRunner, hosts: tuple[str, str], port: int) -> int:
+    async def _listen(
+        runner: web.AppRunner, guard: ConnectionGuard, hosts: tuple[str, str], port: int
+    ) -> int:
         """One site per address, all on the IPv4 site's port; returns that port."""
         ipv4, ipv6 = hosts
         try:
-            bound_port = await _start_site(runner, ipv4, port)
+            bound_port = await _start_site(runner, guard, ipv4, port)
         except OSError as exc:
             raise _unbindable(ipv4, port, exc) from exc
         try:
-            await _start_site(runner, ipv6, bound_port)
+            await _start_site(runner, guard, ipv6, bound_port)
         except OSError as exc:
             if exc.errno in _PORT_CONFLICTS:
                 raise _unbindable(ipv6, bound_port, exc) from exc
@@ -320,9 +345,9 @@ class StatusServer:
         return bound_port
 
 
-async def _start_site(runner: web.AppRunner, host: str, port: int) -> int:
+async def _start_site(runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int) -> int:
     """Listen on ``host:port`` and return the bound port; a failed site is unregistered."""
-    site = web.TCPSite(runner, host, port)
+    site = GuardedSite(runner, host, port, guard)
     try:
         await site.start()
     except OSError:

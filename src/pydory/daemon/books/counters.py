@@ -70,6 +70,12 @@ QUOTA_THROTTLED_MS = {transport: f"quota_throttled_ms_{transport}" for transport
 BACKPRESSURE_PAUSES = "backpressure_pauses"
 BACKPRESSURE_PAUSED_MS = "backpressure_paused_ms"
 
+# --- the status port (status/limits.py) ---------------------------------------------------
+#: Status connections beyond the cap, answered 503 and closed at once.
+STATUS_CONNECTIONS_REFUSED = "status_connections_refused"
+#: Status connections closed because their first request head was not in on time.
+STATUS_HEADER_TIMEOUTS = "status_header_timeouts"
+
 # --- delivery --------------------------------------------------------------------------------
 PRODUCERS_RETIRED = "producers_retired"
 PRODUCER_RECREATED = "producer_recreated"

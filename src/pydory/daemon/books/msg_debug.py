@@ -55,6 +55,7 @@ from pydory.config.model import MsgDebugConfig
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.files import QueuedWriter, RotatingFile
+from pydory.wire import topic_name_problem
 
 __all__ = [
     "FILE_NAMES",
@@ -135,8 +136,10 @@ class Selection:
 
     def add(self, topic: str) -> Selection | None:
         """The selection with ``topic`` added; None (refused) when "all topics" is on, the
-        topic is already there, or the name is empty."""
-        if self.all_topics or not topic or topic in self.topics:
+        topic is already there, or Kafka would refuse the name (empty, over 249 bytes, a
+        character outside [a-zA-Z0-9._-], "." or ".."): no such topic can ever be traced,
+        and a refused name is never kept, so a client cannot grow the selection with junk."""
+        if self.all_topics or topic in self.topics or topic_name_problem(topic) is not None:
             return None
         return Selection(False, self.topics | {topic})
 

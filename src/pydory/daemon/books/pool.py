@@ -13,7 +13,12 @@ budget by less than the largest single message::
 
     used < budget + largest_size_ever_granted
 
-Sensors (KIP-72 "New Sensors"): :attr:`available` (may be negative), :attr:`used`, and
+That overshoot (and the bytes :meth:`MemoryPool.force_allocate` holds for the backpressure
+policy) is the rule, not an accounting error: :attr:`used` stays exact, :attr:`available`
+never goes below zero, and the bytes held above the budget are reported apart as
+:attr:`over_budget` (docs/accounting.md, "The memory pool").
+
+Sensors (KIP-72 "New Sensors"): :attr:`available`, :attr:`over_budget`, :attr:`used`, and
 :meth:`percent_time_depleted`, the share of time the pool was depleted
 (``available <= 0``), measured since the pool was created. For a sliding window, export
 the cumulative :meth:`depleted_seconds` as a counter and let the monitoring system take
@@ -91,8 +96,14 @@ class MemoryPool:
 
     @property
     def available(self) -> int:
-        """``budget - used``; negative after an over-allocation."""
-        return self._budget - self._used
+        """Bytes left of the budget: ``budget - used``, and 0 (never negative) while an
+        over-allocation holds more than the budget (that excess is :attr:`over_budget`)."""
+        return max(0, self._budget - self._used)
+
+    @property
+    def over_budget(self) -> int:
+        """Bytes held above the budget (an over-allocation, or a forced charge): 0 normally."""
+        return max(0, self._used - self._budget)
 
     @property
     def is_depleted(self) -> bool:
@@ -112,7 +123,8 @@ class MemoryPool:
     def try_allocate(self, size: int) -> bool:
         """Charge ``size`` bytes if any budget remains; return whether it was granted.
 
-        Never blocks. A grant may push :attr:`available` below zero (over-allocation).
+        Never blocks. A grant may take :attr:`used` above the budget (over-allocation,
+        counted in :attr:`over_budget`).
         Every granted allocation must later be given back with :meth:`release`.
         """
         if size <= 0:
