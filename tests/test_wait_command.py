@@ -225,6 +225,16 @@ def test_wait_finds_the_status_port_in_the_config_file(
         assert main(["wait", "--config-path", str(config_path), "--timeout", "10", "-q"]) == 0
 
 
+def test_wait_with_no_time_to_wait_passes_on_an_idle_daemon(
+    mock_cluster: MockCluster, socket_dir: str
+) -> None:
+    """Nothing is outstanding, so even ``--timeout 0`` passes ("now" is a moment just
+    ahead: the daemon grants it the sweep it takes, status/commit_point.py NOW_GRACE_S)."""
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    with running_daemon(config) as daemon:
+        assert [pydory_wait(daemon, "--timeout", "0", "-q") for _ in range(5)] == [0] * 5
+
+
 def test_wait_exits_2_when_no_daemon_answers(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_loopback_port()}"
     assert main(["wait", "--url", url, "--timeout", "1"]) == 2

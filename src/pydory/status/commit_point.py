@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["LONG_POLL_DEFAULT_S", "LONG_POLL_MAX_S", "commit_point_routes"]
 
+#: ``after=now`` waits at least this long whatever its ``timeout``: the moment echoed is
+#: rounded up to the next millisecond, and the commit point moves at its sweeps (every
+#: 10 ms epoch), so even an idle daemon passes "now" only a moment later.
+NOW_GRACE_S = 0.25
 #: ``/commit_point/json?after=T`` without ``timeout`` waits this long at most.
 LONG_POLL_DEFAULT_S = 30.0
 #: No long-poll request waits longer than this; ``pydory wait`` asks again if it must.
@@ -94,7 +98,12 @@ async def _read(view: DaemonView, request: web.Request) -> dict[str, Any]:
         # Echo a moment no earlier than the one waited for (rounded up to the next
         # millisecond), so that a client repeating the request waits for at least as much.
         target = math.ceil(commit_point.wall_now() * 1000 + 1) / 1000
-    passed = await commit_point.wait_past(target, long_poll.timeout_s)
+    timeout_s = long_poll.timeout_s
+    if long_poll.after is None:
+        # "now" is a moment just ahead, which only a sweep (every epoch) can pass: an idle
+        # daemon asked with timeout=0 must still say it passed (``pydory wait --timeout 0``).
+        timeout_s = max(timeout_s, NOW_GRACE_S)
+    passed = await commit_point.wait_past(target, timeout_s)
     return _page(view, commit_point.current(), target, passed)
 
 
