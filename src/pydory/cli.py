@@ -8,6 +8,7 @@ This is the only place that turns errors into exit statuses.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         status: int = handler(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be answered quietly
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`pydory ... | head`): stop quietly, as Unix tools do. The
+        # interpreter flushes stdout again at exit: point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return status
