@@ -3,6 +3,7 @@ dispatcher that records what the intake sends, and a stream intake for input tes
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,6 +13,15 @@ from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transpor
 from pydory.daemon.delivery.outcomes import EnqueueRefused
 from pydory.errors import ClientProtocolError
 from pydory.testing.daemon import RunningDaemon
+
+#: The shutdown totals line pydory logs at NOTICE for every topic (server._log_totals).
+TOTALS_LINE = re.compile(
+    r"topic (?P<topic>\S+): accepted (?P<accepted>\d+), delivered (?P<delivered>\d+), "
+    r"possibly delivered (?P<possibly>\d+), left for next start (?P<left>\d+), "
+    r"discarded (?P<discarded>\{.*\}), in flight (?P<in_flight>\d+)"
+)
+#: The (reason, count) pairs in the logged discard dict.
+DISCARD_COUNTS = re.compile(r"'(\w+)':\s*(\d+)")
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from helpers import assert_balanced, settled, wait_until
+from helpers import DISCARD_COUNTS, TOTALS_LINE, assert_balanced, settled, wait_until
 from pydory.client import UnixStreamSender
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason
 from pydory.daemon.delivery.dispatcher import Dispatcher
@@ -681,15 +681,6 @@ def test_delivery_reports_are_served_and_settled_on_the_loop_thread_in_batches(
 
 
 # --- the daemon as a process -------------------------------------------------------------
-
-#: The shutdown totals line pydory logs at NOTICE for every topic.
-TOTALS_LINE = re.compile(
-    r"topic (?P<topic>\S+): accepted (?P<accepted>\d+), delivered (?P<delivered>\d+), "
-    r"possibly delivered (?P<possibly>\d+), left for next start (?P<left>\d+), "
-    r"discarded (?P<discarded>\{.*\}), in flight (?P<in_flight>\d+)"
-)
-#: The (reason, count) pairs in the logged discard dict.
-DISCARD_COUNTS = re.compile(r"'(\w+)':\s*(\d+)")
 
 
 class DaemonProcess:

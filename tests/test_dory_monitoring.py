@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from dory_check import CRITICAL_EVENTS
 from helpers import settled, wait_until
 from pydory.client import UnixStreamSender
 from pydory.status.dory_counters import DORY_COUNTERS, NEVER_IN_PYDORY
@@ -106,20 +107,8 @@ READ_BY_THE_CHECK: tuple[str, ...] = (
     "UnixStreamInputUncleanDisconnect",
 )
 
-# Dory's check: one more of any of these since the last report is critical.
-CRITICAL_EVENTS = (
-    "MsgUnprocessedDestroy",
-    "NoDiscardQuery",
-    "MetadataHasEmptyTopicList",
-    "MetadataHasEmptyBrokerList",
-    "BugDispatchBatchOutOfRangeIndex",
-    "BugDispatchMsgOutOfRangeIndex",
-    "TopicHasNoAvailablePartitions",
-    "MetadataSanityCheckFail",
-    "GetMetadataFail",
-    "StreamClientWorkerStdException",
-    "StreamClientWorkerUnknownException",
-)
+# Dory's check: one more of any of these since the last report is critical (the
+# list is tests/dory_check.py's, the port of Dory's script).
 # ... and any of these a warning.
 WARNING_EVENTS = (
     *(n for n in READ_BY_THE_CHECK if n.startswith("MetadataResponse") and "Read" not in n),

@@ -10,7 +10,6 @@ deliver, and nothing can reach the log); the daemons are real processes.
 from __future__ import annotations
 
 import json
-import re
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from daemon_process import DaemonProcess
-from helpers import wait_until
+from helpers import DISCARD_COUNTS, TOTALS_LINE, wait_until
 from pydory.client import UnixStreamSender
 from pydory.daemon.spool.records import decode_records
 from pydory.testing.daemon_config import DaemonConfig
@@ -31,11 +30,6 @@ from pydory.wire import encode_any_partition
 pytestmark = pytest.mark.slow
 
 COUNT = 2_000
-#: The daemon's closing line per topic (server._log_totals).
-TOTALS = re.compile(
-    rb"topic (\S+): accepted (\d+), delivered (\d+), possibly delivered (\d+), "
-    rb"left for next start (\d+), discarded (\{.*\}), in flight (\d+)"
-)
 
 
 def topic_books(daemon: DaemonProcess, topic: str) -> dict[str, Any]:
@@ -54,11 +48,12 @@ def spooled(spool_dir: Path) -> int:
 def closing_totals(log_path: Path, topic: str) -> tuple[int, ...]:
     """The last closing line the daemon logged for ``topic``: accepted, delivered, possibly
     delivered, left for next start, in flight (and the discards must be none)."""
-    lines = [m for m in TOTALS.finditer(log_path.read_bytes()) if m.group(1) == topic.encode()]
+    lines = [m for m in TOTALS_LINE.finditer(log_path.read_text()) if m["topic"] == topic]
     assert lines, "the daemon logged no totals for the topic"
     last = lines[-1]
-    assert json.loads(last.group(6).replace(b"'", b'"')) == {}, last.group(0)
-    return tuple(int(last.group(i)) for i in (2, 3, 4, 5, 7))
+    assert DISCARD_COUNTS.findall(last["discarded"]) == [], last.group(0)
+    fields = ("accepted", "delivered", "possibly", "left", "in_flight")
+    return tuple(int(last[name]) for name in fields)
 
 
 def commit_point_passed(daemon: DaemonProcess) -> Callable[[], bool]:

@@ -583,6 +583,12 @@ def test_replay_counts_each_lost_message_as_spool_corrupt(tmp_path: Path) -> Non
     assert f"{CORRUPT_DIRECTORY}/{path.name}." in event.detail
 
 
+async def waiting(commit_point: CommitPoint) -> None:
+    """Until the deleter waits on the commit point (it only ever waits there)."""
+    while not commit_point.waiters:
+        await asyncio.sleep(0)  # one loop turn: lets the deleter run up to its wait
+
+
 def test_replayed_messages_the_full_spool_refuses_keep_the_old_segments_until_settled(
     tmp_path: Path,
 ) -> None:
@@ -603,7 +609,7 @@ def test_replayed_messages_the_full_spool_refuses_keep_the_old_segments_until_se
             deleting = asyncio.ensure_future(
                 delete_replayed_segments_when_settled(spool, commit_point, ended)
             )
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(waiting(commit_point), 10)
             assert old.exists()  # still unsettled
             commit_point.close(token, len(payloads))
             await asyncio.wait_for(deleting, 10)
@@ -626,7 +632,7 @@ def test_a_stop_before_they_settle_leaves_the_old_segments_for_the_next_start(
             deleting = asyncio.ensure_future(
                 delete_replayed_segments_when_settled(spool, commit_point, commit_point.wall_now())
             )
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(waiting(commit_point), 10)
             commit_point.release_waiters()  # shutdown
             await asyncio.wait_for(deleting, 10)
         assert old.exists()

@@ -104,6 +104,8 @@ class Intake:
         self._router = router
         self._dispatcher = dispatcher
         self._commit_point = commit_point
+        # Settles what never reached a producer, as delivery settles what did.
+        self._ledger = DeliveryLedger(books, pool, commit_point)
         self._max_data = message_max_bytes - KAFKA_RECORD_OVERHEAD
         self._prefix_size = prefix_size
         self._on_unknown_topic = on_unknown_topic
@@ -519,7 +521,7 @@ class Intake:
             in_spool=self._write_ahead is not None and self._write_ahead.in_spool(token),
         )
         self._books.accepted(topic)
-        ledger = DeliveryLedger(self._books, self._pool, self._commit_point)
+        ledger = self._ledger
         if isinstance(outcome, LeftForNextStart):
             ledger.left_for_next_start(topic, cost, token)
         else:
