@@ -95,7 +95,7 @@ def lean_venv() -> Iterator[Path]:
 
 
 def test_the_wheel_requires_only_the_daemons_dependencies(lean_venv: Path) -> None:
-    (metadata,) = lean_venv.glob("lib/python3.11/site-packages/pydory-*.dist-info/METADATA")
+    (metadata,) = lean_venv.glob("lib/python3.*/site-packages/pydory-*.dist-info/METADATA")
     requires = [
         line.removeprefix("Requires-Dist: ")
         for line in metadata.read_text().splitlines()
@@ -112,7 +112,7 @@ def test_the_wheel_requires_only_the_daemons_dependencies(lean_venv: Path) -> No
 def test_the_wheel_registers_no_pytest_plugin(lean_venv: Path) -> None:
     """The Kafka fixtures load only where a test suite asks for them (tests/conftest.py):
     installing pydory must not change another project's pytest run."""
-    (dist_info,) = lean_venv.glob("lib/python3.11/site-packages/pydory-*.dist-info")
+    (dist_info,) = lean_venv.glob("lib/python3.*/site-packages/pydory-*.dist-info")
     entry_points = dist_info / "entry_points.txt"
     assert "[console_scripts]" in entry_points.read_text()
     assert "pytest11" not in entry_points.read_text()
