@@ -75,6 +75,8 @@ class RecordingDispatcher:
         partition_key: int | None = None,
         attempt: int = 1,
         token: int = 0,
+        maybe_in_kafka: bool = False,
+        headers: object = None,  # the message's identity: not recorded
     ) -> None:
         if topic == self.refused_topic:
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "TOPIC_AUTHORIZATION_FAILED")

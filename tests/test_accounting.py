@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydory.daemon.books import counters as counter_names
-from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.accounting import OTHER_TOPICS, Books
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import (
     AFTER_ACCEPTANCE,
@@ -814,3 +814,87 @@ def test_no_report_interval_means_no_discard_query_check() -> None:
     books, clock = make_books(interval_s=0)
     clock.now += 10_000
     assert books.check_report_read() is True
+
+
+# --- the unknown-topic limit (issue 21): a flood of names folds into (other) -------------
+
+
+def limited_books(limit: int, known: frozenset[str] = frozenset()) -> Books:
+    return Books(
+        600,
+        256,
+        wall_clock=lambda: 1000.0,
+        unknown_topic_limit=limit,
+        topic_known=known.__contains__,
+    )
+
+
+def test_names_kafka_does_not_have_beyond_the_limit_are_counted_under_other() -> None:
+    books = limited_books(3)
+    for i in range(10):
+        books.discarded(R.TOO_LONG, f"junk.{i}", 5, prefix=b"v")
+    books.discarded(R.RATE_LIMIT, "junk.0", 6)  # has its own records: stays there
+    books.discarded(R.NO_MEMORY, "junk.9", 7)
+    per_topic = books.per_topic()
+    assert sorted(per_topic) == sorted(["junk.0", "junk.1", "junk.2", OTHER_TOPICS])
+    assert dict(per_topic[OTHER_TOPICS].discarded_by_reason) == {R.TOO_LONG: 7, R.NO_MEMORY: 1}
+    assert dict(per_topic["junk.0"].discarded_by_reason) == {R.TOO_LONG: 1, R.RATE_LIMIT: 1}
+    assert books.counters.get(counter_names.OTHER_TOPIC_EVENTS) == 8
+    assert books.unknown_topics_named == 3
+    lifetime = books.lifetime_discards_by_reason()
+    for reason in (R.TOO_LONG, R.RATE_LIMIT, R.NO_MEMORY):
+        by_topic = sum(t.discarded_by_reason.get(reason, 0) for t in per_topic.values())
+        assert by_topic == lifetime[reason]
+    report = unfinished(books)
+    assert [t["topic"] for t in report["discard_topic"]] == [
+        OTHER_TOPICS,
+        "junk.0",
+        "junk.1",
+        "junk.2",
+    ]
+    assert sum(t["count"] for t in report["discard_topic"]) == 12
+    assert report["rate_limit_discard"] == [{"topic": "junk.0", "count": 1}]
+
+
+def test_topics_kafka_has_always_get_their_own_records() -> None:
+    books = limited_books(0, known=frozenset({"orders"}))
+    books.discarded(R.TOO_LONG, "nope", 5, prefix=b"v")
+    books.discarded(R.RATE_LIMIT, "orders", 5)
+    books.accepted("orders", 2)
+    books.delivered("orders")
+    books.discarded(R.KAFKA_ERROR, "orders", 5, detail="MSG_SIZE_TOO_LARGE")
+    per_topic = books.per_topic()
+    assert sorted(per_topic) == [OTHER_TOPICS, "orders"]
+    other = per_topic[OTHER_TOPICS]
+    assert other.accepted == other.in_flight == 0
+    assert per_topic["orders"].in_flight == 0
+
+
+def test_a_possible_duplicate_of_an_unknown_name_beyond_the_limit_is_under_other() -> None:
+    books = limited_books(1)
+    books.possible_duplicate("first", 5)
+    books.possible_duplicate("second", 6)
+    report = unfinished(books)
+    assert [t["topic"] for t in report["possible_duplicate_topic"]] == [OTHER_TOPICS, "first"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    limit=st.integers(0, 4),
+    events=st.lists(
+        st.tuples(st.sampled_from([R.TOO_LONG, R.NO_MEMORY, R.RATE_LIMIT]), st.integers(0, 9)),
+        max_size=40,
+    ),
+)
+def test_whatever_the_names_the_records_stay_bounded_and_add_up(
+    limit: int, events: list[tuple[DiscardReason, int]]
+) -> None:
+    books = limited_books(limit)
+    for reason, name in events:
+        books.discarded(reason, f"t{name}", 1, prefix=b"v")
+    per_topic = books.per_topic()
+    assert len(per_topic.keys() - {OTHER_TOPICS}) <= limit
+    lifetime = books.lifetime_discards_by_reason()
+    for reason in (R.TOO_LONG, R.NO_MEMORY, R.RATE_LIMIT):
+        by_topic = sum(t.discarded_by_reason.get(reason, 0) for t in per_topic.values())
+        assert by_topic == lifetime[reason]

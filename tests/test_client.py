@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -553,17 +554,17 @@ def drain(receiver: socket.socket) -> None:
         receiver.settimeout(timeout)
 
 
-def test_log_handler_with_a_full_queue_neither_blocks_nor_raises(
+def test_log_handler_with_a_full_queue_waits_its_bound_then_drops(
     datagram_path: str,
     datagram_receiver: socket.socket,
     make_logger: Callable[[logging.Handler], logging.Logger],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    handler = PydoryLogHandler(datagram_path, "app.logs")
+    handler = PydoryLogHandler(datagram_path, "app.logs", block_s=0.05)
     logger = make_logger(handler)
     fillers = fill_receive_queue(datagram_path)
     try:
-        logger.info("into a full queue")
+        logger.info("into a full queue")  # waits 50 ms for room that never comes
         assert handler.dropped == 1
         assert capsys.readouterr().err == ""
 
@@ -575,6 +576,32 @@ def test_log_handler_with_a_full_queue_neither_blocks_nor_raises(
 
     assert receive_datagram(datagram_receiver).value == b"after the queue drained"
     assert handler.dropped == 1
+
+
+def test_a_stuck_daemon_costs_the_application_one_wait_not_one_per_record(
+    datagram_path: str,
+    datagram_receiver: socket.socket,
+    make_logger: Callable[[logging.Handler], logging.Logger],
+) -> None:
+    block_s = 0.5
+    handler = PydoryLogHandler(datagram_path, "app.logs", block_s=block_s)
+    logger = make_logger(handler)
+    fillers = fill_receive_queue(datagram_path)
+    try:
+        started = time.monotonic()
+        for n in range(20):
+            logger.info("record %d", n)
+        elapsed = time.monotonic() - started
+
+        drain(datagram_receiver)
+        logger.info("after the daemon recovered")
+    finally:
+        for filler in fillers:
+            filler.close()
+
+    assert handler.dropped == 20
+    assert block_s <= elapsed < 5 * block_s  # one wait, not twenty (10 s)
+    assert receive_datagram(datagram_receiver).value == b"after the daemon recovered"
 
 
 def test_log_handler_drops_a_record_too_large_for_a_datagram(

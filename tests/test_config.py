@@ -523,6 +523,18 @@ def test_http_port_0_is_refused_as_dory_does() -> None:
     assert "at least 1" in error.reason
 
 
+def test_max_unknown_topics_defaults_to_a_thousand_and_may_be_set_or_refused() -> None:
+    """pydory's bound on the records kept for topic names Kafka does not have (issue 21)."""
+    assert parse_config(MINIMAL).http.max_unknown_topics == 1000
+    text = with_section(
+        '    <httpInterface>\n        <maxUnknownTopics value="0" />\n    </httpInterface>'
+    )
+    assert parse_config(text).http.max_unknown_topics == 0
+    error = the_error(text.replace('value="0"', 'value="1000001"'))
+    assert error.path == "/doryConfig/httpInterface/maxUnknownTopics"
+    assert "at most 1000000" in error.reason
+
+
 @pytest.mark.parametrize("value", ["12x3", "1.5", "-1", "0x10", "1_000", "+5"])
 def test_malformed_number(value: str) -> None:
     error = the_error(
@@ -1214,6 +1226,18 @@ def test_quotas_element() -> None:
     assert quotas.enabled
     assert quotas.unix_stream.enabled
     assert quotas.tcp.client_rate.limited
+
+
+def test_the_datagram_quota_is_a_client_rate_only() -> None:
+    """<unixDatagram> (issue 21 item 5): a clientRate, no connection limit (a datagram
+    socket has no connections)."""
+    rate = '<clientRate msgsPerSec="100" window="500" />'
+    quotas = parse_config(quotas_section(rate, listener="unixDatagram")).quotas
+    assert quotas == QuotasConfig(unix_datagram=ClientRate(None, 100, 500))
+    assert quotas.enabled
+    error = the_error(quotas_section('<maxConnections value="3" />', listener="unixDatagram"))
+    assert error.path == "/doryConfig/quotas/unixDatagram/maxConnections"
+    assert "expected one of: clientRate" in str(error)
 
 
 @pytest.mark.parametrize(

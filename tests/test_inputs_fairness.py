@@ -14,15 +14,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pytest
 import uvloop
 
 from helpers import StreamIntake
 from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.datagram import DatagramInput
 from pydory.daemon.inputs.stream import StreamInput
-from pydory.daemon.inputs.stream_connection import TURN_READ_BYTES
+from pydory.daemon.inputs.turns import READ_BYTES, TURN_READ_BYTES
 from pydory.wire import encode_any_partition
 
 PER_CLIENT_BYTES = 6 * 1024 * 1024
@@ -83,8 +87,148 @@ def test_two_busy_clients_take_turns() -> None:
     intake = ReadOrder()
     uvloop.run(two_clients_at_once(intake))
     # While both had data, neither was read twice in a row more than once or twice (a
-    # read below TURN_READ_BYTES does not yield: the client had nothing more then).
+    # read below READ_BYTES does not yield: the client had nothing more then).
     both_busy = intake.reads[: 2 * (PER_CLIENT_BYTES // (256 * 1024))]
     assert set(both_busy) == {"aaaa", "bbbb"}
     assert longest_run(both_busy) <= 3, both_busy
-    assert TURN_READ_BYTES <= 256 * 1024  # uvloop's read buffer: a full read yields
+    assert READ_BYTES <= 256 * 1024  # at most uvloop's own read buffer: a full read yields
+
+
+# -- issue 21 item 4: every input gets its share of each loop turn ---------------------------
+
+FLOODERS = 6
+FLOOD_BYTES = 4 * 1024 * 1024  # per flooder
+DATAGRAMS = 2_000
+
+#: A flooding client in a process of its own (no GIL shared with the loop under test):
+#: connects, writes its bytes with blocking writes, exits.
+FLOODER = """
+import socket, sys
+path, total = sys.argv[1], int(sys.argv[2])
+message = bytes.fromhex(sys.argv[3])
+chunk = message * (65536 // len(message))
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s.connect(path)
+    sent = 0
+    while sent < total:
+        s.sendall(chunk)
+        sent += len(chunk)
+"""
+#: A polite datagram sender: blocking sends, one datagram at a time.
+DATAGRAM_SENDER = """
+import socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+message = bytes.fromhex(sys.argv[3])
+with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+    for _ in range(count):
+        s.sendto(message, path)
+"""
+
+
+@dataclass
+class ReadsPerTurn:
+    """The inputs' Intake for the shares test: what each input read in each loop turn."""
+
+    turn: int = 0
+    stream_bytes: dict[int, int] = field(default_factory=dict)
+    datagrams_by_turn: dict[int, int] = field(default_factory=dict)
+    opened: int = 0
+
+    def tick(self) -> None:
+        """Called once per turn of the loop (it schedules itself again)."""
+        self.turn += 1
+        asyncio.get_running_loop().call_soon(self.tick)
+
+    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+        turn = self.turn
+        self.stream_bytes[turn] = self.stream_bytes.get(turn, 0) + sum(map(len, burst))
+
+    def datagrams(self, burst: Sequence[bytes]) -> None:
+        turn = self.turn
+        self.datagrams_by_turn[turn] = self.datagrams_by_turn.get(turn, 0) + len(burst)
+
+    def connection_opened(self, transport: Transport) -> None:
+        self.opened += 1
+
+    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
+        pass
+
+    def datagram_too_large(self, size: int, prefix: bytes) -> None:
+        raise AssertionError("no datagram is too large here")
+
+    def broken_stream(self, error: object, transport: Transport) -> None:
+        raise AssertionError(f"a broken stream: {error}")
+
+    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
+        raise AssertionError("an unclean disconnect")
+
+
+async def flood_beside_datagrams(intake: ReadsPerTurn, socket_dir: str) -> None:
+    loop = asyncio.get_running_loop()
+    stream_path, datagram_path = f"{socket_dir}/stream", f"{socket_dir}/dgram"
+    stream_input = StreamInput(Transport.UNIX_STREAM, 1 << 20, intake, path=stream_path)
+    datagram_input = DatagramInput(datagram_path, None, 1 << 16, False, intake)
+    await stream_input.start(loop)
+    datagram_input.start(loop)
+    message = MESSAGES["aaaa"].hex()
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        stream_input.pause()  # every flooder's socket buffer full before the first read
+        for _ in range(FLOODERS):
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", FLOODER, stream_path, str(FLOOD_BYTES), message]
+                )
+            )
+        async with asyncio.timeout(60):
+            while intake.opened < FLOODERS:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            stream_input.resume()
+            loop.call_soon(intake.tick)
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", DATAGRAM_SENDER, datagram_path, str(DATAGRAMS), message]
+                )
+            )
+            chunk = len(MESSAGES["aaaa"]) * (65536 // len(MESSAGES["aaaa"]))
+            flood = FLOODERS * chunk * -(-FLOOD_BYTES // chunk)  # as FLOODER writes it
+            while (
+                sum(intake.stream_bytes.values()) < flood
+                or sum(intake.datagrams_by_turn.values()) < DATAGRAMS
+            ):
+                await asyncio.sleep(0.01)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait(10)
+        await stream_input.close()
+        datagram_input.close()
+
+
+@pytest.fixture
+def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("f", numbered=True))  # UNIX paths are short
+
+
+def test_a_flood_of_stream_clients_reads_a_bounded_share_of_each_turn(socket_dir: str) -> None:
+    """Six clients flood a UNIX stream input while a datagram sender writes beside them:
+    whatever the number of flooders, a turn of the loop reads one buffer per connection at
+    most, and most turns only the turn's budget, so the turns come often and the datagram
+    socket (which queues only 10 datagrams here) is read in them."""
+    intake = ReadsPerTurn()
+    uvloop.run(flood_beside_datagrams(intake, socket_dir))
+    # Turn 0 is the poll that resumed them all at once (and the reads at accept time).
+    per_turn = sorted(n for turn, n in intake.stream_bytes.items() if turn > 0)
+    # Measured in whole frames: a read also completes the frame the previous one began.
+    slack = len(MESSAGES["aaaa"])
+    # Before: up to 256 KiB per connection per turn (uvloop's read buffer), 1.5 MiB here.
+    assert per_turn[-1] <= FLOODERS * (READ_BYTES + slack), per_turn[-10:]
+    # The typical turn reads the turn's budget, from the connections whose turn it is.
+    assert per_turn[len(per_turn) // 2] <= TURN_READ_BYTES + 2 * slack, per_turn
+    # Every datagram was read, in turns interleaved with the flood's.
+    assert sum(intake.datagrams_by_turn.values()) == DATAGRAMS
+    flood_turns = set(intake.stream_bytes)
+    first, last = min(flood_turns), max(flood_turns)
+    assert any(first < turn < last for turn in intake.datagrams_by_turn)

@@ -20,6 +20,7 @@ from pydory.daemon.books.events import DiscardReason, Transport
 from pydory.daemon.books.pool import MemoryPool, pool_cost
 from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
+from pydory.daemon.spool.records import SpoolRecord
 from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.status.discards import discard_report_json
 from pydory.wire import encode_any_partition, encode_partition_key
@@ -48,6 +49,7 @@ def daemon(
     autocreate: Callable[[str], None] | None = None,
     on_unknown_topic: Callable[[str], None] = lambda topic: None,
     write_ahead: Callable[[CommitPoint], WriteAhead] | None = None,
+    unknown_topic_limit: int = 1000,
 ) -> Daemon:
     """An intake with real books, pool, rate limiter, router and commit point; its router
     has no metadata yet unless ``metadata`` (then it knows TOPICS)."""
@@ -74,6 +76,7 @@ def daemon(
         on_unknown_topic=on_unknown_topic,
         autocreate=autocreate,
         write_ahead=tokens,
+        unknown_topic_limit=unknown_topic_limit,
     )
     return Daemon(books, pool, commit_point, dispatcher, intake, router)
 
@@ -274,6 +277,21 @@ def test_with_autocreate_a_topic_the_first_metadata_does_not_show_is_created() -
     assert d.books.per_topic()["new-topic"].accepted == 3
 
 
+def test_autocreations_under_way_are_bounded_and_a_name_beyond_is_a_bad_topic() -> None:
+    """A client cycling through names must not start a creation (a task, a metadata
+    request) for each: at most the unknown-topic limit wait at once (issue 21)."""
+    creating: list[str] = []
+    d = daemon(pool_budget=1 << 20, autocreate=creating.append, unknown_topic_limit=2)
+    d.intake.datagrams([encode_any_partition(f"new.{i}", b"v") for i in range(5)])
+    d.intake.datagrams([encode_any_partition("new.0", b"again")])  # waits with the first
+    assert creating == ["new.0", "new.1"]
+    assert d.intake.pending_topic_messages == 3
+    assert d.books.lifetime_discards_by_reason()[DiscardReason.BAD_TOPIC] == 3
+    assert d.books.counters.get(counter_names.AUTOCREATE_OVER_LIMIT) == 3
+    assert d.pool.used == 2 * pool_cost("new.0", b"", b"v") + pool_cost("new.0", b"", b"again")
+    assert d.commit_point.open_messages == 3
+
+
 def test_an_autocreation_that_settles_at_once_loses_no_message() -> None:
     """The server settles an autocreation at once when it has no task group yet (during
     the spool replay, which the first metadata may now interrupt): the message must be
@@ -309,19 +327,26 @@ class RecordingSpool:
     """A spool that takes every burst into segment 1 and records what is settled."""
 
     last_append: tuple[int, int] = (0, 0)
+    last_identity: tuple[int, int] = (1, 0)  # stream 1, frames numbered as appended
     settled: int = 0
     payloads: list[bytes] = field(default_factory=list)
 
-    def append_payloads(self, payloads: Sequence[bytes]) -> int:
+    def append_payloads(
+        self, payloads: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> int:
         self.last_append = (len(self.payloads), len(self.payloads) + len(payloads))
+        self.last_identity = (1, len(self.payloads))
         self.payloads.extend(payloads)
         return 1
 
-    def read_payloads(self, segment_id: int, start: int, end: int) -> list[bytes]:
-        return self.payloads[start:end]
+    def read_frames(self, segment_id: int, start: int, end: int) -> list[SpoolRecord]:
+        return [SpoolRecord("", b"", p, 0, is_payload=True) for p in self.payloads[start:end]]
 
     def settle(self, segment_id: int, count: int) -> None:
         self.settled += count
+
+    def acknowledge(self, segment_id: int, stream: int, ranges: list[tuple[int, int]]) -> None:
+        pass  # acknowledgement marks: tests/test_spool_acks.py
 
 
 def test_at_shutdown_what_waits_for_metadata_in_the_spool_stays_there_for_the_next_start() -> None:

@@ -14,20 +14,26 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from helpers import wait_until
 from pydory.cli import main as cli_main
 from pydory.pipeline.land import (
     DATA_COLUMNS,
+    EXIT_RECORDS_SKIPPED,
     PARTITION_COLUMNS,
     LandSettings,
     run_landing,
@@ -36,6 +42,7 @@ from pydory.pipeline.land import (
 )
 from pydory.pipeline.spark import spark_session
 from pydory.testing.kafka_broker import KafkaCluster
+from pydory.testing.kafka_util import admin_create_topic
 from pydory.testing.mock_cluster import MockCluster
 
 # 2024-03-01 23:59:59.500 UTC and half a second later, the next UTC day.
@@ -301,12 +308,15 @@ def test_offsets_aged_out_before_landing_fail_the_job_unless_loss_is_allowed(
     assert f"({earliest - 10} offsets lost)" in out.getvalue()
 
     # The operator accepts the loss and runs the same job again.
+    out = io.StringIO()
     lenient = run_landing(
         settings(bootstrap, (topic,), lake_paths, available_now=True, fail_on_data_loss=False),
-        io.StringIO(),
+        out,
     )
 
-    assert lenient == 0
+    assert lenient == EXIT_RECORDS_SKIPPED == 3
+    assert f"SKIPPED {earliest - 10:,} records (--fail-on-data-loss false)" in out.getvalue()
+    assert f"{topic}/0: {earliest - 10:,} offsets aged out of Kafka" in out.getvalue()
     assert landed_offsets(spark, lake_paths[0]) == {
         (topic, 0): list(range(10)) + list(range(earliest, 1_510))
     }
@@ -414,3 +424,251 @@ def test_spark_batch_read_through_the_source(
         "timestampType",
     ]
     assert per_partition == {0: (40, 0, 39), 1: (20, 0, 19)}
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.parametrize("connector", ["python", "native"])
+def test_a_new_checkpoint_on_a_landed_lake_is_refused_until_its_offsets_are_chosen(
+    connector: str,
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    topic = unique_topic("rebind")
+    kafka_broker.create_topic(topic, 2)
+    bootstrap = kafka_broker.bootstrap_servers
+    lake, old, new = (str(tmp_path / name) for name in ("lake", "old", "new"))
+    produce(bootstrap, topic, {0: 5, 1: 5})
+    land = run_landing(
+        settings(bootstrap, (topic,), (lake, old), connector, available_now=True), io.StringIO()
+    )
+    assert land == 0
+    produce(bootstrap, topic, {0: 3, 1: 2})
+    refused = io.StringIO()
+
+    # The old checkpoint is lost: a new one would silently land nothing.
+    status = run_landing(
+        settings(bootstrap, (topic,), (lake, new), connector, available_now=True), refused
+    )
+
+    assert status == 1
+    assert f"refused: the lake {lake} already holds batch 0 (landed" in refused.getvalue()
+    assert f"landed by checkpoint {old}" in refused.getvalue()
+    assert "--starting-offsets earliest|latest|JSON" in refused.getvalue()
+    assert landed_offsets(spark, lake) == {(topic, 0): list(range(5)), (topic, 1): list(range(5))}
+
+    # The operator chooses: from the earliest, without what the lake already holds.
+    out = io.StringIO()
+    status = run_landing(
+        settings(
+            bootstrap,
+            (topic,),
+            (lake, new),
+            connector,
+            available_now=True,
+            starting_offsets="earliest",
+        ),
+        out,
+    )
+
+    assert status == 0, out.getvalue()
+    assert "(10 offsets skipped that the lake already holds)" in out.getvalue()
+    assert "landing finished: 5 records" in out.getvalue()
+    assert landed_offsets(spark, lake) == {(topic, 0): list(range(8)), (topic, 1): list(range(7))}
+
+
+def jvm_child_of(pid: int) -> int | None:
+    """The pid of a ``java`` process whose parent is ``pid``, if there is one yet."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        parent = int(text[text.rindex(")") + 2 :].split()[1])
+        if parent == pid and name == "java":
+            return int(stat.parent.name)
+    return None
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_the_job_exits_non_zero_soon_after_spark_s_jvm_dies(
+    kafka_broker: KafkaCluster, unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    topic = unique_topic("jvm-dies")
+    kafka_broker.create_topic(topic, 1)
+    produce(kafka_broker.bootstrap_servers, topic, {0: 3})
+    command = [
+        sys.executable, "-m", "pydory", "pipeline", "land",
+        "--bootstrap", kafka_broker.bootstrap_servers, "--topics", topic,
+        "--lake", str(tmp_path / "lake"), "--checkpoint", str(tmp_path / "cp"),
+        "--trigger-interval", "1", "--master", "local[1]",
+    ]  # fmt: skip
+    with (tmp_path / "stderr").open("wb") as stderr:
+        job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        assert job.stdout is not None
+        lines = []
+        for line in job.stdout:  # the job runs on, waiting for its next trigger
+            lines.append(line)
+            if line.startswith("batch 0:"):
+                break
+        jvm = jvm_child_of(job.pid)
+        assert jvm is not None, "".join(lines)
+
+        os.kill(jvm, signal.SIGKILL)
+
+        # A generous bound for a loaded machine; before the fix the job never ended.
+        status = job.wait(timeout=60)
+        output = "".join(lines) + job.stdout.read()
+        assert status == 1, output
+        assert f"landing FAILED: Spark's JVM (pid {jvm}) exited (killed by signal 9)" in output
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("minOffsetsPerTrigger", "100"), ("maxOffsetsPerTrigger", "many"), ("subscribe", " ")],
+)
+def test_a_bad_source_option_fails_at_load_naming_it(
+    spark: SparkSession, option: str, value: str
+) -> None:
+    reader = (
+        spark.readStream.format("pydory-kafka")
+        .option("kafka.bootstrap.servers", "127.0.0.1:9")
+        .option("subscribe", "events")
+        .option(option, value)
+    )
+
+    with pytest.raises(PySparkException) as refusal:
+        reader.load()
+
+    assert f"pydory-kafka source option {option!r}" in str(refusal.value)
+
+
+@pytest.mark.slow
+def test_an_option_for_batch_reads_only_fails_the_stream_naming_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stream = (
+        spark.readStream.format("pydory-kafka")
+        .option("kafka.bootstrap.servers", "127.0.0.1:9")
+        .option("subscribe", "events")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    query = (
+        stream.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+
+    with pytest.raises(PySparkException) as refusal:
+        query.awaitTermination(120)
+
+    assert "pydory-kafka source option 'endingOffsets': applies to batch reads only" in str(
+        refusal.value
+    )
+    assert "UnboundLocalError" not in str(refusal.value)
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again (offsets start at 0 again)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(timeout=30)
+
+    def created() -> bool:
+        try:  # refused while the broker still deletes the old topic
+            admin_create_topic(bootstrap, topic, partitions)
+        except KafkaException:
+            return False
+        return True
+
+    wait_until(created, timeout_s=60, what=f"{topic} created again")
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.parametrize("connector", ["python", "native"])
+def test_offsets_that_went_backwards_are_named_and_what_was_skipped_is_reported(
+    connector: str,
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    lake_paths: tuple[str, str],
+) -> None:
+    topic = unique_topic("recreated")
+    bootstrap = kafka_broker.bootstrap_servers
+    kafka_broker.create_topic(topic, 1)
+    produce(bootstrap, topic, {0: 6})
+    once = settings(bootstrap, (topic,), lake_paths, connector, available_now=True)
+    assert run_landing(once, io.StringIO()) == 0
+    recreate_topic(bootstrap, topic, 1)
+    kafka_broker.wait_for_leaders(topic, 1)
+    produce(bootstrap, topic, {0: 4})
+    strict = io.StringIO()
+
+    assert run_landing(once, strict) == 1
+    assert "offsets went backwards (the topic was deleted and recreated" in strict.getvalue()
+    assert "aged out" not in strict.getvalue()
+
+    lenient = io.StringIO()
+    status = run_landing(
+        settings(
+            bootstrap, (topic,), lake_paths, connector, available_now=True, fail_on_data_loss=False
+        ),
+        lenient,
+    )
+
+    jump = f"{topic}/0: offsets went backwards from 6 to 4 (topic recreated or log truncated)"
+    assert jump in lenient.getvalue()
+    if connector == "native":  # Spark's source moves on to the new end unread
+        assert status == EXIT_RECORDS_SKIPPED
+        assert "SKIPPED 4 records" in lenient.getvalue()
+        assert f"{jump}: up to 4 records below offset 4 not read" in lenient.getvalue()
+    else:  # pydory-kafka reads the new log from its start
+        assert status == 0
+        assert "nothing was skipped" in lenient.getvalue()
+        assert len(landed_offsets(spark, lake_paths[0])[(topic, 0)]) == 10
+
+
+STOPS_ITS_SESSION = """
+import sys
+from pyspark import SparkContext
+from pydory.pipeline.land import LandSettings, run_landing
+
+bootstrap, topic, lake, checkpoint = sys.argv[1:]
+status = run_landing(LandSettings(
+    bootstrap_servers=bootstrap, topics=(topic,), lake=lake, checkpoint=checkpoint,
+    available_now=True, master="local[1]",
+))
+print("status", status, "session stopped", SparkContext._active_spark_context is None)
+"""
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_the_job_stops_the_spark_session_it_started(
+    kafka_broker: KafkaCluster, unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    topic = unique_topic("stops")
+    kafka_broker.create_topic(topic, 1)
+    produce(kafka_broker.bootstrap_servers, topic, {0: 2})
+    arguments = [kafka_broker.bootstrap_servers, topic, str(tmp_path / "l"), str(tmp_path / "c")]
+
+    finished = subprocess.run(
+        [sys.executable, "-c", STOPS_ITS_SESSION, *arguments],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+    assert "status 0 session stopped True" in finished.stdout, finished.stdout + finished.stderr

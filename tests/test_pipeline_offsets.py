@@ -148,7 +148,17 @@ def test_kafka_prefixed_options_reach_librdkafka_but_cannot_break_range_reads() 
 @pytest.mark.parametrize(
     ("extra", "streaming", "bad_option"),
     [
-        ({"subscribePattern": "a.*"}, True, "subscribepattern"),
+        ({"subscribePattern": "a.*"}, True, "subscribePattern"),
+        ({"minOffsetsPerTrigger": "100"}, True, "minOffsetsPerTrigger"),
+        ({"MINOFFSETSPERTRIGGER": "100"}, None, "minOffsetsPerTrigger"),
+        ({"maxTriggerDelay": "5m"}, None, "maxTriggerDelay"),
+        ({"fetchOffset.numRetries": "3"}, None, "fetchOffset.numRetries"),
+        (
+            {"startingOffsetsByTimestampStrategy": "latest"},
+            None,
+            "startingOffsetsByTimestampStrategy",
+        ),
+        ({"maxOffsetsPerTrigger": "many"}, None, "maxOffsetsPerTrigger"),
         ({"startingOffsets": "whenever"}, True, "startingOffsets"),
         ({"endingOffsets": "latest"}, True, "endingOffsets"),
         ({"startingOffsets": "latest"}, False, "startingOffsets"),
@@ -156,16 +166,66 @@ def test_kafka_prefixed_options_reach_librdkafka_but_cannot_break_range_reads() 
         ({"maxOffsetsPerTrigger": "0"}, True, "maxOffsetsPerTrigger"),
         ({"failOnDataLoss": "maybe"}, True, "failOnDataLoss"),
         ({"startingOffsets": '{"c": {"0": 1}}'}, True, "startingOffsets"),
-        ({"maxOfsetsPerTrigger": "5"}, True, "maxofsetspertrigger"),
+        ({"maxOfsetsPerTrigger": "5"}, True, "maxOfsetsPerTrigger"),
     ],
 )
 def test_bad_source_options_are_refused_by_name(
-    extra: dict[str, str], streaming: bool, bad_option: str
+    extra: dict[str, str], streaming: bool | None, bad_option: str
 ) -> None:
     with pytest.raises(SourceOptionError) as caught:
         SourceOptions.parse(_options(**extra), streaming=streaming)
 
     assert caught.value.option == bad_option
+
+
+# Every option spark-sql-kafka 4.2 reads (KafkaSourceProvider), as its docs spell them.
+SPARK_KAFKA_OPTIONS = (
+    "assign",
+    "subscribe",
+    "subscribePattern",
+    "startingOffsets",
+    "endingOffsets",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "startingTimestamp",
+    "endingTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "failOnDataLoss",
+    "kafkaConsumer.pollTimeoutMs",
+    "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "minPartitions",
+    "maxRecordsPerPartition",
+    "includeHeaders",
+    "groupIdPrefix",
+)
+
+
+@pytest.mark.parametrize("name", SPARK_KAFKA_OPTIONS)
+def test_every_option_of_spark_s_kafka_source_is_taken_or_refused_by_its_name(name: str) -> None:
+    options = {"kafka.bootstrap.servers": "x:1", "subscribe": "a", name: "1"}
+    refusal = None
+    try:
+        SourceOptions.parse(options, streaming=None)
+    except SourceOptionError as error:
+        refusal = error
+
+    if refusal is not None:
+        assert refusal.option == name
+        assert "unknown option" not in refusal.reason
+
+
+def test_what_applies_to_one_kind_of_read_waits_until_the_kind_is_known() -> None:
+    either = _options(endingOffsets="latest", startingOffsets="latest")
+
+    SourceOptions.parse(either, streaming=None)
+    with pytest.raises(SourceOptionError, match="endingOffsets"):
+        SourceOptions.parse(either, streaming=True)
+    with pytest.raises(SourceOptionError, match="startingOffsets"):
+        SourceOptions.parse(either, streaming=False)
 
 
 def test_required_options() -> None:
@@ -193,6 +253,10 @@ def test_find_data_loss_names_aged_out_gone_and_reset_partitions() -> None:
     assert "a/1: offset 3 aged out of retention" in losses[0].describe()
     assert "8 to 19" in losses[0].describe()
     assert "(5 offsets lost)" in losses[0].describe()
+    assert losses[1].describe() == (
+        "a/2: offsets went backwards (the topic was deleted and recreated, or its log "
+        "truncated): the query had read up to offset 90, the broker now holds offsets 0 to 39"
+    )
 
 
 def test_no_data_loss_at_the_edges_of_what_the_broker_holds() -> None:

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pydory.daemon.books.pool import MemoryPool, PoolReleaseError
+from pydory.daemon.books.pool import (
+    PARTIAL_FRAME_FREE_BYTES,
+    MemoryPool,
+    PoolReleaseError,
+    partial_frame_cost,
+)
 
 
 class FakeClock:
@@ -188,3 +193,30 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 TestPoolMachine = PoolMachine.TestCase
+
+
+def test_room_waiters_are_told_once_when_the_pool_has_room_again() -> None:
+    pool = MemoryPool(100)
+    told: list[str] = []
+    pool.when_room(lambda: told.append("at once"))  # room now: called at once
+    assert told == ["at once"]
+    pool.try_allocate(100)
+    pool.when_room(lambda: told.append("first"))
+    withdrawn = lambda: told.append("withdrawn")  # noqa: E731
+    pool.when_room(withdrawn)
+    pool.when_room(lambda: told.append("second"))
+    pool.cancel_when_room(withdrawn)
+    assert pool.room_waiters == 2
+    pool.release(1)  # room again: each waiter told, oldest first, once
+    assert told == ["at once", "first", "second"]
+    pool.try_allocate(1)
+    pool.release(1)
+    assert told == ["at once", "first", "second"]
+    assert pool.room_waiters == 0
+
+
+def test_a_partial_frame_costs_every_byte_beyond_its_allowance() -> None:
+    assert partial_frame_cost(0) == 0
+    assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES) == 0
+    assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES + 1) == 1
+    assert partial_frame_cost(1024 * 1024 - 1) == 1024 * 1024 - 1 - PARTIAL_FRAME_FREE_BYTES

@@ -6,10 +6,13 @@ delivered, nothing discarded), while the polite client's latency (the time from 
 to the daemon's read, both on CLOCK_MONOTONIC) and throughput stay within the bound
 below of what they are when it is alone. The clients are processes of their own, so that
 they never take the daemon's GIL; the daemon's read time of each polite message is taken
-by a thin wrapper around the intake (one ``in`` test per read burst).
+by a thin wrapper around the intake (one ``in`` test per read burst). A client is a uid,
+so the flooder runs as another user (nobody) than the polite client.
 
 Then the connection quota on the UNIX stream listener: the N+1th connection is closed at
-once and counted, the first N are still delivered.
+once and counted, the first N are still delivered. Last, a client is a uid: eight TCP
+connections of one uid are one client, and datagrams over their sender's quota are
+discarded as ``rate_limit``.
 
 The bound is checked against a control, so that it cannot pass for want of a flood: the
 same scenario without the quota must break it (by how much depends on the machine;
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import socket
 import statistics
@@ -66,12 +70,20 @@ THROUGHPUT_SHARE = 0.95
 
 # --- the clients, each a process of its own -------------------------------------------------
 
+#: The flooder runs as another user than the polite client: a client is a uid, and two
+#: programs of one user share its quota (so the test runs as root).
+FLOODER_UID = 65534
+needs_a_second_uid = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the flooder needs a uid of its own (run as root)"
+)
+
 FLOODER = """
-import json, select, socket, sys, time
+import json, os, select, socket, sys, time
 from pydory.wire import encode_any_partition
 port, topic, seconds = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 message = encode_any_partition(topic, b"f" * 90)
 chunk = memoryview(message * 640)  # 64 kB of whole messages
+os.setuid(int(sys.argv[4]))  # after the imports: another uid may not read the venv
 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 * 1024)
 sock.connect(("127.0.0.1", port))
@@ -237,7 +249,7 @@ def run_flood_scenario(
     try:
         alone = polite_phase(daemon, clock, polite_topic)
         flood_started = time.monotonic()
-        flooder = client(FLOODER, daemon.tcp_port, flood_topic, FLOOD_S)
+        flooder = client(FLOODER, daemon.tcp_port, flood_topic, FLOOD_S, FLOODER_UID)
         time.sleep(0.5)  # the flooder's credit is spent: it is being throttled
         beside = polite_phase(daemon, clock, polite_topic)
         flood = result_of(flooder)
@@ -296,6 +308,7 @@ def within_bound(alone: PoliteFigures, beside: PoliteFigures) -> list[str]:
     return broken
 
 
+@needs_a_second_uid
 def test_a_flooder_is_slowed_loses_nothing_and_leaves_the_polite_client_unaffected(
     mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
 ) -> None:
@@ -317,6 +330,7 @@ def test_a_flooder_is_slowed_loses_nothing_and_leaves_the_polite_client_unaffect
     assert flood["drained_s"] < flood["bytes"] / FLOOD_QUOTA_BPS + 3.0
 
 
+@needs_a_second_uid
 def test_control_without_the_quota_the_polite_client_is_outside_the_bound(
     mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
 ) -> None:
@@ -392,3 +406,97 @@ def test_dataclass_render_keeps_the_base_config() -> None:
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     text = QuotaDaemonConfig(**fields, quotas_xml="    <quotas />\n").render()
     assert text.replace("    <quotas />\n", "") == base.render()
+
+
+# --- a client is a uid: eight TCP connections, and datagrams -------------------------------
+
+
+def test_eight_tcp_connections_of_one_uid_are_one_client_of_the_daemon(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+) -> None:
+    """Issue 21: a TCP client opened 8 connections to get 8x its quota. Each connection
+    here sends 1,000 messages, within a quota of 2,000 a second alone (old code: eight
+    clients, not one throttle); together 8,000, so the one uid they share is throttled,
+    and the listener's accounting shows one client with eight connections."""
+    connections, each = 8, 1000
+    topic = unique_topic("uid")
+    mock_cluster.create_topic(topic, 4)
+    config = QuotaDaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        unix_datagram=False,
+        quotas_xml="""    <quotas>
+        <tcp>
+            <clientRate msgsPerSec="2000" window="1000" />
+        </tcp>
+    </quotas>
+""",
+    )
+    daemon = RunningDaemon(config).start()
+    try:
+        clients = [socket.create_connection(("127.0.0.1", daemon.tcp_port)) for _ in range(8)]
+        tcp_input = next(s for s in daemon.server.inputs.streams if s.kind is Transport.TCP)
+        wait_until(lambda: daemon.call(lambda: tcp_input.connection_count) == connections)
+        by_client = daemon.call(tcp_input.quota.connections_by_client)
+        for n, sock in enumerate(clients):
+            sock.sendall(
+                b"".join(encode_any_partition(topic, b"%d-%d" % (n, i)) for i in range(each))
+            )
+        for sock in clients:
+            sock.close()
+        wait_until(settled(daemon, topic, connections * each), 60, what="every message")
+        snapshot = daemon.snapshot()
+        counters = {c["name"]: c["value"] for c in page(config, "counters/json")["counters"]}
+    finally:
+        daemon.stop()
+    assert by_client == {("uid", os.getuid()): connections}
+    assert counters["quota_throttles_tcp"] > 0
+    books = snapshot["topics"][topic]
+    assert books["accepted"] == books["delivered"] == connections * each  # slowed, not lost
+    assert_balanced(snapshot)
+
+
+def test_datagrams_over_their_senders_quota_are_discarded_as_rate_limit(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+) -> None:
+    """One socket carries every sender's datagrams, so a sender over its quota cannot be
+    paused alone: its datagrams beyond the quota are discarded, each a ``rate_limit``
+    discard of its topic and counted in ``quota_discards_unix_dgram``; the rest are
+    delivered."""
+    sent = 500
+    topic = unique_topic("dgq")
+    mock_cluster.create_topic(topic, 4)
+    config = QuotaDaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        tcp_port=None,
+        unix_stream=False,
+        quotas_xml="""    <quotas>
+        <unixDatagram>
+            <clientRate msgsPerSec="100" window="1000" />
+        </unixDatagram>
+    </quotas>
+""",
+    )
+    daemon = RunningDaemon(config).start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            for i in range(sent):
+                sender.sendto(encode_any_partition(topic, b"d%d" % i), config.datagram_path)
+        received = "received_unix_dgram"
+
+        def counter(name: str) -> int:
+            return int(daemon.call(lambda: daemon.server.counters.get(name)))
+
+        wait_until(lambda: counter(received) == sent, 30, what="every datagram")
+        wait_until(lambda: daemon.snapshot()["topics"][topic]["in_flight"] == 0, 30)
+        snapshot = daemon.snapshot()
+        counters = {c["name"]: c["value"] for c in page(config, "counters/json")["counters"]}
+    finally:
+        daemon.stop()
+    books = snapshot["topics"][topic]
+    discarded = counters["quota_discards_unix_dgram"]
+    assert 0 < discarded <= sent - 100  # the window's credit (100) at least got through
+    assert books["discarded"]["rate_limit"] == discarded
+    assert books["accepted"] == books["delivered"] == sent - discarded
+    assert_balanced(snapshot)

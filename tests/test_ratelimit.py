@@ -107,3 +107,48 @@ def test_a_topic_is_known_unlimited_only_once_its_first_message_looked_its_limit
     limiter.admit("limited")
     assert limiter.is_unlimited("free")
     assert not limiter.is_unlimited("limited")
+
+
+# --- names Kafka does not have (issue 21): their windows are bounded ---------------------
+
+ONE_PER_SECOND = Limit(interval_ms=1000, max_count=1)
+
+
+def test_a_name_kafka_does_not_have_keeps_its_window_among_the_most_recent_few() -> None:
+    limiter = TopicRateLimiter(lambda topic: ONE_PER_SECOND, unknown_topic_limit=2)
+    assert limiter.admit("a", now=0.0, known=False)
+    assert not limiter.admit("a", now=0.1, known=False)
+    limiter.admit("b", now=0.2, known=False)
+    assert not limiter.admit("a", now=0.3, known=False)  # still among the 2 most recent
+    limiter.admit("c", now=0.4, known=False)
+    limiter.admit("d", now=0.5, known=False)
+    # Evicted by the names after it: its window starts afresh.
+    assert limiter.admit("a", now=0.6, known=False)
+
+
+def test_a_flood_of_unknown_names_never_evicts_a_topic_kafka_has() -> None:
+    limiter = TopicRateLimiter(lambda topic: ONE_PER_SECOND, unknown_topic_limit=2)
+    assert limiter.admit("orders", now=0.0)
+    for i in range(1000):
+        limiter.admit(f"junk.{i}", now=0.1, known=False)
+    assert not limiter.admit("orders", now=0.2)
+
+
+def test_a_window_opened_before_kafka_had_the_topic_carries_over() -> None:
+    limiter = TopicRateLimiter(lambda topic: ONE_PER_SECOND, unknown_topic_limit=2)
+    assert limiter.admit("new", now=0.0, known=False)  # e.g. held for its auto-creation
+    assert not limiter.admit("new", now=0.5, known=True)
+    for i in range(10):
+        limiter.admit(f"junk.{i}", now=0.6, known=False)
+    assert not limiter.admit("new", now=0.7, known=True)
+    assert limiter.admit("new", now=1.0, known=True)
+
+
+def test_a_reload_reconsiders_the_windows_of_unknown_names_too() -> None:
+    limits = {"t": ONE_PER_SECOND}
+    limiter = TopicRateLimiter(lambda topic: limits.get(topic, UNLIMITED))
+    assert limiter.admit("t", now=0.0, known=False)
+    assert not limiter.admit("t", now=0.1, known=False)
+    limits["t"] = Limit(interval_ms=1000, max_count=5)
+    limiter.reconfigure(lambda topic: limits.get(topic, UNLIMITED))
+    assert limiter.admit("t", now=0.2, known=False)

@@ -262,7 +262,8 @@ def test_a_reload_that_cannot_open_its_new_input_changes_nothing(
             producers_before = set(daemon.server.dispatcher.producers)
             outcome = daemon.reload(broken)
             assert not outcome.ok
-            assert "address already in use" in outcome.errors[0], outcome
+            assert "address already in use" in outcome.errors[0].lower(), outcome
+            assert "/doryConfig/inputSources/tcp/port" in outcome.errors[0]
             # Nothing changed: the old inputs serve, the new stream socket is gone again,
             # the producers and the config are the old ones.
             assert not os.path.exists(broken.stream_path)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import socket
 import subprocess
 import sys
@@ -13,10 +15,17 @@ from pathlib import Path
 import pytest
 
 from pydory.cli import main
-from pydory.wire import Message
-from receivers import RECEIVE_TIMEOUT_S, read_stream, receive_datagram
+from pydory.testing.daemon_config import DaemonConfig
+from pydory.wire import Message, decode
+from receivers import MAX_DATAGRAM, RECEIVE_TIMEOUT_S, read_stream, receive_datagram
 
 StreamReceiver = tuple[list[str], Callable[[], Future[list[Message]]], socket.socket]
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool
 
 
 @pytest.fixture(params=["unix-stream", "tcp"])
@@ -216,3 +225,188 @@ def test_pydory_send_as_an_installed_command_fails_cleanly(datagram_path: str) -
     assert result.returncode == 1
     assert result.stderr.startswith("pydory send: error: ")
     assert "Traceback" not in result.stderr
+
+
+# --- --lines, --config-path, $PYDORY_SOCKET_PATH (issue 23 item 6) ----------------------------
+
+
+def pydory_send(
+    options: list[str], stdin: bytes = b"", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`pydory send` as a shell runs it: its own process, stdin a real pipe."""
+    pydory = Path(sys.executable).parent / "pydory"
+    base_env = {k: v for k, v in os.environ.items() if k != "PYDORY_SOCKET_PATH"}
+    return subprocess.run(
+        [str(pydory), "send", *options],
+        input=stdin.decode("latin-1"),
+        encoding="latin-1",
+        capture_output=True,
+        env={**base_env, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+def received_datagrams(receiver: socket.socket) -> list[Message]:
+    """Every datagram queued at ``receiver`` now (the sender has exited)."""
+    receiver.setblocking(False)
+    messages = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            messages.append(decode(receiver.recv(MAX_DATAGRAM)))
+    return messages
+
+
+def test_send_lines_sends_each_line_as_a_message_over_a_datagram_socket(
+    datagram_path: str, datagram_receiver: socket.socket
+) -> None:
+    # An empty line is an empty message; "\r\n" ends a line as "\n" does; the last line
+    # needs no line ending (kafka-console-producer's readLine does the same).
+    stdin = b"first\n\nthird\r\nlast without newline"
+    options = ["--socket-path", datagram_path, "--topic", "events", "--key", "k", "--lines"]
+
+    result = pydory_send(options, stdin)
+
+    assert result.returncode == 0, result.stderr
+    messages = received_datagrams(datagram_receiver)
+    assert [m.value for m in messages] == [b"first", b"", b"third", b"last without newline"]
+    assert {(m.topic, m.key) for m in messages} == {("events", b"k")}
+
+
+def test_send_lines_over_a_stream_uses_one_connection(stream_receiver: StreamReceiver) -> None:
+    options, read_connection, _ = stream_receiver
+    received = read_connection()
+    lines = [f"line {n}".encode() for n in range(20_000)]
+
+    result = pydory_send([*options, "--topic", "events", "--lines"], b"\n".join(lines) + b"\n")
+
+    assert result.returncode == 0, result.stderr
+    assert [m.value for m in received.result(RECEIVE_TIMEOUT_S)] == lines
+
+
+def test_send_lines_skips_a_line_over_the_limit_names_it_and_exits_1(
+    datagram_path: str, datagram_receiver: socket.socket
+) -> None:
+    stdin = b"short\n" + b"x" * 101 + b"\n" + b"x" * 100 + b"\nafter\n"
+    options = ["--socket-path", datagram_path, "--topic", "events", "--lines"]
+
+    result = pydory_send([*options, "--max-line-bytes", "100"], stdin)
+
+    assert result.returncode == 1
+    assert result.stderr == ("pydory send: line 2 not sent: 101 bytes, over --max-line-bytes\n")
+    values = [m.value for m in received_datagrams(datagram_receiver)]
+    assert values == [b"short", b"x" * 100, b"after"]
+
+
+def test_send_lines_skips_a_line_too_large_for_a_datagram(
+    datagram_path: str, datagram_receiver: socket.socket
+) -> None:
+    stdin = b"before\n" + b"y" * 500_000 + b"\nafter\n"
+    options = ["--socket-path", datagram_path, "--topic", "events", "--lines"]
+
+    result = pydory_send(options, stdin)
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("pydory send: line 2 not sent: ")
+    assert "does not fit in one datagram" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert [m.value for m in received_datagrams(datagram_receiver)] == [b"before", b"after"]
+
+
+def test_send_lines_refuses_count(datagram_path: str) -> None:
+    options = ["--socket-path", datagram_path, "--topic", "events", "--lines", "--count", "2"]
+
+    result = pydory_send(options)
+
+    assert result.returncode == 2
+    assert "--count does not apply to --lines" in result.stderr
+
+
+def daemon_config(tmp_path: Path, config: DaemonConfig) -> Path:
+    path = tmp_path / "pydory.xml"
+    path.write_text(config.render())
+    return path
+
+
+@pytest.mark.parametrize("enabled", ["datagram", "stream", "tcp"])
+def test_send_finds_the_input_in_the_daemons_config(
+    tmp_path: Path, enabled: str, executor: ThreadPoolExecutor
+) -> None:
+    """--config-path: the datagram socket if the config enables it, else the stream socket,
+    else the TCP port."""
+    config = DaemonConfig(
+        "127.0.0.1:9092",
+        str(tmp_path),
+        unix_datagram=enabled == "datagram",
+        unix_stream=enabled in ("datagram", "stream"),
+    )
+    with contextlib.ExitStack() as stack:
+        if enabled == "datagram":
+            receiver = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM))
+            receiver.bind(config.datagram_path)
+        elif enabled == "stream":
+            receiver = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            receiver.bind(config.stream_path)
+            receiver.listen()
+        else:
+            receiver = stack.enter_context(socket.create_server(("127.0.0.1", config.tcp_port)))
+        receiver.settimeout(RECEIVE_TIMEOUT_S)
+        if enabled != "datagram":
+            received = executor.submit(read_stream, receiver)
+        options = ["--config-path", str(daemon_config(tmp_path, config)), "--topic", "events"]
+
+        result = pydory_send([*options, "--value", enabled])
+
+        assert result.returncode == 0, result.stderr
+        if enabled == "datagram":
+            [message] = received_datagrams(receiver)
+        else:
+            [message] = received.result(RECEIVE_TIMEOUT_S)
+        assert message.value == enabled.encode()
+
+
+def test_send_with_a_config_without_a_usable_input_says_so(tmp_path: Path) -> None:
+    # Only a TCP port the daemon's kernel chooses (0): nothing a client can find.
+    config = DaemonConfig(
+        "127.0.0.1:9092", str(tmp_path), unix_datagram=False, unix_stream=False, tcp_port=0
+    )
+
+    result = pydory_send(["--config-path", str(daemon_config(tmp_path, config)), "--topic", "t"])
+
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "enables no input" in result.stderr
+
+
+def test_send_with_an_invalid_config_names_the_problem(tmp_path: Path) -> None:
+    result = pydory_send(["--config-path", str(tmp_path / "missing.xml"), "--topic", "events"])
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("pydory send: error: ")
+    assert "missing.xml" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_send_uses_the_socket_in_the_environment(
+    datagram_path: str, datagram_receiver: socket.socket
+) -> None:
+    result = pydory_send(
+        ["--topic", "events", "--value", "from env"], env={"PYDORY_SOCKET_PATH": datagram_path}
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert receive_datagram(datagram_receiver).value == b"from env"
+
+
+def test_a_transport_option_wins_over_the_environment(
+    datagram_path: str, datagram_receiver: socket.socket, tmp_path: Path
+) -> None:
+    elsewhere = str(tmp_path / "not-this.sock")
+    result = pydory_send(
+        ["--socket-path", datagram_path, "--topic", "events", "--value", "option"],
+        env={"PYDORY_SOCKET_PATH": elsewhere},
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert receive_datagram(datagram_receiver).value == b"option"

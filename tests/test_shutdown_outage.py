@@ -21,7 +21,7 @@ import pytest
 from daemon_process import DaemonProcess
 from helpers import DISCARD_COUNTS, TOTALS_LINE, wait_until
 from pydory.client import UnixStreamSender
-from pydory.daemon.spool.records import decode_records
+from pydory.daemon.spool.records import HEADER_BYTES, decode_records
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster
@@ -40,7 +40,7 @@ def spooled(spool_dir: Path) -> int:
     """Records in the spool's segments (what the next start would replay)."""
     records = 0
     for segment in spool_dir.glob("segment-*.spool"):
-        found, _, _ = decode_records(segment.read_bytes()[16:])
+        found, _, _ = decode_records(segment.read_bytes()[HEADER_BYTES:])
         records += len(found)
     return records
 

@@ -583,11 +583,11 @@ def test_files_without_a_header_are_removed_and_counted(spool_dir: Path) -> None
 def test_a_segment_of_a_newer_format_is_left_in_place(spool_dir: Path) -> None:
     path = write_segment(spool_dir, [records(2)])
     data = bytearray(path.read_bytes()[:HEADER_BYTES] + b"frames of another layout" * 10)
-    data[5] = 3  # format version 3
+    data[5] = 4  # format version 4
     path.write_bytes(bytes(data))
     spool, recovered = recover_all(spool_dir)
     assert recovered == []
-    assert "format version 3 (this pydory reads 1 and 2)" in spool.recovery_report.problems[0]
+    assert "format version 4 (this pydory reads 1, 2 and 3)" in spool.recovery_report.problems[0]
     spool.finish_recovery()
     spool.close()
     assert path.read_bytes() == bytes(data)

@@ -36,6 +36,7 @@ from pydory.daemon.spool.errors import SpoolError
 from pydory.daemon.spool.records import (
     FRAME_HEADER_BYTES,
     HEADER_BYTES,
+    HEADER_BYTES_V2,
     MAGIC,
     MIN_BODY_BYTES,
     SpoolRecord,
@@ -300,7 +301,7 @@ def test_a_version_1_segment_replays_and_is_resynchronised_past_a_bad_frame(
     path = v1_segment(tmp_path, 3, payloads)
     data = bytearray(path.read_bytes())
     frame = 8 + MIN_BODY_BYTES + len(payloads[0])
-    data[HEADER_BYTES + 20 * frame + 30] ^= 0x80  # inside frame 20's value
+    data[HEADER_BYTES_V2 + 20 * frame + 30] ^= 0x80  # inside frame 20's value
     path.write_bytes(data)
     recovered, report, regions = recover(tmp_path)
     assert [r.value for r in recovered] == payloads[:20] + payloads[21:]
@@ -325,10 +326,10 @@ def test_property_version_1_one_flipped_byte_loses_one_frame_counted_as_one(
         path = v1_segment(directory, 1, payloads)
         original = path.read_bytes()
         damaged = bytearray(original)
-        offset = data.draw(st.integers(HEADER_BYTES, len(original) - 1), label="offset")
+        offset = data.draw(st.integers(HEADER_BYTES_V2, len(original) - 1), label="offset")
         damaged[offset] ^= data.draw(st.integers(1, 255), label="xor")
         path.write_bytes(damaged)
-        spans, start = [], HEADER_BYTES
+        spans, start = [], HEADER_BYTES_V2  # a version 1 header
         for payload in payloads:
             spans.append((start, start + 8 + MIN_BODY_BYTES + len(payload)))
             start = spans[-1][1]
@@ -529,9 +530,11 @@ class FakeIntake:
         self.spool = spool
         self.replayed_messages: list[bytes] = []
 
-    def replayed(self, burst: Sequence[bytes]) -> None:
+    def replayed(
+        self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> None:
         with contextlib.suppress(SpoolError):  # unprotected, as WriteAhead.begin_burst has it
-            self.spool.append_payloads(burst)
+            self.spool.append_payloads(burst, origins)
         self.replayed_messages += burst
 
 

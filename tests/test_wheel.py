@@ -197,3 +197,29 @@ def test_pydory_serve_from_the_wheel_delivers_and_stops_on_sigterm(
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            *("pipeline", "land", "--bootstrap", "127.0.0.1:1", "--topics", "t"),
+            *("--lake", "l", "--checkpoint", "c"),
+        ],
+        ["pipeline", "audit", "--lake", "l"],
+        ["demo"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_a_spark_command_in_the_daemon_only_install_says_what_to_install(
+    lean_venv: Path, argv: list[str], tmp_path: Path
+) -> None:
+    """Issue 23 item 4: one line naming the extra, not `No module named 'py4j'`."""
+    result = run([str(lean_venv / "bin" / "pydory"), *argv], env=offline_env(), cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"pydory {argv[0]}: this needs `pip install 'pydory[spark]'` "
+        "(no module named 'pyspark' here)\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written

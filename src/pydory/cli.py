@@ -1,40 +1,66 @@
 """The `pydory` command line: one subcommand per module in pydory.commands.
 
-Each command module exposes ``register(subparsers)``, which adds its parser and sets
-``handler`` (a function taking the parsed namespace and returning an exit status).
+Only the module of the command being run is imported (``pydory.commands.COMMANDS`` lists
+them with the line `pydory --help` shows), so a quick command starts quickly. A command
+that needs the ``spark`` extra says so in one line on a host without it.
 This is the only place that turns errors into exit statuses.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 
-from pydory import __version__
-from pydory.commands import COMMAND_MODULES
+from pydory.commands import (
+    COMMANDS,
+    SPARK_INSTALL_HINT,
+    SPARK_MODULES,
+    Command,
+    add_version_option,
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with every command's options when ``command`` is None, else with the
+    options of ``command`` alone (the others only named, with their summaries)."""
     parser = argparse.ArgumentParser(
         prog="pydory",
         description="A per-host producer daemon for Apache Kafka, compatible with Dory.",
     )
-    parser.add_argument("--version", action="version", version=f"pydory {__version__}")
+    add_version_option(parser)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for module in COMMAND_MODULES:
-        module.register(subparsers)
+    for each in COMMANDS:
+        if command is None or each.name == command:
+            importlib.import_module(each.module).register(subparsers)
+        else:
+            subparsers.add_parser(each.name, help=each.summary)
     return parser
 
 
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (`pydory` itself
+    takes no option with a value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = chosen_command(argv)
+    command = next((each for each in COMMANDS if each.name == name), None)
+    # Nothing registered when no known command is named: argparse then lists them all.
+    parser = build_parser(command.name if command else "")
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
-    if handler is None:
+    if handler is None or command is None:
         parser.print_help(sys.stderr)
         return 2
+    if command.needs_spark and (missing := missing_spark_modules()):
+        print(_needs_spark(command, missing[0]), file=sys.stderr)
+        return 1
     try:
         status: int = handler(args)
         sys.stdout.flush()  # here, where a closed pipe can still be answered quietly
@@ -45,4 +71,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         # interpreter flushes stdout again at exit: point it at /dev/null first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except ModuleNotFoundError as error:
+        missing_module = (error.name or "").partition(".")[0]
+        if missing_module not in SPARK_MODULES:
+            raise
+        print(_needs_spark(command, missing_module), file=sys.stderr)
+        return 1
     return status
+
+
+def missing_spark_modules() -> list[str]:
+    """The modules of the ``spark`` extra this Python cannot import (none: it is installed)."""
+    return [name for name in SPARK_MODULES if importlib.util.find_spec(name) is None]
+
+
+def _needs_spark(command: Command, missing_module: str) -> str:
+    return (
+        f"pydory {command.name}: this needs `{SPARK_INSTALL_HINT}` "
+        f"(no module named {missing_module!r} here)"
+    )

@@ -31,8 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ from confluent_kafka import KafkaException
 from pydory.client import encode_message
 from pydory.errors import PydoryError
 from pydory.pipeline.reconcile import AuditReport
+from pydory.status_client import StatusHttp
 from pydory.testing.daemon import DaemonConfig
 from pydory.testing.kafka_broker import KafkaBrokerError, KafkaCluster
 from pydory.testing.kafka_util import admin_create_topic
@@ -360,9 +359,9 @@ def send_not_dory_messages(datagram_path: str, topic: str, each: int) -> None:
 # --- 4 and 5. settle, save the books ----------------------------------------------------------
 
 
-def get_json(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return json.load(response)
+def get_json(status_url: str, path: str, timeout_s: float = HTTP_TIMEOUT_S, **query: str) -> Any:
+    """The JSON page at ``path`` of the daemon's status server ``status_url``."""
+    return StatusHttp(status_url, timeout_s).get_json(path, query)
 
 
 def wait_settled(status_url: str, expected_received: int) -> str:
@@ -373,15 +372,18 @@ def wait_settled(status_url: str, expected_received: int) -> str:
     message received before the request is acknowledged by Kafka or discarded.
     """
     answer = get_json(
-        f"{status_url}/commit_point/json?after=now&timeout={SETTLE_TIMEOUT_S:g}",
+        status_url,
+        "/commit_point/json",
         timeout_s=SETTLE_TIMEOUT_S + HTTP_TIMEOUT_S,
+        after="now",
+        timeout=f"{SETTLE_TIMEOUT_S:g}",
     )
     if not answer["passed"]:
         raise DemoFailed(
             f"the daemon had not settled every message after {SETTLE_TIMEOUT_S:g} s "
             f"({answer['open_messages']} still open)"
         )
-    books = get_json(f"{status_url}/books/json")
+    books = get_json(status_url, "/books/json")
     received = sum(books["received"].values())
     in_flight = sum(topic["in_flight"] for topic in books["topics"])
     if received != expected_received or in_flight:
@@ -420,12 +422,16 @@ def stderr_to(path: Path) -> Iterator[None]:
 def land(bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str) -> str:
     """Run the landing job with Trigger.AvailableNow to its end; describe what landed."""
     from pydory.pipeline.land import LandSettings, start_landing
-    from pydory.pipeline.spark import spark_session
+    from pydory.pipeline.spark import find_spark_kafka_jars, spark_session
 
     settings = LandSettings(
         # Spark's own connector (the default) needs a Kafka its Java admin client can
-        # talk to; librdkafka's mock cluster and Tansu are read with pydory's.
-        connector="python" if kafka in ("mock", "tansu") else "native",
+        # talk to, and its jars (an installed pydory has none unless the user points
+        # PYDORY_SPARK_KAFKA_JARS at them); librdkafka's mock cluster and Tansu are read
+        # with pydory's, and so is any Kafka when those jars are missing.
+        connector="native"
+        if kafka not in ("mock", "tansu") and find_spark_kafka_jars()
+        else "python",
         bootstrap_servers=bootstrap,
         topics=tuple(topics.partitions),
         lake=str(paths.lake),
@@ -550,7 +556,7 @@ def _run_stages(
         with progress.stage("settle") as result:
             result.append(wait_settled(status_url, sum(r.messages for r in runs)))
         with progress.stage("books") as result:
-            books = get_json(f"{status_url}/books/json")
+            books = get_json(status_url, "/books/json")
             paths.books.write_text(json.dumps(books, indent=2) + "\n", encoding="utf-8")
             status = daemon.stop()
             if status != 0:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from pydory.config import Config, load_config
 from pydory.daemon.admission.intake import Intake
@@ -39,7 +39,7 @@ from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.kafka_stats import KafkaStats
 from pydory.daemon.delivery.librdkafka_settings import delivery_settings, producer_profile
-from pydory.daemon.delivery.metadata import MetadataService
+from pydory.daemon.delivery.metadata import MetadataClient, MetadataService
 from pydory.daemon.delivery.outcomes import DeliveryLedger
 from pydory.daemon.delivery.router import Router
 from pydory.daemon.inputs.datagram import DatagramInput
@@ -48,6 +48,7 @@ from pydory.daemon.inputs.stream import StreamInput
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome, ReloadPlan, plan_reload
 from pydory.daemon.spool.errors import SpoolError
+from pydory.daemon.spool.identity import MessageIds, new_incarnation, resolve_host_id
 from pydory.daemon.spool.segments import Spool
 from pydory.daemon.spool.write_ahead import (
     WriteAhead,
@@ -92,16 +93,29 @@ class Server:
             config.http.bad_msg_prefix_size,
             counters=self.counters,
             discard_sink=self.discard_log.sink,
+            # Client-given names Kafka does not have get bounded records (issue 21).
+            unknown_topic_limit=config.http.max_unknown_topics,
+            topic_known=lambda topic: self.router.knows(topic),
         )
         self.pool = MemoryPool(config.input_config.max_buffer)
-        self.limiter = TopicRateLimiter(config.rate_limit_for)
+        self.limiter = TopicRateLimiter(
+            config.rate_limit_for, unknown_topic_limit=config.http.max_unknown_topics
+        )
         self.router = Router(counters=self.counters)
         self.kafka_stats = KafkaStats()  # every producer's librdkafka statistics, merged
         settings = delivery_settings(config)
         self.commit_point = CommitPoint(lambda: self.inputs.mark())
         self.spool = _spool_of(config)
+        identity = config.message_identity  # every message's name (issue 24)
+        self.message_ids = MessageIds(
+            resolve_host_id(identity.host_id, config.spool.path),
+            new_incarnation() if self.spool is None else self.spool.incarnation,
+            headers=identity.headers,
+        )
         self.write_ahead = (
-            None if self.spool is None else WriteAhead(self.commit_point, self.spool, self.counters)
+            None
+            if self.spool is None
+            else WriteAhead(self.commit_point, self.spool, self.counters, ids=self.message_ids)
         )
         # Intake and the ledger count messages under tokens: the write-ahead's, which
         # settle the spool as well as the commit point, when there is a spool.
@@ -136,8 +150,10 @@ class Server:
             autocreate=self._autocreate_of(config),
             msg_debug=self.msg_debug,
             write_ahead=self.write_ahead,
+            unknown_topic_limit=config.http.max_unknown_topics,
+            ids=self.message_ids,
         )
-        self.inputs = InputSet(self.intake, self.counters)
+        self.inputs = InputSet(self.intake, self.counters, self.pool)
         self.overload = Overload(
             config.spool.overload_policy, self.pool, self.intake, self.inputs.all, self.counters
         )
@@ -265,17 +281,21 @@ class Server:
         if report.records or report.problems:
             log.log(
                 25,
-                "spool: replayed %d messages from %d segments (%d repaired, %d bytes cut)%s",
-                report.records,
+                "spool: replayed %d messages from %d segments (%d repaired, %d bytes cut)%s%s",
+                report.records - report.acknowledged,
                 report.segments,
                 report.repaired_segments,
                 report.truncated_bytes,
                 f"; {report.corrupt_messages} messages lost to damage (spool_corrupt)"
                 if report.corrupt_messages
                 else "",
+                f"; {report.acknowledged} settled before the crash, not replayed"
+                if report.acknowledged
+                else "",
             )
         self.counters.inc(counter_names.SPOOL_REPAIRED_SEGMENTS, report.repaired_segments)
         self.counters.inc(counter_names.SPOOL_TRUNCATED_BYTES, report.truncated_bytes)
+        self.counters.inc(counter_names.SPOOL_SETTLED_NOT_REPLAYED, report.acknowledged)
         if replay.result().old_segments_kept:
             # Their only copy: the old segments go once those messages have settled.
             self._replay_ended_at = self.commit_point.wall_now()
@@ -505,7 +525,7 @@ class Server:
         if plan.changes("quotas"):
             self.inputs.set_quotas(new.quotas)  # a new input already has them
 
-    async def _prepare(self, plan: ReloadPlan) -> tuple[InputSwap, Producer | None]:
+    async def _prepare(self, plan: ReloadPlan) -> tuple[InputSwap, MetadataClient | None]:
         """The steps of a reload that can fail: check the datagram size, open the inputs
         added or moved, install the new log handlers, create a new metadata client and
         the new producers. If one fails, those done are undone and the error raised."""
@@ -540,7 +560,7 @@ class Server:
             raise
         return inputs, metadata_client
 
-    def _new_metadata_client(self, plan: ReloadPlan) -> Producer | None:
+    def _new_metadata_client(self, plan: ReloadPlan) -> MetadataClient | None:
         """A metadata client for new brokers, librdkafka properties or client id (None:
         none of them changed)."""
         if not any(plan.changes(f) for f in ("initial_brokers", "librdkafka", "kafka")):
@@ -617,6 +637,7 @@ class Server:
             spool=self.spool,
             overload=self.overload,
             reloads=self.reloads,
+            stopping=lambda: self._stop_requested_at is not None,
         )
 
     def _request_metadata_refresh(self) -> None:

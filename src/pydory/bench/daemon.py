@@ -7,18 +7,16 @@ and its status interface (/books/json), like any monitoring tool would.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydory.bench.child import BenchError, stop_process
+from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp
 from pydory.testing.daemon_config import DaemonConfig
 
 #: Between two looks at the status interface while the daemon starts.
@@ -98,7 +96,7 @@ class DaemonProcess:
     def _answers(self) -> bool:
         try:
             books = self._get("/books/json")
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        except (DaemonUnreachable, NotAStatusPage):
             return False
         return bool(books.get("metadata_known", True))  # absent: a daemon from before it
 
@@ -135,9 +133,7 @@ class DaemonProcess:
             time.sleep(min(SETTLE_POLL_MAX_S, max(SETTLE_POLL_MIN_S, left_s / 4)))
 
     def _get(self, path: str) -> Any:
-        url = f"http://127.0.0.1:{self.config.http_port}{path}"
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
-            return json.load(response)
+        return StatusHttp(f"127.0.0.1:{self.config.http_port}", HTTP_TIMEOUT_S).get_json(path)
 
     def stderr_tail(self, limit: int = 2000) -> str:
         try:

@@ -3,7 +3,8 @@
 - ``DatagramSender``, ``UnixStreamSender``, ``TcpSender``: one per transport the daemon
   listens on (``inputSources`` in its config). Each has ``send`` and ``send_many``.
 - ``encode_message``: the bytes one ``send`` writes, for batching with ``send_many``.
-- ``PydoryLogHandler``: a ``logging.Handler`` that never blocks and never raises.
+- ``PydoryLogHandler``: a ``logging.Handler`` that waits briefly (bounded) for a running
+  daemon's room and never raises.
 
 Errors come from :mod:`pydory.errors`: ``DaemonUnavailable`` and ``MessageTooLarge``,
 both subclasses of ``ClientError``. See docs/client.md.

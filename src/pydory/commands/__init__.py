@@ -1,24 +1,111 @@
-"""Subcommands of the `pydory` CLI, in the order `pydory --help` lists them."""
+"""Subcommands of the `pydory` CLI, in the order `pydory --help` lists them.
+
+Each command is named here with its one-line summary and the module that implements it.
+`pydory.cli` imports only the module of the command being run, so that `pydory send` or
+`pydory status` loads no daemon, Spark or benchmark code (the start-up target is in
+BENCHMARKS.md; tests/test_cli_startup.py counts the modules `pydory send` imports).
+A module's ``register(subparsers)`` adds its parser (with ``help=summary(name)``) and sets
+``handler`` (a function taking the parsed namespace and returning an exit status).
+"""
 
 from __future__ import annotations
 
-from types import ModuleType
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from pydory.commands import bench as bench_command
-from pydory.commands import config as config_command
-from pydory.commands import demo, send, serve
-from pydory.commands import pipeline as pipeline_command
-from pydory.commands import reload as reload_command
-from pydory.commands import status as status_command
-from pydory.commands import wait as wait_command
+#: What a command that runs Spark says on a host without the extra (a daemon-only install).
+SPARK_INSTALL_HINT = "pip install 'pydory[spark]'"
+#: The modules of the ``spark`` extra a Spark command imports (py4j comes with PySpark).
+SPARK_MODULES = ("pyspark", "py4j", "pyarrow")
 
-COMMAND_MODULES: list[ModuleType] = []
-COMMAND_MODULES.append(serve)
-COMMAND_MODULES.append(send)
-COMMAND_MODULES.append(wait_command)
-COMMAND_MODULES.append(status_command)
-COMMAND_MODULES.append(reload_command)
-COMMAND_MODULES.append(config_command)
-COMMAND_MODULES.append(demo)
-COMMAND_MODULES.append(pipeline_command)
-COMMAND_MODULES.append(bench_command)
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, what `pydory --help` says of it, where it lives."""
+
+    name: str
+    summary: str
+    module: str
+    needs_spark: bool = False
+
+
+COMMANDS = (
+    Command(
+        "serve", "run the daemon (Dory's data path) in the foreground", "pydory.commands.serve"
+    ),
+    Command(
+        "send",
+        "send messages to a running pydory daemon (like Dory's to_dory)",
+        "pydory.commands.send",
+    ),
+    Command(
+        "wait",
+        "wait until every message sent so far is in Kafka or reported as discarded",
+        "pydory.commands.wait",
+    ),
+    Command(
+        "status",
+        "show a running daemon's counters, discards, queues, metadata and books",
+        "pydory.commands.status",
+    ),
+    Command(
+        "reload",
+        "reload a running daemon's config file (SIGHUP) and report the outcome",
+        "pydory.commands.reload",
+    ),
+    Command("config", "check a config file", "pydory.commands.config"),
+    Command(
+        "demo",
+        "run the demo: clients, the daemon, Kafka, the Spark lake and its audit "
+        f"(needs {SPARK_INSTALL_HINT})",
+        "pydory.commands.demo",
+        needs_spark=True,
+    ),
+    Command(
+        "pipeline",
+        "the Spark data pipeline: land the topics in a lake, audit it "
+        f"(needs {SPARK_INSTALL_HINT})",
+        "pydory.commands.pipeline",
+        needs_spark=True,
+    ),
+    Command(
+        "bench",
+        "measure pydory end to end against a mock cluster, with baselines",
+        "pydory.commands.bench",
+    ),
+)
+
+
+def command_named(name: str) -> Command:
+    """The command called ``name``; KeyError if there is none."""
+    for command in COMMANDS:
+        if command.name == name:
+            return command
+    raise KeyError(name)
+
+
+def summary(name: str) -> str:
+    """The one line `pydory --help` shows for the command ``name``."""
+    return command_named(name).summary
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, reading the installed version only when asked (importlib.metadata
+    alone costs tens of milliseconds, more than the rest of `pydory send`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kwargs: Any) -> None:
+        from pydory import __version__
+
+        print(f"pydory {__version__}")  # on stdout, as argparse's own "version" action
+        parser.exit()
+
+
+def add_version_option(parser: argparse.ArgumentParser) -> None:
+    """``--version``: print ``pydory VERSION`` and exit 0."""
+    parser.add_argument("--version", action=_VersionAction)

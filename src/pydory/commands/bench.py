@@ -6,12 +6,13 @@ import argparse
 from typing import Any
 
 from pydory.bench.cli import DESCRIPTION, add_arguments, run
+from pydory.commands import summary
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "bench",
-        help="measure pydory end to end against a mock cluster, with baselines",
+        help=summary("bench"),
         description=DESCRIPTION,
     )
     add_arguments(parser)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from pydory.commands import summary
 from pydory.config import Config, load_config
 from pydory.errors import ConfigError, ConfigErrors
 
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add `pydory config` and its `check` subcommand."""
     parser = subparsers.add_parser(
         "config",
-        help="check a config file",
+        help=summary("config"),
         description="Work with pydory's (Dory's) XML config file.",
     )
     parser.set_defaults(handler=lambda _args: _usage(parser))

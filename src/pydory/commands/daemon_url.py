@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import argparse
 
-from pydory.config import load_config
 from pydory.errors import ConfigError
+from pydory.status_client import DEFAULT_PORT, StatusUrlError, status_base_url
 
 #: Dory's default httpInterface port, on loopback.
-DEFAULT_URL = "http://127.0.0.1:9090"
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
 def daemon_url(url: str | None, config_path: str | None) -> str:
-    """The status server's base URL: ``url`` (a bare ``host:port`` means HTTP), else the
-    httpInterface port of the config at ``config_path`` on 127.0.0.1, else DEFAULT_URL.
+    """The status server's base URL: ``url`` (any form ``pydory.status_client`` takes:
+    ``host:port``, ``http://host:port/``...), else the httpInterface port of the config at
+    ``config_path`` on 127.0.0.1, else DEFAULT_URL.
 
     Raises ConfigError for an invalid config file and OSError for an unreadable one.
     """
     if url is not None:
-        url = url.rstrip("/")
-        return url if "://" in url else f"http://{url}"
+        return status_base_url(url)
     if config_path is not None:
+        from pydory.config import load_config  # the XML parser: only when a file is named
+
         return f"http://127.0.0.1:{load_config(config_path).http.port}"
     return DEFAULT_URL
 
@@ -41,6 +43,18 @@ def add_daemon_location(
     """``--url URL`` or ``--config-path FILE``: where a command finds the daemon."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
-        "--url", help=f"the daemon's status server (default {DEFAULT_URL}, Dory's default port)"
+        "--url",
+        type=status_url,
+        help=f"the daemon's status server: HOST:PORT or http://HOST:PORT "
+        f"(default {DEFAULT_URL}, Dory's default port)",
     )
     where.add_argument("--config-path", metavar="FILE", help=config_help)
+
+
+def status_url(text: str) -> str:
+    """argparse type of a status URL: the normalised base URL, or a usage error naming
+    what is wrong with the text."""
+    try:
+        return status_base_url(text)
+    except StatusUrlError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -1,9 +1,20 @@
-"""`pydory demo`: clients -> daemon -> Kafka -> Spark lake, then the audit (pydory.demo)."""
+"""`pydory demo`: clients -> daemon -> Kafka -> Spark lake, then the audit (pydory.demo).
+
+Before it starts anything, the command checks what the demo needs from outside Python
+(Java; Apache Kafka's jars for the default ``--kafka kafka``) and says what to do on this
+host when something is missing: an installed pydory has no ``./dev`` and no ``.jars/``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
+
+from pydory.commands import summary
 
 DEFAULT_MASTER = "local[2]"
 
@@ -11,7 +22,7 @@ DEFAULT_MASTER = "local[2]"
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "demo",
-        help="run the demo: clients, the daemon, Kafka, the Spark lake and its audit",
+        help=summary("demo"),
         description=(
             "Start Apache Kafka on loopback (or the mock cluster, Tansu, or your cluster) and "
             "a pydory "
@@ -51,6 +62,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = missing_prerequisite(args.kafka)
+    if problem:
+        print(f"pydory demo: {problem}", file=sys.stderr)
+        return 1
     from pydory.demo import run_demo  # the demo pulls in Spark and the test brokers
 
     return run_demo(
@@ -60,3 +75,42 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         master=args.master,
     )
+
+
+def missing_prerequisite(kafka: str) -> str | None:
+    """What the demo lacks on this host, and what to do about it; None when nothing."""
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        return (
+            "Spark (and Apache Kafka) run on Java, and there is no java on PATH and no "
+            "JAVA_HOME: install Java 17 or newer (e.g. apt install openjdk-17-jre-headless)"
+        )
+    if kafka != "kafka":
+        return None
+    from pydory.testing.kafka_broker import KafkaBrokerError, find_kafka_jars
+
+    try:
+        find_kafka_jars()
+    except KafkaBrokerError:
+        return _no_kafka_jars()
+    return None
+
+
+def _no_kafka_jars() -> str:
+    advice = (
+        "Apache Kafka's jars are not on this host, so the demo cannot start a Kafka of "
+        "its own. Either run `pydory demo --kafka mock` (librdkafka's mock cluster: nothing "
+        "to fetch), or `pydory demo --kafka HOST:PORT` against a Kafka you run, or set "
+        "PYDORY_KAFKA_JARS to the libs/ directory of an Apache Kafka 4 download "
+        "(https://kafka.apache.org/downloads)"
+    )
+    checkout = source_checkout()
+    if checkout is not None:
+        advice += f"; in this source checkout, `./dev setup` fetches them into {checkout}/.jars"
+    return advice
+
+
+def source_checkout() -> Path | None:
+    """The source checkout pydory runs from (an editable install), or None when it is
+    installed from a wheel (then there is no ./dev script next to it)."""
+    root = Path(__file__).resolve().parents[3]  # src/pydory/commands/demo.py -> checkout
+    return root if (root / "dev").is_file() and (root / "pyproject.toml").is_file() else None

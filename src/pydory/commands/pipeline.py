@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydory import wire
+from pydory.commands import summary
 from pydory.errors import BadTopic
 from pydory.pipeline import audit_command
 
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the `pipeline` command group and its subcommands."""
     parser = subparsers.add_parser(
         "pipeline",
-        help="the Spark data pipeline: land the topics in a lake, audit it",
+        help=summary("pipeline"),
         description="Spark jobs downstream of the daemon (see docs/pipeline.md).",
     )
     commands = parser.add_subparsers(title="pipeline commands", metavar="COMMAND")
@@ -52,7 +53,9 @@ def register_land(subparsers: Any) -> None:
             "Parquet lake partitioned by topic and date, through Spark's file sink and its "
             "commit log: exactly once across restarts. Progress goes to standard output. "
             "Exit status: 0 when the query finished (--available-now) or was stopped by "
-            "SIGINT/SIGTERM (--trigger-interval), 1 when it failed."
+            "SIGINT/SIGTERM (--trigger-interval), 1 when it failed or was refused (a lake "
+            "and checkpoint that do not belong together), 3 when --fail-on-data-loss false "
+            "skipped records no longer in Kafka (listed per partition)."
         ),
     )
     parser.add_argument(
@@ -102,8 +105,17 @@ def register_land(subparsers: Any) -> None:
         "--fail-on-data-loss",
         choices=("true", "false"),
         default="true",
-        help="true: stop when offsets to land have aged out of Kafka; false: log the gap and "
-        "continue from the earliest offset still there (default: true)",
+        help="true: stop when offsets to land are no longer in Kafka (aged out, or the topic "
+        "was recreated); false: land what is still there, list what was skipped per "
+        "partition and exit 3 (default: true)",
+    )
+    parser.add_argument(
+        "--starting-offsets",
+        type=_starting_offsets,
+        metavar="earliest|latest|JSON",
+        help="where a new checkpoint starts (default: earliest). Required for a new "
+        "checkpoint on a lake that already holds batches: records the lake already holds "
+        "are skipped. Ignored when the checkpoint resumes",
     )
     parser.add_argument(
         "--conf",
@@ -131,6 +143,7 @@ def run_land(args: argparse.Namespace) -> int:
         connector=args.connector,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         fail_on_data_loss=args.fail_on_data_loss == "true",
+        starting_offsets=args.starting_offsets,
         spark_conf=dict(args.conf),
     )
     return run_landing(settings)
@@ -146,6 +159,17 @@ def _topic_list(text: str) -> list[str]:
         except BadTopic as error:
             raise argparse.ArgumentTypeError(f"{topic!r}: {error.detail}") from None
     return topics
+
+
+def _starting_offsets(text: str) -> str:
+    from pydory.pipeline.errors import SourceOptionError
+    from pydory.pipeline.offsets import EARLIEST, parse_offset_spec
+
+    try:
+        parse_offset_spec(text, "--starting-offsets", unlisted=EARLIEST)
+    except SourceOptionError as error:
+        raise argparse.ArgumentTypeError(error.reason) from None
+    return text
 
 
 def _positive_int(text: str) -> int:

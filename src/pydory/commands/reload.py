@@ -23,10 +23,12 @@ import sys
 import time
 from typing import Any
 
+from pydory.commands import summary
 from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
-from pydory.commands.status import DaemonUnreachable, NotAStatusPage, StatusClient
+from pydory.commands.status import StatusClient
 from pydory.config import load_config
 from pydory.errors import ConfigError
+from pydory.status_client import DaemonUnreachable, NotAStatusPage
 
 DEFAULT_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.2
@@ -39,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the `reload` subcommand."""
     parser = subparsers.add_parser(
         "reload",
-        help="reload a running daemon's config file (SIGHUP) and report the outcome",
+        help=summary("reload"),
         description=(
             "Check the config file, send the daemon SIGHUP and report what the reload "
             "changed, or why the daemon refused it (it then runs on unchanged)."

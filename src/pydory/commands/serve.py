@@ -14,16 +14,10 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
-import uvloop
-
-from pydory import __version__
-from pydory.commands.daemon_url import config_failure
-from pydory.config import load_config
-from pydory.daemon.logsetup import configure_logging
-from pydory.errors import ConfigError
-from pydory.server import Server
+from pydory.commands import add_version_option, summary
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +25,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "serve",
-        help="run the daemon (Dory's data path) in the foreground",
+        help=summary("serve"),
         description=(
             "Run pydory: accept Dory messages on the configured sockets and deliver them "
             "to Kafka. Runs in the foreground; stop it with SIGTERM or SIGINT; SIGHUP "
@@ -50,7 +44,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also log to stdout/stderr, whatever the config's <logging> says",
     )
-    parser.add_argument("--version", action="version", version=f"pydory {__version__}")
+    add_version_option(parser)
     parser.set_defaults(handler=run)
 
 
@@ -61,6 +55,15 @@ def run(args: argparse.Namespace) -> int:
 def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -> int:
     """Read the config, fork if ``daemon`` (the parent returns 0 at once), run the daemon
     until it stops; the exit status."""
+    # Imported here, not at the top: `pydory --help` and the other commands need none of it.
+    import uvloop
+
+    from pydory.commands.daemon_url import config_failure
+    from pydory.config import load_config
+    from pydory.daemon.logsetup import configure_logging, destinations
+    from pydory.errors import ConfigError
+    from pydory.server import Server
+
     try:
         config = load_config(config_path)
     except (ConfigError, OSError) as error:
@@ -84,6 +87,12 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
     for warning in config.warnings:  # what Dory accepts and pydory ignores
         log.warning("%s", warning)
     server = Server(config, log_files, config_path=config_path)
+    if not daemon:
+        # A first run in a terminal must not look hung: say where the log goes, and when
+        # the daemon is ready (also useful in the journal, where systemd keeps stderr).
+        where = destinations(config.logging, force_stderr=log_stderr)
+        _say(f"starting (pid {os.getpid()}, config {config_path}); logging to {where}")
+        announce_when_ready(server)
     try:
         uvloop.run(server.serve())
     except ConfigError as error:  # a setting only checkable at start-up (e.g. a socket path)
@@ -92,6 +101,36 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
     finally:
         log_files.remove()
     return 0
+
+
+def _say(line: str) -> None:
+    print(f"pydory serve: {line}", file=sys.stderr, flush=True)
+
+
+def announce_when_ready(server: Any) -> None:
+    """Print the ready line, with the addresses clients and readers use, once ``server``
+    has opened its inputs and status pages (a thread that waits for its ``ready``)."""
+
+    def wait_then_say() -> None:
+        server.ready.wait()
+        _say(f"ready: {ready_summary(server)}")
+
+    threading.Thread(target=wait_then_say, name="pydory-ready-line", daemon=True).start()
+
+
+def ready_summary(server: Any) -> str:
+    """The inputs and the status pages of a started ``server``, as a client finds them."""
+    inputs = server.config.inputs
+    parts = []
+    if inputs.unix_datagram.path is not None:
+        parts.append(f"UNIX datagram socket {inputs.unix_datagram.path}")
+    if inputs.unix_stream.path is not None:
+        parts.append(f"UNIX stream socket {inputs.unix_stream.path}")
+    tcp_port = server.inputs.tcp_port()
+    if tcp_port is not None:
+        parts.append(f"TCP port 127.0.0.1:{tcp_port}")
+    parts.append(f"status pages http://127.0.0.1:{server.status.port}/")
+    return ", ".join(parts)
 
 
 #: Why ``--daemon`` is refused under systemd, and what to do instead.

@@ -24,15 +24,15 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pydory.commands import summary
 from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason
-from pydory.errors import ConfigError, PydoryError
+from pydory.errors import ConfigError
+from pydory.status_client import DaemonUnreachable, NotAStatusPage, PageNotFound, StatusHttp
 
 DEFAULT_TIMEOUT_S = 5.0
 EXIT_UNREACHABLE = 2
@@ -55,14 +55,6 @@ OPTIONAL_SUMMARY_PAGES = ("queues", "config")
 VIEWS = ("counters", "discards", "queues", "metadata", "books", "config")
 
 
-class DaemonUnreachable(PydoryError):
-    """Nothing answered at the status URL: the daemon is down, or the URL is wrong."""
-
-
-class NotAStatusPage(PydoryError):
-    """Something answered, but not with a pydory/Dory status page (wrong port?)."""
-
-
 # --- the command line ----------------------------------------------------------------------
 
 
@@ -70,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the `status` subcommand."""
     parser = subparsers.add_parser(
         "status",
-        help="show a running daemon's counters, discards, queues, metadata and books",
+        help=summary("status"),
         description=(
             "Read a running pydory (or Dory) daemon's status pages and print them as "
             "tables. Without VIEW, print a summary."
@@ -127,50 +119,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 class StatusClient:
-    """GETs JSON status pages from one daemon (stdlib only)."""
+    """GETs JSON status pages from one daemon (through ``pydory.status_client``)."""
 
     def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """``base_url`` like ``http://127.0.0.1:9090``; each request waits ``timeout_s``."""
-        self.base_url = base_url.rstrip("/")
-        self._timeout_s = timeout_s
-        # The daemon is local: a proxy from the environment must not see these requests.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._http = StatusHttp(base_url, timeout_s)
+        self.base_url = self._http.base_url
 
     def get(self, path: str) -> Page:
         """The JSON page at ``path``; raises DaemonUnreachable or NotAStatusPage."""
-        page = self.get_optional(path)
-        if page is None:
-            raise NotAStatusPage(f"{self.base_url}{path} does not exist (404): is this pydory?")
-        return page
+        return self._http.get_page(path)
 
     def get_optional(self, path: str) -> Page | None:
         """Like :meth:`get`, but None when the daemon has no such page (404)."""
-        url = self.base_url + path
         try:
-            with self._opener.open(url, timeout=self._timeout_s) as response:
-                body = response.read()
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            raise NotAStatusPage(f"{url} answered HTTP {error.code} {error.reason}") from None
-        except urllib.error.URLError as error:
-            reason = getattr(error.reason, "strerror", None) or error.reason
-            raise DaemonUnreachable(f"cannot reach the daemon at {url}: {reason}") from None
-        except TimeoutError:
-            raise DaemonUnreachable(
-                f"the daemon at {url} did not answer within {self._timeout_s:g} s"
-            ) from None
-        except ConnectionError as error:
-            raise DaemonUnreachable(
-                f"cannot reach the daemon at {url}: {error.strerror or error}"
-            ) from None
-        try:
-            page = json.loads(body)
-        except ValueError:
-            raise NotAStatusPage(f"{url} did not answer with JSON (is this pydory?)") from None
-        if not isinstance(page, dict):
-            raise NotAStatusPage(f"{url} did not answer with a JSON object")
-        return page
+            return self._http.get_page(path)
+        except PageNotFound:
+            return None
 
     def get_pages(self, names: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Any]:
         """Pages by name (see :data:`PAGES`); an ``optional`` page is None if absent."""

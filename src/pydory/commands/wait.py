@@ -12,27 +12,26 @@ config file).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from pydory.commands import summary
 from pydory.commands.daemon_url import add_daemon_location, daemon_url
 from pydory.errors import ConfigError
-from pydory.status.commit_point import LONG_POLL_MAX_S
+from pydory.status_client import DaemonUnreachable, NotAStatusPage, PageNotFound, StatusHttp
+
+#: The status server's longest long-poll (pydory.status.commit_point.LONG_POLL_MAX_S, which
+#: it clamps a longer one to; tests/test_cli_startup.py checks they agree). Not imported:
+#: that module pulls in aiohttp, which would triple the start-up time of `pydory wait`.
+LONG_POLL_MAX_S = 300.0
 
 DEFAULT_TIMEOUT_S = 60.0
 #: How much longer than its long-poll an HTTP request may take before the daemon counts
 #: as unreachable.
 HTTP_SLACK_S = 10.0
-
-# The daemon is a local service: a proxy from the environment must not stand in between.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 EXIT_PASSED = 0
 EXIT_NOT_PASSED = 1
@@ -59,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the `wait` subcommand."""
     parser = subparsers.add_parser(
         "wait",
-        help="wait until every message sent so far is in Kafka or reported as discarded",
+        help=summary("wait"),
         description=(
             "Block until the running daemon's commit point passes the moment this command "
             "started: then every message the daemon had received by that moment has been "
@@ -146,23 +145,15 @@ def _base_url(args: argparse.Namespace) -> str:
 
 def _ask(base_url: str, after: str, timeout_s: float) -> _Answer:
     """One long-poll of ``/commit_point/json``."""
-    query = urllib.parse.urlencode({"after": after, "timeout": f"{timeout_s:.3f}"})
-    url = f"{base_url}/commit_point/json?{query}"
+    status = StatusHttp(base_url)
+    query = {"after": after, "timeout": f"{timeout_s:.3f}"}
     try:
-        with _OPENER.open(url, timeout=timeout_s + HTTP_SLACK_S) as response:
-            page = json.load(response)
-    except urllib.error.HTTPError as error:
-        if error.code == 404:
-            raise _Unreachable(
-                f"{base_url} serves no commit point (not a pydory daemon?)"
-            ) from None
-        raise _Unreachable(f"{url}: HTTP {error.code} {error.reason}") from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise _Unreachable(f"cannot reach the daemon at {base_url}: {reason}") from None
-    except ValueError as error:
-        raise _Unreachable(f"{url} answered something that is not JSON: {error}") from None
-    return _answer_of(page, url)
+        page = status.get_json("/commit_point/json", query, timeout_s=timeout_s + HTTP_SLACK_S)
+    except PageNotFound:
+        raise _Unreachable(f"{base_url} serves no commit point (not a pydory daemon?)") from None
+    except (DaemonUnreachable, NotAStatusPage) as error:
+        raise _Unreachable(str(error)) from None
+    return _answer_of(page, status.url_of("/commit_point/json", query))
 
 
 def _answer_of(page: Any, url: str) -> _Answer:

@@ -49,6 +49,7 @@ from pydory.config.model import (
     ListenerQuotas,
     LoggingConfig,
     LogLevel,
+    MessageIdentityConfig,
     MsgDebugConfig,
     MsgDeliveryConfig,
     OverloadPolicy,
@@ -80,7 +81,7 @@ S = TypeVar("S")  # a section's model (a dataclass from model.py)
 ROOT_ELEMENTS = ("doryConfig", "bruceConfig")  # Dory still accepts its predecessor's name
 #: pydory's own sections: Dory never reads them, so nothing in them is Dory's to ignore
 #: and an unknown attribute there is an error.
-EXTENSION_SECTIONS = frozenset({"librdkafka", "spool", "quotas"})
+EXTENSION_SECTIONS = frozenset({"librdkafka", "spool", "quotas", "messageIdentity"})
 #: zlib's levels: Dory's gzip codec uses its default level for any other value.
 GZIP_LEVELS = (0, 9)
 INT32_MAX = 2**31 - 1  # Kafka's protocol fields (sizes, timeouts) are signed 32-bit
@@ -569,6 +570,7 @@ def _read_config(reader: _Reader, root: Element) -> Config:
             "librdkafka",
             "spool",
             "quotas",
+            "messageIdentity",
         ),
     )
     batching = sections.get("batching")
@@ -592,6 +594,9 @@ def _read_config(reader: _Reader, root: Element) -> Config:
         logging=_read_logging(reader, sections.get("logging")),
         spool=_read_spool(reader, sections.get("spool")),
         quotas=_read_quotas(reader, sections.get("quotas")),
+        message_identity=_read_leaf_section(
+            reader, sections.get("messageIdentity"), MessageIdentityConfig, MESSAGE_IDENTITY
+        ),
         librdkafka=_read_librdkafka(reader, sections.get("librdkafka")),
     )
 
@@ -967,6 +972,8 @@ def _read_msg_delivery(reader: _Reader, element: Element | None) -> MsgDeliveryC
 
 
 PREFIX_SIZE = unsigned(suffixes=COUNT_SUFFIXES, maximum=INT32_MAX)  # bytes, given like a count
+#: The records of a million names would take hundreds of MB: the limit exists to bound them.
+MAX_UNKNOWN_TOPICS = 1_000_000
 
 HTTP_INTERFACE = (
     # Dory: "HTTP interface port must be > 0".
@@ -974,6 +981,7 @@ HTTP_INTERFACE = (
     Leaf("loopbackOnly", "loopback_only", boolean()),
     Leaf("discardReportInterval", "discard_report_interval_s", POSITIVE_INT32),
     Leaf("badMsgPrefixSize", "bad_msg_prefix_size", PREFIX_SIZE),
+    Leaf("maxUnknownTopics", "max_unknown_topics", unsigned(maximum=MAX_UNKNOWN_TOPICS)),
 )
 
 
@@ -1184,16 +1192,52 @@ QUOTA_WINDOW_MAX_MS = 60_000
 _CLIENT_RATE_ATTRIBUTES = ("bytesPerSec", "msgsPerSec", "window")
 
 
+HOST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
+
+
+def _read_host_id(reader: _Reader, element: Element | None, default: str | None) -> str | None:
+    """<hostId value="..."/>: 1-64 of letters, digits, ``.``, ``_``, ``-``."""
+    if element is None:
+        return default
+    value = reader.value(element).strip()
+    if not HOST_ID.fullmatch(value):
+        reader.report(
+            element,
+            f"Bad value for attribute [value]: invalid host id [{value}]: expected 1 to 64 "
+            "letters, digits, '.', '_' or '-'",
+        )
+        return default
+    return value
+
+
+MESSAGE_IDENTITY = (
+    Leaf("hostId", "host_id", _read_host_id),
+    Leaf("headers", "headers", boolean("enable")),
+)
+
+
 def _read_quotas(reader: _Reader, element: Element | None) -> QuotasConfig:
-    """<quotas> with a <unixStream> and a <tcp> element, each optional (= no quota)."""
+    """<quotas> with a <unixStream>, a <tcp> and a <unixDatagram> element, each optional
+    (= no quota)."""
     if element is None:
         return QuotasConfig()
     reader.attributes(element)
-    parts = reader.children(element, optional=("unixStream", "tcp"))
+    parts = reader.children(element, optional=("unixStream", "tcp", "unixDatagram"))
     return QuotasConfig(
         unix_stream=_read_listener_quotas(reader, parts.get("unixStream")),
         tcp=_read_listener_quotas(reader, parts.get("tcp")),
+        unix_datagram=_read_datagram_quota(reader, parts.get("unixDatagram")),
     )
+
+
+def _read_datagram_quota(reader: _Reader, element: Element | None) -> ClientRate:
+    """<unixDatagram> holds a <clientRate/> only: a datagram socket has no connections."""
+    if element is None:
+        return ClientRate()
+    reader.attributes(element)
+    parts = reader.children(element, optional=("clientRate",))
+    rate_element = parts.get("clientRate")
+    return ClientRate() if rate_element is None else _read_client_rate(reader, rate_element)
 
 
 def _read_listener_quotas(reader: _Reader, element: Element | None) -> ListenerQuotas:

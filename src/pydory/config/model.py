@@ -236,6 +236,10 @@ class HttpInterfaceConfig:
     loopback_only: bool = False
     discard_report_interval_s: int = 600
     bad_msg_prefix_size: int = 256
+    #: pydory: topic names Kafka does not have that get records of their own (books,
+    #: discard report, rate-limit windows, autocreations under way); the rest are counted
+    #: under "(other)". Topics Kafka has always get their own.
+    max_unknown_topics: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +322,20 @@ class SpoolConfig:
         return self.path is not None
 
 
+# --- message identity (pydory extension) -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MessageIdentityConfig:
+    """The ``<messageIdentity>`` section (pydory extension): every message read is named
+    ``(host, incarnation, stream, sequence)`` and, with ``headers``, carries its name to
+    Kafka as the record header ``pydory-id``. ``host_id`` None: ``/etc/machine-id``, else
+    one generated and kept in the spool directory."""
+
+    host_id: str | None = None
+    headers: bool = True
+
+
 # --- quotas on the stream listeners (pydory extension) ----------------------------------------
 
 
@@ -353,15 +371,17 @@ class ListenerQuotas:
 @dataclass(frozen=True, slots=True)
 class QuotasConfig:
     """The ``<quotas>`` section (pydory extension): per listener, a connection quota and
-    a per-client rate quota enforced by delay. Omitted = no quota (as Dory)."""
+    a per-client rate quota enforced by delay; on the datagram socket a per-client rate
+    quota enforced by discarding. Omitted = no quota (as Dory)."""
 
     unix_stream: ListenerQuotas = ListenerQuotas()
     tcp: ListenerQuotas = ListenerQuotas()
+    unix_datagram: ClientRate = ClientRate()
 
     @property
     def enabled(self) -> bool:
-        """True when any listener has a quota."""
-        return self.unix_stream.enabled or self.tcp.enabled
+        """True when any input has a quota."""
+        return self.unix_stream.enabled or self.tcp.enabled or self.unix_datagram.limited
 
 
 NO_QUOTAS = QuotasConfig()
@@ -432,6 +452,8 @@ class Config:
     logging: LoggingConfig = LoggingConfig()
     spool: SpoolConfig = SpoolConfig()
     """The durable spool (pydory's ``<spool>`` extension); off by default."""
+    message_identity: MessageIdentityConfig = MessageIdentityConfig()
+    """Message identity and its record header (pydory's ``<messageIdentity>``); on."""
     quotas: QuotasConfig = QuotasConfig()
     """Connection and client rate quotas (pydory's ``<quotas>`` extension); off by default."""
     librdkafka: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))

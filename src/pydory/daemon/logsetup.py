@@ -1,7 +1,10 @@
 """Logging as Dory's <logging> section describes it: level, stdout/stderr, syslog, file.
 
 Dory's levels map onto Python's, with NOTICE (between INFO and WARNING) added. SIGUSR1
-reopens the log file (``LogFiles.reopen``), for logrotate.
+reopens the log file (``LogFiles.reopen``), for logrotate. librdkafka's own lines (logger
+``pydory.librdkafka``) repeat for as long as a broker is down, several a second: each
+distinct line is let through once a minute, with how many like it were held back
+(``RepeatedLines``).
 
 Rule: the daemon's log handlers are built and swapped here alone.
 """
@@ -11,7 +14,11 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 from pydory.config.model import LoggingConfig, LogLevel
 
@@ -30,6 +37,55 @@ _LEVELS = {
     LogLevel.DEBUG: logging.DEBUG,
 }
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+#: The logger librdkafka's lines come through (delivery/librdkafka_settings.py sets it).
+LIBRDKAFKA_LOGGER = "pydory.librdkafka"
+#: A librdkafka line identical to one let through less than this long ago is held back.
+REPEAT_INTERVAL_S = 60.0
+# What differs between two reports of the same failure: "(after 0ms in state CONNECT)".
+_VARYING = re.compile(r"\(after \d+ms in state \w+[^)]*\)")
+# Distinct lines remembered at most; past it the memory starts afresh (lines come back once).
+_MAX_REMEMBERED = 1000
+
+
+class RepeatedLines(logging.Filter):
+    """Lets each distinct line through once per ``interval_s``; the next one let through
+    says how many like it were held back meanwhile. Thread-safe: librdkafka's lines are
+    logged from the loop and from the metadata thread."""
+
+    def __init__(
+        self, interval_s: float = REPEAT_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, int]] = {}  # line -> (let through at, held back)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        key = _VARYING.sub("", message)
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self._interval_s:
+                self._seen[key] = (seen[0], seen[1] + 1)
+                return False
+            if len(self._seen) >= _MAX_REMEMBERED:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+        if seen is not None and seen[1]:
+            record.msg = f"{message} ({seen[1]} more like it in the last {now - seen[0]:.0f} s)"
+            record.args = ()
+        return True
+
+
+def limit_librdkafka_repeats() -> None:
+    """Install :class:`RepeatedLines` on librdkafka's logger (once per process)."""
+    logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+    if not any(isinstance(f, RepeatedLines) for f in logger.filters):
+        logger.addFilter(RepeatedLines())
 
 
 class _BelowWarning(logging.Filter):
@@ -116,8 +172,23 @@ class LogFiles:
         self.handlers = []
 
 
+def destinations(config: LoggingConfig, *, force_stderr: bool = False) -> str:
+    """Where the daemon's log lines go, in words (for `pydory serve`'s first line)."""
+    places = []
+    if config.file_path:
+        places.append(f"the file {config.file_path}")
+    if config.syslog:
+        places.append("syslog" if os.path.exists("/dev/log") else "syslog (absent: /dev/log)")
+    if config.stdout_stderr or force_stderr:
+        places.append("stdout/stderr")
+    if not places:
+        return "nowhere (<logging> enables no output: add <file>, or run with --log-stderr)"
+    return ", ".join(places) + f", at level {config.level.name} and above"
+
+
 def configure_logging(config: LoggingConfig, *, force_stderr: bool = False) -> LogFiles:
     """Install root handlers per ``config``; ``force_stderr`` adds stdout/stderr output."""
     installed = LogFiles(force_stderr)
     installed.apply(config)
+    limit_librdkafka_repeats()
     return installed

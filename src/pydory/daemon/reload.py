@@ -49,6 +49,7 @@ RESTART_SECTIONS: dict[str, str] = {
     "http": "httpInterface",
     "msg_debug": "msgDebug",
     "spool": "spool",
+    "message_identity": "messageIdentity",
 }
 
 

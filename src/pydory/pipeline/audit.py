@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from pydory.pipeline.reconcile import (
     PartitionLanding,
     reconcile,
 )
+from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp, StatusUrlError
 
 __all__ = [
     "BooksUnavailable",
@@ -178,16 +177,12 @@ def _duplicated(copies: DataFrame, limit: int) -> list[DuplicateOffset]:
 
 
 def fetch_books(status_url: str, timeout_s: float = _HTTP_TIMEOUT_S) -> dict[str, Any]:
-    """GET ``STATUS_URL/books/json`` from a running daemon; raises :class:`BooksUnavailable`."""
-    url = status_url.rstrip("/") + "/books/json"
+    """GET ``/books/json`` from a running daemon's status server (``STATUS_URL`` in any form
+    ``pydory.status_client`` takes); raises :class:`BooksUnavailable`."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            document: dict[str, Any] = json.load(response)
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-        raise BooksUnavailable(f"cannot read the daemon's books at {url}: {error}") from None
-    except json.JSONDecodeError as error:
-        raise BooksUnavailable(f"{url} did not answer JSON: {error}") from None
-    return document
+        return StatusHttp(status_url, timeout_s).get_page("/books/json")
+    except (StatusUrlError, DaemonUnreachable, NotAStatusPage) as error:
+        raise BooksUnavailable(f"cannot read the daemon's books: {error}") from None
 
 
 def load_books(*, status_url: str | None = None, books_file: str | None = None) -> DaemonBooks:

@@ -100,7 +100,16 @@ OffsetJson = dict[str, Any]
 
 
 class KafkaDataSource(DataSource):
-    """The ``pydory-kafka`` format: streams (``readStream``) and batches (``read``)."""
+    """The ``pydory-kafka`` format: streams (``readStream``) and batches (``read``).
+
+    Spark builds it with the query's options at ``.load()``, so the options are checked
+    here: a bad one fails the ``.load()`` call, naming the option. What applies to one
+    kind of read only (``endingOffsets`` to batches) is checked when the query starts.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        SourceOptions.parse(self.options, streaming=None)
 
     @classmethod
     def name(cls) -> str:
@@ -110,7 +119,13 @@ class KafkaDataSource(DataSource):
         return KAFKA_SCHEMA
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
-        return KafkaStreamReader(SourceOptions.parse(self.options, streaming=True))
+        try:
+            return KafkaStreamReader(SourceOptions.parse(self.options, streaming=True))
+        except SourceOptionError as refusal:
+            # Raised from here, PySpark's stream runner hides it behind an error of its
+            # own (an UnboundLocalError); raised from the first planning call, it is the
+            # query's error as it stands.
+            return _RefusingStreamReader(refusal)
 
     def reader(self, schema: StructType) -> KafkaBatchReader:
         return KafkaBatchReader(SourceOptions.parse(self.options, streaming=False))
@@ -219,6 +234,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {}
         marks = self._broker_offsets().watermarks(partitions)
         return {partition_id: mark.earliest for partition_id, mark in marks.items()}
+
+
+class _RefusingStreamReader(KafkaStreamReader):
+    """A stream reader whose options were refused: every planning call raises the refusal."""
+
+    def __init__(self, refusal: SourceOptionError) -> None:
+        self._refusal = refusal
+        self._brokers = None  # what stop() and reportLatestOffset() read
+        self._latest_seen = None
+
+    def initialOffset(self) -> OffsetJson:
+        raise self._refusal
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        raise self._refusal
+
+    def latestOffset(self, start: OffsetJson, limit: ReadLimit) -> OffsetJson:
+        raise self._refusal
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        raise self._refusal
+
+    def partitions(self, start: OffsetJson, end: OffsetJson) -> Sequence[InputPartition]:
+        raise self._refusal
 
 
 class KafkaBatchReader(DataSourceReader):

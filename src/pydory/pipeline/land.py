@@ -16,6 +16,10 @@ which honours the commit log. Why this is exactly once: docs/pipeline.md.
 
 from __future__ import annotations
 
+import functools
+import json
+import operator
+import re
 import signal
 import sys
 import threading
@@ -23,9 +27,15 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from subprocess import Popen
 from typing import Any, Literal, TextIO
 
-from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+from py4j.protocol import (  # type: ignore[import-untyped]
+    Py4JError,
+    Py4JJavaError,
+    Py4JNetworkError,
+)
+from pyspark import SparkContext
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -33,8 +43,27 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-from pydory.pipeline.errors import ConnectorUnavailable
+from pydory.pipeline.broker_offsets import BrokerOffsets
+from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
 from pydory.pipeline.kafka_source import SOURCE_NAME
+from pydory.pipeline.lake_binding import (
+    LakeCheckpointMismatch,
+    Pairing,
+    PairingKind,
+    check_pairing,
+    ensure_checkpoint_id,
+    record_binding,
+    record_landed_batch,
+    seed_checkpoint,
+)
+from pydory.pipeline.offsets import (
+    EARLIEST,
+    PartitionId,
+    offsets_to_json,
+    parse_offset_spec,
+    resolve_offsets,
+)
+from pydory.pipeline.skip_report import plan_of_run, skips_of_run
 from pydory.pipeline.spark import (
     DEFAULT_MASTER,
     SPARK_KAFKA_JARS_ENV,
@@ -46,9 +75,11 @@ from pydory.pipeline.spark import (
 __all__ = [
     "DATA_COLUMNS",
     "DEFAULT_CONNECTOR",
+    "EXIT_RECORDS_SKIPPED",
     "PARTITION_COLUMNS",
     "LandSettings",
     "LandSummary",
+    "SparkJvmDied",
     "landing_writer",
     "run_landing",
     "start_landing",
@@ -63,12 +94,22 @@ DEFAULT_TRIGGER_INTERVAL_S = 5.0
 # How long a stopped query's final events may take to reach the progress printer.
 _LAST_REPORT_WAIT_S = 30.0
 QUERY_NAME = "pydory_land"
+# How often the driver, waiting for the query's end, checks that Spark's JVM still runs.
+_JVM_CHECK_S = 0.5
+# Bounds each request to the brokers when seeding a new checkpoint.
+_BROKER_TIMEOUT_S = 30.0
 
 Connector = Literal["python", "native"]
 #: The default connector: Spark's own (see LandSettings).
 DEFAULT_CONNECTOR: Connector = "native"
 _FORMATS: dict[str, str] = {"python": SOURCE_NAME, "native": "kafka"}
 _MICROS_PER_DAY = 86_400 * 1_000_000
+#: The exit status of a run that finished but skipped records lost to Kafka
+#: (``--fail-on-data-loss false``): not 0, so a supervisor notices; not 1, which says
+#: the job failed and should be retried.
+EXIT_RECORDS_SKIPPED = 3
+#: Offsets as Kafka sources report them: topic -> partition number (text) -> offset.
+OffsetsJson = dict[str, dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -80,6 +121,9 @@ class LandSettings:
     ``connector``: ``native`` (default, :data:`DEFAULT_CONNECTOR`) lands through Spark's
     ``kafka`` source, faster and cheaper per record (BENCHMARKS.md); ``python`` through
     ``pydory-kafka``, which needs no jar. Both land the same lake.
+    ``starting_offsets`` (``earliest``, ``latest`` or JSON) applies to a new checkpoint
+    only (default ``earliest``); on a lake that already holds batches it is required,
+    and what the lake holds is skipped (:mod:`pydory.pipeline.lake_binding`).
     """
 
     bootstrap_servers: str
@@ -92,6 +136,7 @@ class LandSettings:
     connector: Connector = DEFAULT_CONNECTOR
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
+    starting_offsets: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,13 +152,15 @@ class LandSettings:
             raise ValueError(f"trigger_interval_s must be positive, not {self.trigger_interval_s}")
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
             raise ValueError("max_offsets_per_trigger must be at least 1")
+        if self.starting_offsets is not None:
+            parse_offset_spec(self.starting_offsets, "--starting-offsets", unlisted=EARLIEST)
 
     def source_options(self) -> dict[str, str]:
         """The source's options: the same for ``pydory-kafka`` and Spark's ``kafka``."""
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "subscribe": ",".join(self.topics),
-            "startingOffsets": "earliest",
+            "startingOffsets": self.starting_offsets or "earliest",
             "failOnDataLoss": str(self.fail_on_data_loss).lower(),
         }
         if self.max_offsets_per_trigger is not None:
@@ -129,6 +176,9 @@ class LandSummary:
     records: int = 0
     seconds: float = 0.0
     error: str | None = None
+    #: Each batch's start and end offsets (topic -> partition -> offset), as the source
+    #: reported them; a start is None when the source gave none.
+    batch_offsets: list[tuple[OffsetsJson | None, OffsetsJson | None]] = field(default_factory=list)
 
 
 def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWriter:
@@ -155,7 +205,11 @@ def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWri
 
 
 def start_landing(spark: SparkSession, settings: LandSettings) -> StreamingQuery:
-    """Start the landing query on ``spark`` and return it (it runs in the background)."""
+    """Start the landing query on ``spark`` and return it (it runs in the background).
+
+    The bare query: unlike :func:`run_landing`, it neither compares the lake with the
+    checkpoint nor records the pair (:mod:`pydory.pipeline.lake_binding`).
+    """
     return landing_writer(spark, settings).start()
 
 
@@ -163,35 +217,228 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     """Run the landing job to its end; print progress and a summary to ``out`` (stdout).
 
     Returns 0 when the query finished (available-now) or was stopped by SIGINT/SIGTERM
-    (interval trigger), 1 when it failed, could not start, or was interrupted before
-    landing everything available.
+    (interval trigger), 1 when it failed, could not start (including a lake and
+    checkpoint that do not belong together: :mod:`pydory.pipeline.lake_binding`), was
+    interrupted before landing everything available, or Spark's JVM died;
+    :data:`EXIT_RECORDS_SKIPPED` when it finished but, with ``fail_on_data_loss`` false,
+    skipped records no longer in Kafka (listed per partition). A session this call starts
+    is stopped before it returns; one already running in the process (a test's, a
+    notebook's) is left running.
     """
     out = out or sys.stdout
     began = time.monotonic()
-    progress = _ProgressPrinter(out)
+    try:
+        pairing = check_pairing(settings.lake, settings.checkpoint, settings.starting_offsets)
+    except LakeCheckpointMismatch as error:
+        _say(out, f"refused: {error}")
+        return 1
+    for note in (pairing.unchecked, pairing.note):
+        if note is not None:
+            _say(out, note)
+    starts_spark = SparkContext._active_spark_context is None
+    progress = _ProgressPrinter(out, settings.lake)
     try:
         spark = spark_session(settings.master, app_name="pydory-land", conf=settings.spark_conf)
         spark.streams.addListener(progress)
-    except (PySparkException, Py4JJavaError) as error:
-        print(f"pydory pipeline land: cannot start Spark: {_cause(error)}", file=out, flush=True)
+    except (PySparkException, Py4JError) as error:
+        _say(out, f"cannot start Spark: {_cause(error)}")
         return 1
+    jvm = _JvmWatch(spark)
     try:
-        with _stop_on_signals(progress.stop_requested) as interrupted:
-            query = start_landing(spark, settings)
-            progress.watch(query.id)
-            progress.stop_requested.wait()
-        query.stop()
-        progress.wait_for_last_report()
-    except (ConnectorUnavailable, PySparkException, Py4JJavaError) as error:
-        print(f"pydory pipeline land: cannot start: {_cause(error)}", file=out, flush=True)
+        return _land(spark, settings, pairing, progress, jvm, out, began)
+    except Py4JError:
+        if jvm.death() is None:
+            raise
+        _say(out, f"landing FAILED: {jvm.death()}")
         return 1
     finally:
-        spark.streams.removeListener(progress)
+        if jvm.death() is None:
+            spark.streams.removeListener(progress)
+            if starts_spark:
+                # Stop the executors and the JVM cleanly: a process that just exits
+                # leaves a cluster master relaunching executors into a dead driver.
+                spark.stop()
+
+
+def _land(
+    spark: SparkSession,
+    settings: LandSettings,
+    pairing: Pairing,
+    progress: _ProgressPrinter,
+    jvm: _JvmWatch,
+    out: TextIO,
+    began: float,
+) -> int:
+    """Prepare the checkpoint, run the query to its end, print the summary."""
+    try:
+        if pairing.kind is PairingKind.SEED:
+            _seed_checkpoint(spark, settings, pairing, out)
+        checkpoint_id = ensure_checkpoint_id(settings.checkpoint)
+        if pairing.kind is not PairingKind.FRESH:  # the lake exists: record the pair first
+            record_binding(settings.lake, settings.checkpoint, checkpoint_id)
+        with _stop_on_signals(progress.stop_requested) as interrupted:
+            query = start_landing(spark, settings)
+            if pairing.kind is PairingKind.FRESH:
+                # Only once the query runs, so a job that cannot start makes no lake. A
+                # batch landed before this line is adopted: the batch numbers match.
+                record_binding(settings.lake, settings.checkpoint, checkpoint_id)
+            progress.watch(query.id)
+            jvm.wait_for(progress.stop_requested)
+        query.stop()
+        progress.wait_for_last_report()
+    except SparkJvmDied as error:
+        _say(out, f"landing FAILED: {error}")
+        return 1
+    except (ConnectorUnavailable, PipelineError, PySparkException, Py4JJavaError) as error:
+        _say(out, f"cannot start: {_cause(error)}")
+        return 1
     summary = progress.summary_of(query, seconds=time.monotonic() - began)
     _print_summary(out, settings, summary, interrupted.is_set())
     if summary.error is not None:
         return 1
-    return 1 if interrupted.is_set() and settings.available_now else 0
+    if interrupted.is_set() and settings.available_now:
+        return 1
+    if not settings.fail_on_data_loss and _report_skips(spark, settings, summary, out):
+        return EXIT_RECORDS_SKIPPED
+    return 0
+
+
+def _report_skips(
+    spark: SparkSession, settings: LandSettings, summary: LandSummary, out: TextIO
+) -> int:
+    """Print what the run skipped, per partition (data loss accepted); return how many."""
+    plan = plan_of_run(summary.batch_offsets)
+    landed = _landed_within(spark, settings.lake, plan.forward)
+    skips = skips_of_run(plan, landed, reads_new_log=settings.connector == "python")
+    total = sum(skip.total for skip in skips)
+    if total:
+        _say(
+            out,
+            f"SKIPPED {total:,} records (--fail-on-data-loss false): they were no longer in "
+            "Kafka when the job read their partitions, so the lake will never hold them:",
+        )
+    elif skips:
+        _say(out, "Kafka's offsets went backwards; nothing was skipped:")
+    for skip in skips:
+        print(f"  {skip.describe()}", file=out, flush=True)
+    return total
+
+
+def _landed_within(
+    spark: SparkSession, lake: str, ranges: Mapping[PartitionId, list[tuple[int, int]]]
+) -> dict[PartitionId, int]:
+    """Rows the lake holds per partition within ``ranges`` (counted in Spark)."""
+    if not ranges:
+        return {}
+    within = [
+        (F.col("topic") == partition_id.topic)
+        & (F.col("partition") == partition_id.partition)
+        & (F.col("offset") >= start)
+        & (F.col("offset") < end)
+        for partition_id, spans in ranges.items()
+        for start, end in spans
+    ]
+    condition = functools.reduce(operator.or_, within)
+    rows = spark.read.parquet(lake).where(condition).groupBy("topic", "partition").count().collect()
+    return {PartitionId(row.topic, row.partition): row["count"] for row in rows}
+
+
+def _say(out: TextIO, text: str) -> None:
+    print(f"pydory pipeline land: {text}", file=out, flush=True)
+
+
+# --- a new checkpoint on an existing lake --------------------------------------------------
+
+
+def _seed_checkpoint(
+    spark: SparkSession, settings: LandSettings, pairing: Pairing, out: TextIO
+) -> None:
+    """Start the new checkpoint where the operator chose, past what the lake holds."""
+    chosen_text = settings.starting_offsets or "earliest"  # a SEED pairing has them
+    spec = parse_offset_spec(chosen_text, "--starting-offsets", unlisted=EARLIEST)
+    brokers = BrokerOffsets(
+        {"bootstrap.servers": settings.bootstrap_servers, "group.id": "pydory-land"},
+        _BROKER_TIMEOUT_S,
+    )
+    try:
+        chosen = resolve_offsets(spec, brokers.available(settings.topics))
+    finally:
+        brokers.close()
+    landed = _lake_next_offsets(spark, settings.lake, settings.topics)
+    start = {
+        partition_id: max(offset, landed.get(partition_id, offset))
+        for partition_id, offset in chosen.items()
+    }
+    seed_checkpoint(settings.checkpoint, pairing.lake_batch, start)
+    skipped = sum(start[partition_id] - chosen[partition_id] for partition_id in start)
+    _say(
+        out,
+        f"the new checkpoint {settings.checkpoint} continues the lake after its batch "
+        f"{pairing.lake_batch}, from {json.dumps(offsets_to_json(start))} "
+        f"({skipped:,} offsets skipped that the lake already holds)",
+    )
+
+
+def _lake_next_offsets(
+    spark: SparkSession, lake: str, topics: tuple[str, ...]
+) -> dict[PartitionId, int]:
+    """Per partition of ``topics``, the offset after the highest the lake holds."""
+    rows = (
+        spark.read.parquet(lake)
+        .where(F.col("topic").isin(list(topics)))
+        .groupBy("topic", "partition")
+        .agg(F.max("offset").alias("last"))
+        .collect()
+    )
+    return {PartitionId(row.topic, row.partition): row["last"] + 1 for row in rows}
+
+
+# --- Spark's JVM ---------------------------------------------------------------------------
+
+
+class SparkJvmDied(PipelineError):
+    """Spark's JVM exited while the job waited on it; the batch in flight is redone later."""
+
+
+class _JvmWatch:
+    """Notices that Spark's JVM has gone, so the driver never waits on it forever.
+
+    The query's end reaches Python as a listener event from the JVM: if the JVM dies,
+    none comes. The JVM is this process's child when PySpark launched it (its exit code
+    tells how it died); otherwise a request to it that fails says it is gone.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        gateway = spark.sparkContext._gateway
+        self._process: Popen[bytes] | None = getattr(gateway, "proc", None)
+        self._death: str | None = None
+
+    def wait_for(self, event: threading.Event) -> None:
+        """Wait until ``event`` is set; raise :class:`SparkJvmDied` if the JVM dies first."""
+        while not event.wait(_JVM_CHECK_S):
+            if self.death() is not None:
+                raise SparkJvmDied(f"{self.death()}; the batch in flight is redone by the next run")
+
+    def death(self) -> str | None:
+        """How the JVM died, or None while it lives."""
+        if self._death is None:
+            self._death = self._look()
+        return self._death
+
+    def _look(self) -> str | None:
+        if self._process is not None:
+            code = self._process.poll()
+            if code is None:
+                return None
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            return f"Spark's JVM (pid {self._process.pid}) exited ({how})"
+        jvm: Any = self._spark.sparkContext._jvm
+        try:
+            jvm.java.lang.System.currentTimeMillis()
+        except Py4JNetworkError as error:
+            return f"Spark's JVM stopped answering ({error})"
+        return None
 
 
 # --- the lake's rows -----------------------------------------------------------------------
@@ -239,8 +486,9 @@ class _ProgressPrinter(StreamingQueryListener):
     keeps totals per query id. Until a query is watched it prints every query's batches.
     """
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, lake: str) -> None:
         self._out = out
+        self._lake = lake
         self._lock = threading.Lock()
         self._watched: str | None = None
         self._summaries: dict[str, LandSummary] = {}
@@ -280,13 +528,26 @@ class _ProgressPrinter(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
-        if progress.numInputRows == 0:
-            return
+        source = progress.sources[0] if progress.sources else None
+        start, end = _offsets_json(source, "startOffset"), _offsets_json(source, "endOffset")
         with self._lock:
             summary = self._summaries.setdefault(str(progress.id), LandSummary())
-            summary.batches += 1
-            summary.records += progress.numInputRows
-        if self._reports_on(str(progress.id)):
+            # A batch without rows still counts here: its offsets may have jumped.
+            summary.batch_offsets.append((start, end))
+            if progress.numInputRows > 0:
+                summary.batches += 1
+                summary.records += progress.numInputRows
+        # The sink committed the batch before Spark reported it: the lake records it.
+        try:
+            record_landed_batch(self._lake, progress.batchId, end)
+        except (OSError, LakeCheckpointMismatch) as error:
+            # The record only informs the operator; the pair was checked at the start.
+            print(
+                f"pydory pipeline land: batch {progress.batchId} not recorded in the lake: {error}",
+                file=self._out,
+                flush=True,
+            )
+        if progress.numInputRows > 0 and self._reports_on(str(progress.id)):
             print(
                 f"batch {progress.batchId}: {progress.numInputRows:,} records "
                 f"({summary.records:,} in {summary.batches} batches so far)",
@@ -333,15 +594,27 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
+def _offsets_json(source: Any, name: str) -> OffsetsJson | None:
+    """A source progress's ``startOffset`` or ``endOffset``: JSON text, or ``null``."""
+    if source is None:
+        return None
+    try:
+        decoded = json.loads(getattr(source, name))
+    except (TypeError, ValueError):
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
 def _print_summary(
     out: TextIO, settings: LandSettings, summary: LandSummary, interrupted: bool
 ) -> None:
     how = "stopped by signal" if interrupted else "finished"
     if summary.error is not None:
-        how = f"FAILED: {summary.error}"
+        how = "FAILED"
     print(
         f"landing {how}: {summary.records:,} records in {summary.batches} batches "
-        f"from {', '.join(settings.topics)} into {settings.lake} ({summary.seconds:.1f} s)",
+        f"from {', '.join(settings.topics)} into {settings.lake} ({summary.seconds:.1f} s)"
+        + ("" if summary.error is None else f"; the cause:\n{summary.error}"),
         file=out,
         flush=True,
     )
@@ -353,7 +626,11 @@ def _cause(error: BaseException) -> str:
     A pydory error raised in a Spark worker reaches the driver inside a JVM exception
     with a traceback around it; keep only its own message, which may span lines.
     """
-    lines = str(error).strip().splitlines()
+    text = str(error).strip()
+    spark_data_loss = _spark_data_loss(text)
+    if spark_data_loss is not None:
+        return spark_data_loss
+    lines = text.splitlines()
     for index, line in enumerate(lines):
         if _OWN_ERRORS in line:
             cause = [line[line.index(_OWN_ERRORS) + len(_OWN_ERRORS) :]]
@@ -365,5 +642,37 @@ def _cause(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def _spark_data_loss(text: str) -> str | None:
+    """Spark's Kafka source's data-loss error, said with its cause (None if it is not one).
+
+    Its first line blames retention whatever happened; the cause is in a later line.
+    """
+    if _SPARK_DATA_LOSS not in text:
+        return None
+    went_back = sorted(
+        {f"{m[1]}/{m[2]} from {m[3]} to {m[4]}" for m in _OFFSET_CHANGED.finditer(text)}
+    )
+    if went_back:
+        cause = (
+            "Kafka's offsets went backwards (the topic was deleted and recreated, or its log "
+            f"truncated): {', '.join(went_back)}"
+        )
+    else:
+        reasons = [
+            line.removeprefix("Reason: ")
+            for line in text.splitlines()
+            if line.startswith("Reason: ")
+        ]
+        cause = "offsets to land are no longer in Kafka (aged out of retention)" + (
+            f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
+        )
+    return (
+        f"{cause}. --fail-on-data-loss false lands what Kafka still holds and reports what "
+        "it skipped"
+    )
+
+
+_SPARK_DATA_LOSS = "Some data may have been lost because they are not available in Kafka"
+_OFFSET_CHANGED = re.compile(r"Partition (\S+)-(\d+)(?:'s)? offset was changed from (\d+) to (\d+)")
 _OWN_ERRORS = "pydory.pipeline.errors."
 _NOT_THE_MESSAGE = ("\tat ", " SQLSTATE", "Traceback", "JVM stacktrace", "\n")

@@ -211,6 +211,13 @@ class DataLoss:
 
     def describe(self) -> str:
         """One line naming the partition, the offsets and what happened."""
+        if self.kind is LossKind.OFFSETS_RESET and self.available is not None:
+            return (
+                f"{self.partition}: offsets went backwards (the topic was deleted and "
+                f"recreated, or its log truncated): the query had read up to offset "
+                f"{self.requested}, the broker now holds offsets {self.available.earliest} "
+                f"to {self.available.latest - 1}"
+            )
         where = f"{self.partition}: offset {self.requested} {self.kind.value}"
         if self.available is None:
             return where

@@ -36,20 +36,32 @@ _RESERVED_KAFKA = {
     "value.deserializer": "values are always read as bytes",
 }
 
-# spark-sql-kafka options this source does not implement: fail rather than ignore them.
+# spark-sql-kafka's options this source does not implement, spelt as Spark spells them
+# (names are compared case-insensitively): refused by name rather than ignored, since a
+# query moved from Spark's source would otherwise run with a different meaning.
+_NOT_IMPLEMENTED = "spark-sql-kafka has it, pydory-kafka does not"
 _UNSUPPORTED = {
-    "assign",
-    "subscribepattern",
-    "startingoffsetsbytimestamp",
-    "startingtimestamp",
-    "endingoffsetsbytimestamp",
-    "endingtimestamp",
-    "mintriggeroffsets",
-    "maxtriggerdelay",
-    "minpartitions",
-    "maxrecordsperpartition",
-    "includeheaders",
-    "groupidprefix",
+    name.lower(): (name, reason)
+    for name, reason in {
+        "assign": f"{_NOT_IMPLEMENTED}: list the topics in subscribe",
+        "subscribePattern": f"{_NOT_IMPLEMENTED}: list the topics in subscribe",
+        "startingOffsetsByTimestamp": _NOT_IMPLEMENTED,
+        "startingOffsetsByTimestampStrategy": _NOT_IMPLEMENTED,
+        "startingTimestamp": _NOT_IMPLEMENTED,
+        "endingOffsetsByTimestamp": _NOT_IMPLEMENTED,
+        "endingTimestamp": _NOT_IMPLEMENTED,
+        "minOffsetsPerTrigger": f"{_NOT_IMPLEMENTED}: every trigger reads what Kafka holds "
+        "(up to maxOffsetsPerTrigger); choose the trigger interval instead",
+        "maxTriggerDelay": f"{_NOT_IMPLEMENTED} (it goes with minOffsetsPerTrigger)",
+        "minPartitions": f"{_NOT_IMPLEMENTED}: one Spark task reads each topic-partition",
+        "maxRecordsPerPartition": f"{_NOT_IMPLEMENTED}: one Spark task reads each topic-partition",
+        "includeHeaders": f"{_NOT_IMPLEMENTED}: rows have no headers column",
+        "groupIdPrefix": f"{_NOT_IMPLEMENTED}: the source joins no consumer group",
+        "fetchOffset.numRetries": f"{_NOT_IMPLEMENTED}: librdkafka retries within "
+        "kafkaConsumer.pollTimeoutMs",
+        "fetchOffset.retryIntervalMs": f"{_NOT_IMPLEMENTED}: librdkafka retries within "
+        "kafkaConsumer.pollTimeoutMs",
+    }.items()
 }
 
 _KNOWN = {
@@ -81,13 +93,15 @@ class SourceOptions:
     kafka_properties: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], streaming: bool) -> SourceOptions:
+    def parse(cls, options: Mapping[str, str], streaming: bool | None) -> SourceOptions:
         """Check ``options`` (names case-insensitive) for a stream or a batch read.
 
+        ``streaming`` None checks what applies to both (Spark builds the source before
+        it knows which one the query is); the rules of one kind are checked with it.
         Raises :class:`SourceOptionError` naming the first bad option.
         """
+        _reject_unknown(options)
         lowered = {name.lower(): value for name, value in options.items()}
-        _reject_unknown(lowered)
         bootstrap = _required(lowered, _BOOTSTRAP)
         topics = tuple(
             topic.strip() for topic in _required(lowered, "subscribe").split(",") if topic.strip()
@@ -128,10 +142,11 @@ class SourceOptions:
 
 
 def _reject_unknown(options: Mapping[str, str]) -> None:
-    for name in sorted(options):
-        if name in _UNSUPPORTED:
-            raise SourceOptionError(name, "spark-sql-kafka has it, pydory-kafka does not")
-        if name not in _KNOWN and not name.startswith(_KAFKA_PREFIX):
+    for name in sorted(options, key=str.lower):
+        if name.lower() in _UNSUPPORTED:
+            spelling, reason = _UNSUPPORTED[name.lower()]
+            raise SourceOptionError(spelling, reason)
+        if name.lower() not in _KNOWN and not name.lower().startswith(_KAFKA_PREFIX):
             raise SourceOptionError(
                 name,
                 "unknown option; the source takes kafka.bootstrap.servers, subscribe, "
@@ -148,18 +163,18 @@ def _required(options: Mapping[str, str], name: str) -> str:
 
 
 def _starting_offsets(
-    options: Mapping[str, str], streaming: bool, topics: tuple[str, ...]
+    options: Mapping[str, str], streaming: bool | None, topics: tuple[str, ...]
 ) -> OffsetSpec:
-    text = options.get("startingoffsets", "latest" if streaming else "earliest")
+    text = options.get("startingoffsets", "earliest" if streaming is False else "latest")
     spec = parse_offset_spec(text, "startingOffsets", unlisted=EARLIEST)
-    if not streaming and spec.default == LATEST:
+    if streaming is False and spec.default == LATEST:
         raise SourceOptionError("startingOffsets", "a batch read cannot start at latest")
     _check_topics(spec, "startingOffsets", topics)
     return spec
 
 
 def _ending_offsets(
-    options: Mapping[str, str], streaming: bool, topics: tuple[str, ...]
+    options: Mapping[str, str], streaming: bool | None, topics: tuple[str, ...]
 ) -> OffsetSpec:
     text = options.get("endingoffsets")
     if text is None:

@@ -7,6 +7,7 @@ read-only view the daemon's server hands in; nothing here imports the server.
 - :mod:`.pages` — Dory's pages and ``/books/json``, rendered (no I/O);
 - :mod:`.discards` — Dory's discard report (``/discards``), rendered from the books' report;
 - :mod:`.commit_point` — ``/commit_point/{json,plain}`` and its long-poll;
+- :mod:`.health` — ``/health`` (liveness) and ``/ready`` (readiness);
 - :mod:`.metrics` — the Prometheus collector;
 - :mod:`.dashboard` — the live dashboard's feed and its static files (``static/``);
 - :mod:`.server` — aiohttp on the daemon's loop: routes, pacing, listening.

@@ -101,28 +101,17 @@ class DaemonCollector(Collector):
             received.add_metric([str(transport)], count)
         yield received
 
-        per_topic = books.per_topic()
-        accepted = CounterMetricFamily(
-            "pydory_accepted_messages",
-            "Messages that passed admission; the daemon answers for them from then on.",
-            labels=["topic"],
-        )
-        delivered = CounterMetricFamily(
-            "pydory_delivered_messages",
-            "Accepted messages that Kafka acknowledged.",
-            labels=["topic"],
-        )
-        in_flight = GaugeMetricFamily(
-            "pydory_in_flight_messages",
-            "Accepted messages neither acknowledged nor discarded yet.",
-            labels=["topic"],
-        )
-        for topic, totals in sorted(per_topic.items()):
-            accepted.add_metric([topic], totals.accepted)
-            delivered.add_metric([topic], totals.delivered)
-            in_flight.add_metric([topic], totals.in_flight)
-        yield from (accepted, delivered, in_flight)
-        yield _discards(per_topic, books.lifetime_discards_by_reason())
+        # One reading of the books for every per-topic family; each family is yielded as
+        # soon as it is built, so a scraper rendering in slices (status/rendering.py)
+        # gives the loop a turn between two.
+        per_topic = sorted(books.per_topic().items())
+        lifetime_discards = books.lifetime_discards_by_reason()
+        for name, family, documentation, value_of in _PER_TOPIC_FAMILIES:
+            metric = family(name, documentation, labels=["topic"])
+            for topic, totals in per_topic:
+                metric.add_metric([topic], value_of(totals))
+            yield metric
+        yield _discards(dict(per_topic), lifetime_discards)
         yield CounterMetricFamily(
             "pydory_rerouted_messages",
             "Messages sent again to another partition after their partition failed.",
@@ -415,6 +404,31 @@ class DaemonCollector(Collector):
         for name, value in {**dict.fromkeys(counter_names.EVERY_COUNTER, 0), **counts}.items():
             events.add_metric([name], value)
         yield events
+
+
+_PER_TOPIC_FAMILIES: tuple[
+    tuple[str, type[CounterMetricFamily | GaugeMetricFamily], str, Callable[[TopicTotals], int]],
+    ...,
+] = (
+    (
+        "pydory_accepted_messages",
+        CounterMetricFamily,
+        "Messages that passed admission; the daemon answers for them from then on.",
+        lambda totals: totals.accepted,
+    ),
+    (
+        "pydory_delivered_messages",
+        CounterMetricFamily,
+        "Accepted messages that Kafka acknowledged.",
+        lambda totals: totals.delivered,
+    ),
+    (
+        "pydory_in_flight_messages",
+        GaugeMetricFamily,
+        "Accepted messages neither acknowledged nor discarded yet.",
+        lambda totals: totals.in_flight,
+    ),
+)
 
 
 def _discards(

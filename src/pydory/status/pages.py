@@ -261,6 +261,12 @@ class StatusPages:
             # (while metadata_known is false) or for a topic's creation.
             "metadata_known": self._view.metadata.last_updated_ms is not None,
             "waiting_for_metadata": self._view.pending_topic_messages(),
+            # Topic names Kafka does not have with lines of their own, and the limit
+            # (<maxUnknownTopics>) past which they are counted under (other).
+            "unknown_topics": {
+                "named": books.unknown_topics_named,
+                "limit": books.unknown_topic_limit,
+            },
             "pool": {
                 "budget": pool.budget,
                 "used": pool.used,

@@ -17,6 +17,7 @@ and pydory's own::
     GET  /metrics                           Prometheus text (``pydory.status.metrics``)
     GET  /                                  the live dashboard (``pydory.status.dashboard``)
     GET  /dashboard/json                    the dashboard's data, one document per refresh
+    GET  /health, /ready                    liveness and readiness (``pydory.status.health``)
 
 Any other URL answers 404 with the list of known URLs (Dory answers its index page).
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import os
 import time
@@ -42,15 +42,17 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from pydory.errors import ConfigError
 from pydory.status.commit_point import commit_point_routes
 from pydory.status.dashboard import ASSETS, Asset, load_asset
+from pydory.status.health import health_routes
 from pydory.status.limits import ConnectionGuard, GuardedSite, QuietRequestErrors, StatusLimits
 from pydory.status.metrics import build_registry
 from pydory.status.msg_debug import msg_debug_routes
 from pydory.status.pages import StatusPages
+from pydory.status.rendering import ReusedPage, json_in_slices, metrics_in_slices
 from pydory.status.view import DaemonView
 
 __all__ = [
@@ -105,10 +107,6 @@ def listen_hosts(loopback_only: bool) -> tuple[str, str]:
 Render = Callable[[], bytes]
 
 
-def _json_bytes(page: JsonPage) -> Render:
-    return lambda: (json.dumps(page(), indent=4) + "\n").encode("utf-8")
-
-
 def _plain_bytes(page: PlainPage) -> Render:
     return lambda: page().encode("utf-8")
 
@@ -140,8 +138,17 @@ def _page_handler(render: Render, content_type: str) -> Handler:
     return handle
 
 
+def _sliced_handler(page: ReusedPage, content_type: str) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=await page(), headers={"Content-Type": content_type})
+
+    return handle
+
+
 def _json_handler(page: JsonPage) -> Handler:
-    return _page_handler(reused_briefly(_json_bytes(page)), JSON_TYPE)
+    # The document is built at once (a consistent snapshot), its encoding in slices
+    # (pydory.status.rendering): a page of many topics never holds the loop for long.
+    return _sliced_handler(ReusedPage(lambda: json_in_slices(page()), PAGE_REUSE_S), JSON_TYPE)
 
 
 def _plain_handler(page: PlainPage) -> Handler:
@@ -247,8 +254,8 @@ class StatusServer:
         self._guard = ConnectionGuard(limits or DEFAULT_LIMITS, count)
         self._pages = StatusPages(view)
         registry = build_registry(view)
-        self._metrics = _page_handler(
-            reused_briefly(lambda: generate_latest(registry)), CONTENT_TYPE_LATEST
+        self._metrics = _sliced_handler(
+            ReusedPage(lambda: metrics_in_slices(registry), PAGE_REUSE_S), CONTENT_TYPE_LATEST
         )
         self._assets = {path: load_asset(*source) for path, source in ASSETS.items()}
         self._runner: web.AppRunner | None = None
@@ -320,6 +327,7 @@ class StatusServer:
             web.get("/books/json", _json_handler(pages.books_json)),
             web.get("/config/json", _json_handler(pages.config_json)),
             *commit_point_routes(self._view),
+            *health_routes(self._view),
             *msg_debug_routes(self._view),
             web.get("/metrics", self._metrics),
             web.get("/dashboard/json", _json_handler(pages.dashboard_json)),

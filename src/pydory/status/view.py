@@ -50,6 +50,10 @@ class BooksReader(Protocol):
     def received_by_transport(self) -> Mapping[Transport, int]: ...
     def lifetime_discards_by_reason(self) -> Mapping[DiscardReason, int]: ...
     def discard_report(self) -> DiscardReport: ...
+    @property
+    def unknown_topic_limit(self) -> int: ...
+    @property
+    def unknown_topics_named(self) -> int: ...
 
 
 class PoolSensors(Protocol):
@@ -206,3 +210,6 @@ class DaemonView:
     overload: OverloadSensors | None = None
     #: The config file and its reloads; None in views built by hand.
     reloads: ReloadHistoryReader | None = None
+    #: Whether a shutdown has begun (the inputs stop taking messages: ``/ready`` says so
+    #: from that moment); None in views built by hand.
+    stopping: Callable[[], bool] | None = None

@@ -48,6 +48,8 @@ class DaemonConfig:
     spool_max_size: str = "1g"
     spool_segment_size: str = "4m"
     overload_policy: str = "discard"  # discard | backpressure (needs spool_path)
+    host_id: str | None = None  # <messageIdentity><hostId>; None: the machine's
+    identity_headers: bool = True  # <messageIdentity><headers enable>
     log_level: str = "INFO"
     log_to_stdout: bool = False
     datagram_file: str = "dgram.sock"  # the socket files' names in socket_dir
@@ -151,7 +153,7 @@ class DaemonConfig:
         <discardReportInterval value="{self.discard_report_interval_s}" />
         <badMsgPrefixSize value="256" />
     </httpInterface>
-{self._discard_logging()}{self._msg_debug()}{self._spool()}    <kafkaConfig>
+{self._discard_logging()}{self._msg_debug()}{self._spool()}{self._identity()}    <kafkaConfig>
         <clientId value="pydory-test" />
         <replicationTimeout value="10000" />
     </kafkaConfig>
@@ -189,6 +191,16 @@ class DaemonConfig:
         <maxArchiveSize value="{self.discard_log_max_archive_size}" />
         <maxMsgPrefixSize value="64" />
     </discardLogging>
+"""
+
+    def _identity(self) -> str:
+        if self.host_id is None and self.identity_headers:
+            return ""
+        host = "" if self.host_id is None else f'        <hostId value="{self.host_id}" />\n'
+        headers = "true" if self.identity_headers else "false"
+        return f"""    <messageIdentity>
+{host}        <headers enable="{headers}" />
+    </messageIdentity>
 """
 
     def _spool(self) -> str:

@@ -19,7 +19,9 @@ From "accepted" on, the message is the daemon's: dispatch reports it delivered o
 discarded, and delivery's ``DeliveryLedger`` (delivery/outcomes.py) releases its pool
 bytes at that moment. The commit point counts it from acceptance (or from being held for
 metadata or autocreation) to that outcome: the token it hands out travels with the
-message through dispatch and comes back to the ledger.
+message through dispatch and comes back to the ledger. Its identity (``produce``'s
+headers: :mod:`pydory.daemon.spool.identity`) is given per burst, by the write-ahead
+(or by ``ids`` without a spool), and travels with it to ``send``.
 
 Rule: the moment a message is accepted is here alone: a message passes every check above, in
 that order, or is discarded with the reason of the first it fails; nothing after this module
@@ -29,14 +31,15 @@ refuses a message without an outcome.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from confluent_kafka import KafkaError
 
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
 from pydory.daemon.books import counters as counter_names
-from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.accounting import DEFAULT_UNKNOWN_TOPIC_LIMIT, Books
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transport
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import MemoryPool, message_cost, pool_cost
@@ -50,6 +53,7 @@ from pydory.daemon.delivery.outcomes import (
     failure_outcome,
 )
 from pydory.daemon.delivery.router import Router
+from pydory.daemon.spool.identity import Headers, MessageIds
 from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.errors import (
     BadTopic,
@@ -74,7 +78,8 @@ class _PendingTopic:
     (one per topic), or the first metadata of all (one for every topic, so that a flood
     of distinct topic names before it grows one list, bounded by the pool, and no map)."""
 
-    messages: list[tuple[Message, int, int]] = field(default_factory=list)  # with cost, token
+    # with cost, token, headers
+    messages: list[tuple[Message, int, int, Headers | None]] = field(default_factory=list)
 
 
 class Intake:
@@ -95,8 +100,13 @@ class Intake:
         autocreate: Callable[[str], None] | None = None,
         msg_debug: MsgDebug | None = None,
         write_ahead: WriteAhead | None = None,
+        unknown_topic_limit: int = DEFAULT_UNKNOWN_TOPIC_LIMIT,
+        ids: MessageIds | None = None,
     ) -> None:
-        """``write_ahead``: spool every burst before admitting it (``<spool>``)."""
+        """``ids``: names the messages without a spool (the write-ahead does with one);
+        ``write_ahead``: spool every burst before admitting it (``<spool>``);
+        ``unknown_topic_limit``: at most this many topics wait for their creation at once
+        (``<maxUnknownTopics>``; a message for one more is a bad topic)."""
         self._books = books
         self._counters = books.counters
         self._pool = pool
@@ -111,9 +121,11 @@ class Intake:
         self._on_unknown_topic = on_unknown_topic
         self._autocreate = autocreate
         self._pending: dict[str, _PendingTopic] = {}
+        self._pending_limit = unknown_topic_limit
         self._before_metadata = _PendingTopic()
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._write_ahead = write_ahead
+        self._ids = ids
         #: When the pool is short, hold on to a message read (charging it anyway) instead
         #: of discarding it: the backpressure policy pauses the inputs meanwhile, and a
         #: spool replay waits for room between bursts. Either way the overshoot is one burst.
@@ -152,7 +164,9 @@ class Intake:
         self._books.received(transport, len(burst))
         self._admit_burst(burst)
 
-    def replayed(self, burst: Sequence[bytes]) -> None:
+    def replayed(
+        self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> None:
         """Messages an earlier run read and never settled, from the spool: admitted again
         like new ones (spooled again too, so the old segments can go) and counted as
         possible duplicates, since the earlier run may have delivered them."""
@@ -163,41 +177,62 @@ class Intake:
             except ClientProtocolError:
                 continue  # it was discarded as malformed the first time, and will be again
             self._books.possible_duplicate(message.topic, message.timestamp_ms)
-        self._admit_burst(burst)
+        self._admit_burst(burst, origins)
 
-    def _admit_burst(self, burst: Sequence[bytes]) -> None:
+    def _admit_burst(
+        self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> None:
         """Write ``burst`` ahead to the spool (if any), then admit it, or, under the spool
-        overload policy while memory is short, keep it on disk for later."""
+        overload policy while memory is short, keep it on disk for later. ``origins``:
+        a replayed burst's first identities."""
         write_ahead = self._write_ahead
         if write_ahead is None:
-            self._admit_messages(burst)
+            self._admit_messages(burst, True, self._unspooled_headers(burst, origins))
             return
-        write_ahead.begin_burst(burst)
+        headers = write_ahead.begin_burst(burst, origins)
         try:
             if self.defer_when_memory_short and (write_ahead.deferring or self._pool.is_depleted):
                 if write_ahead.defer_burst():
                     return
-                self._admit_messages(burst, hold=False)  # not on disk: Dory's discard
+                self._admit_messages(burst, False, headers)  # not on disk: Dory's discard
                 return
-            self._admit_messages(burst)
+            self._admit_messages(burst, True, headers)
         finally:
             write_ahead.end_burst()
+
+    def _unspooled_headers(
+        self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> Sequence[Headers | None]:
+        ids = self._ids
+        if ids is None or not ids.headers:
+            return [None] * len(burst)
+        fresh = ids.unspooled(len(burst))
+        return fresh if origins is None else ids.replayed(origins, fresh)
 
     def admit_deferred(self) -> bool:
         """Admit the oldest burst the spool policy kept on disk; False if none waits."""
         write_ahead = self._write_ahead
-        burst = None if write_ahead is None else write_ahead.resume_deferred()
-        if write_ahead is None or burst is None:
+        resumed = None if write_ahead is None else write_ahead.resume_deferred()
+        if write_ahead is None or resumed is None:
             return False
+        payloads, headers = resumed
         try:
-            self._admit_messages(burst)
+            self._admit_messages(payloads, True, headers)
         finally:
             write_ahead.end_burst()
         return True
 
-    def _admit_messages(self, burst: Sequence[bytes], hold: bool = True) -> None:
-        """Admit each message of ``burst``; ``hold=False`` forbids holding messages when
-        memory is short (see ``hold_when_memory_short``) for this burst."""
+    def _admit_messages(
+        self,
+        burst: Sequence[bytes],
+        hold: bool = True,
+        identities: Iterable[Headers | None] | None = None,
+    ) -> None:
+        """Admit each message of ``burst``, with its headers (``identities``: None for
+        none); ``hold=False`` forbids holding messages when memory is short (see
+        ``hold_when_memory_short``) for this burst."""
+        if identities is None:
+            identities = repeat(None)
         books = self._books
         held = self.hold_when_memory_short
         self.hold_when_memory_short = held and hold
@@ -213,10 +248,10 @@ class Intake:
         msg_debug = self._msg_debug
         tracing = msg_debug.active
         try:
-            for data in burst:
+            for data, headers in zip(burst, identities, strict=False):
                 fields = parse(data)
                 if fields is None:
-                    self._decode_and_admit(data)
+                    self._decode_and_admit(data, headers)
                     continue
                 topic, key, value, timestamp_ms = fields
                 eligible = short_path.get(topic)
@@ -228,7 +263,7 @@ class Intake:
                     )
                 size = len(key) + len(value)
                 if not eligible or size > max_data:
-                    self._decode_and_admit(data)
+                    self._decode_and_admit(data, headers)
                     continue
                 cost = cost_of(topic, size)
                 if not pool.try_allocate(cost) and not self._held_anyway(cost):
@@ -248,6 +283,7 @@ class Intake:
                         None,  # AnyPartition
                         1,  # the first attempt
                         token,
+                        headers=headers,
                     )
                 except EnqueueRefused as refusal:
                     self._refused(refusal, topic, value, timestamp_ms, cost, token)
@@ -273,16 +309,30 @@ class Intake:
         log.debug("datagram of %d bytes exceeds maxDatagramMsgSize", size)
         self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=prefix)
 
+    def over_quota(self, burst: Sequence[bytes]) -> None:
+        """Datagrams whose sender's uid was over its ``<quotas>`` rate: each a
+        ``rate_limit`` discard of its topic (malformed ones as malformed), never spooled,
+        and counted apart (pydory.daemon.inputs.quotas says why datagrams are discarded)."""
+        self._books.received(Transport.UNIX_DGRAM, len(burst))
+        self._counters.inc(counter_names.QUOTA_DISCARDS_UNIX_DGRAM, len(burst))
+        for data in burst:
+            try:
+                message = decode(data, self._prefix_size)
+            except ClientProtocolError as error:
+                self._bad_message(error)
+                continue
+            self._refuse(DiscardReason.RATE_LIMIT, message)
+
     def frame(self, data: bytes, transport: Transport) -> None:
         """One whole message, through the reference path (decode, then :meth:`admit`)."""
         self._books.received(transport)
         write_ahead = self._write_ahead
         if write_ahead is None:
-            self._decode_and_admit(data)
+            self._decode_and_admit(data, self._unspooled_headers((data,))[0])
             return
-        write_ahead.begin_burst((data,))
+        headers = write_ahead.begin_burst((data,))[0]
         try:
-            self._decode_and_admit(data)
+            self._decode_and_admit(data, headers)
         finally:
             write_ahead.end_burst()
 
@@ -316,13 +366,13 @@ class Intake:
 
     # -- admission ---------------------------------------------------------------------------
 
-    def _decode_and_admit(self, data: bytes) -> None:
+    def _decode_and_admit(self, data: bytes, headers: Headers | None = None) -> None:
         try:
             message = decode(data, self._prefix_size)
         except ClientProtocolError as error:
             self._bad_message(error)
             return
-        self.admit(message)
+        self.admit(message, headers)
 
     def _bad_message(self, error: ClientProtocolError) -> None:
         books = self._books
@@ -343,8 +393,8 @@ class Intake:
             assert isinstance(error, MalformedMessage), error
             books.discarded(DiscardReason.MALFORMED, None, None, prefix=error.prefix)
 
-    def admit(self, message: Message) -> None:
-        """Steps 2-6 for one decoded message."""
+    def admit(self, message: Message, headers: Headers | None = None) -> None:
+        """Steps 2-6 for one decoded message (``headers``: its identity)."""
         topic = message.topic
         books = self._books
         msg_debug = self._msg_debug
@@ -359,14 +409,15 @@ class Intake:
         if not self._pool.try_allocate(cost) and not self._held_anyway(cost):
             self._refuse(DiscardReason.NO_MEMORY, message)
             return
-        if not self._limiter.admit(topic):
+        known = self._router.knows(topic)
+        if not self._limiter.admit(topic, known=known):
             self._pool.release(cost)
             self._refuse(DiscardReason.RATE_LIMIT, message)
             return
-        if not self._router.knows(topic):
-            self._unknown_topic(message, cost)
+        if not known:
+            self._unknown_topic(message, cost, headers)
             return
-        self._enqueue(message, cost, self._commit_point.open())
+        self._enqueue(message, cost, self._commit_point.open(), headers)
 
     def _refuse(self, reason: DiscardReason, message: Message) -> None:
         """A whole, well-formed message turned away at admission: the discard log gets
@@ -375,7 +426,9 @@ class Intake:
             reason, message.topic, message.timestamp_ms, prefix=message.value, key=message.key
         )
 
-    def _enqueue(self, message: Message, cost: int, token: int) -> None:
+    def _enqueue(
+        self, message: Message, cost: int, token: int, headers: Headers | None = None
+    ) -> None:
         """Hand an accepted message to dispatch; ``token`` is its commit point count."""
         topic = message.topic
         router = self._router
@@ -393,6 +446,7 @@ class Intake:
                 message.timestamp_ms if message.timestamp_ms > 0 else 0,
                 partition_key,
                 token=token,
+                headers=headers,
             )
         except EnqueueRefused as refusal:
             self._refused(refusal, topic, message.value, message.timestamp_ms, cost, token)
@@ -424,29 +478,39 @@ class Intake:
 
     # -- unknown topics ----------------------------------------------------------------------
 
-    def _unknown_topic(self, message: Message, cost: int) -> None:
+    def _unknown_topic(self, message: Message, cost: int, headers: Headers | None) -> None:
         # Held, not yet sent: it holds the commit point back all the same.
         if not self._router.has_metadata:
             # Kafka has not answered yet (Dory's sockets open at once and buffer too).
-            self._before_metadata.messages.append((message, cost, self._commit_point.open()))
+            held = (message, cost, self._commit_point.open(), headers)
+            self._before_metadata.messages.append(held)
             return
         if self._autocreate is None:
             self._pool.release(cost)
             self._discard_bad_topic(message)
             self._on_unknown_topic(message.topic)
             return
-        self._hold_for_creation(message, cost, self._commit_point.open())
+        self._hold_for_creation(message, cost, self._commit_point.open(), headers)
 
-    def _hold_for_creation(self, message: Message, cost: int, token: int) -> None:
+    def _hold_for_creation(
+        self, message: Message, cost: int, token: int, headers: Headers | None
+    ) -> None:
         """Hold ``message`` until metadata shows its topic (autocreate is on)."""
         assert self._autocreate is not None
         topic = message.topic
         pending = self._pending.get(topic)
         if pending is not None:
-            pending.messages.append((message, cost, token))
+            pending.messages.append((message, cost, token, headers))
+            return
+        if len(self._pending) >= self._pending_limit:
+            # A client cycling through names must not start a creation (and a task) each.
+            self._counters.inc(counter_names.AUTOCREATE_OVER_LIMIT)
+            self._pool.release(cost)
+            self._commit_point.close(token)
+            self._discard_bad_topic(message)
             return
         # Held before asking: the creation may settle at once (no task group yet).
-        self._pending[topic] = _PendingTopic([(message, cost, token)])
+        self._pending[topic] = _PendingTopic([(message, cost, token, headers)])
         self._autocreate(topic)
 
     def _discard_bad_topic(self, message: Message) -> None:
@@ -463,9 +527,9 @@ class Intake:
         pending = self._pending.pop(topic, None)
         if pending is None:
             return
-        for message, cost, token in pending.messages:
+        for message, cost, token, headers in pending.messages:
             if self._router.knows(topic):
-                self._enqueue(message, cost, token)
+                self._enqueue(message, cost, token, headers)
             else:
                 self._pool.release(cost)
                 self._commit_point.close(token)
@@ -475,12 +539,12 @@ class Intake:
         """The first metadata is in: route what waited for it, in the order received. A
         topic it does not show is a bad topic, or is auto-created (topicAutocreate)."""
         held, self._before_metadata = self._before_metadata, _PendingTopic()
-        for message, cost, token in held.messages:
+        for message, cost, token, headers in held.messages:
             topic = message.topic
             if self._router.knows(topic):
-                self._enqueue(message, cost, token)
+                self._enqueue(message, cost, token, headers)
             elif self._autocreate is not None:
-                self._hold_for_creation(message, cost, token)
+                self._hold_for_creation(message, cost, token, headers)
             else:
                 self._pool.release(cost)
                 self._commit_point.close(token)
@@ -499,7 +563,7 @@ class Intake:
         for topic in list(self._pending):
             self.topic_creation_settled(topic)
         held, self._before_metadata = self._before_metadata, _PendingTopic()
-        for message, cost, token in held.messages:
+        for message, cost, token, _headers in held.messages:
             self._settle_unrouted(message, cost, token)
 
     def _settle_unrouted(self, message: Message, cost: int, token: int) -> None:

@@ -14,9 +14,12 @@ Time is a monotonic clock (``time.monotonic`` by default, injectable), so settin
 wall clock back can never cause a wrong discard. Times are kept in whole milliseconds
 (the config's unit), rounded to the nearest millisecond.
 
-Memory: one small state record per topic ever seen, created on first use. Topics are
-validated upstream (the wire decoder rejects illegal names, the router unknown topics),
-so the number of records is bounded by the number of real topics.
+Memory: one small state record per topic Kafka has (the cluster bounds them), created on
+first use. A name Kafka does not have (yet: before the first metadata, or while it is
+being auto-created) is judged before the router refuses it, so it gets a window too, but
+only among the ``unknown_topic_limit`` most recently seen such names: a client cycling
+through endless names evicts the oldest window, which then starts afresh if its name
+comes back (and moves to the topics Kafka has once Kafka has it).
 
 Single-threaded: driven from the daemon's event loop only, so there are no locks.
 
@@ -27,9 +30,12 @@ in.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from pydory.daemon.books.accounting import DEFAULT_UNKNOWN_TOPIC_LIMIT
 
 __all__ = ["RateLimit", "TopicRateLimiter"]
 
@@ -68,8 +74,10 @@ class TopicRateLimiter:
         self,
         config_for: Callable[[str], RateLimit],
         clock: Callable[[], float] = time.monotonic,
+        unknown_topic_limit: int = DEFAULT_UNKNOWN_TOPIC_LIMIT,
     ) -> None:
-        """``config_for(topic)`` gives a topic's limit; ``clock`` returns monotonic seconds.
+        """``config_for(topic)`` gives a topic's limit; ``clock`` returns monotonic seconds;
+        ``unknown_topic_limit``: how many names Kafka does not have keep their windows.
 
         ``config_for`` is asked once per topic, on its first message, and again after
         :meth:`reconfigure` (a config reload).
@@ -78,21 +86,26 @@ class TopicRateLimiter:
         self._clock = clock
         # None marks a topic known to be unlimited, so it costs one dict lookup per message.
         self._windows: dict[str, _TopicWindow | None] = {}
+        # The same for names Kafka does not have, the most recently seen last.
+        self._unknown: OrderedDict[str, _TopicWindow | None] = OrderedDict()
+        self._unknown_limit = unknown_topic_limit
 
     def reconfigure(self, config_for: Callable[[str], RateLimit]) -> None:
         """A config reload: limits come from ``config_for`` from now on. A topic whose
         limit is unchanged keeps its window and count (a reload is no way to reset a
         flooding topic's allowance); any other topic starts afresh with its next message."""
         self._config_for = config_for
-        for topic, window in list(self._windows.items()):
-            limit = config_for(topic)
-            unchanged = (
-                limit.max_count is None
-                if window is None
-                else (limit.interval_ms, limit.max_count) == (window.interval_ms, window.max_count)
-            )
-            if not unchanged:
-                del self._windows[topic]
+        for windows in (self._windows, self._unknown):
+            for topic, window in list(windows.items()):
+                limit = config_for(topic)
+                unchanged = (
+                    limit.max_count is None
+                    if window is None
+                    else (limit.interval_ms, limit.max_count)
+                    == (window.interval_ms, window.max_count)
+                )
+                if not unchanged:
+                    del windows[topic]
 
     def is_unlimited(self, topic: str) -> bool:
         """True if ``topic`` is known to have no limit: :meth:`admit` would admit its
@@ -100,20 +113,40 @@ class TopicRateLimiter:
         seen yet (its first :meth:`admit` looks its limit up)."""
         return self._windows.get(topic, _UNSEEN) is None
 
-    def admit(self, topic: str, now: float | None = None) -> bool:
+    def admit(self, topic: str, now: float | None = None, *, known: bool = True) -> bool:
         """Count one message of ``topic``; True if it is within the limit, False to discard.
 
-        ``now`` (monotonic seconds) defaults to the limiter's clock.
+        ``now`` (monotonic seconds) defaults to the limiter's clock; ``known``: whether
+        Kafka has ``topic`` (if not, its window is one of the bounded unknown ones).
         """
         now_ms = round((self._clock() if now is None else now) * 1000)
-        if topic not in self._windows:
-            self._windows[topic] = self._open_first_window(topic, now_ms)
-        window = self._windows[topic]
+        windows = self._windows
+        if topic in windows:
+            window = windows[topic]
+        elif known:
+            window = self._unknown.pop(topic, _UNSEEN)
+            if window is _UNSEEN:
+                window = self._open_first_window(topic, now_ms)
+            windows[topic] = window
+        else:
+            window = self._unknown_window(topic, now_ms)
         if window is None:
             return True
         self._advance(window, now_ms)
         window.count += 1
         return window.count <= window.max_count
+
+    def _unknown_window(self, topic: str, now_ms: int) -> _TopicWindow | None:
+        """The window of a name Kafka does not have, among the most recent few."""
+        unknown = self._unknown
+        window = unknown.get(topic, _UNSEEN)
+        if window is not _UNSEEN:
+            unknown.move_to_end(topic)
+            return window
+        window = unknown[topic] = self._open_first_window(topic, now_ms)
+        if len(unknown) > self._unknown_limit:
+            unknown.popitem(last=False)  # the least recently seen name
+        return window
 
     def _open_first_window(self, topic: str, now_ms: int) -> _TopicWindow | None:
         limit = self._config_for(topic)

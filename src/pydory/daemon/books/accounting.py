@@ -26,6 +26,14 @@ daemon alone is responsible for it. The invariant, per topic, at every moment::
 raises :class:`AccountingError`) and the audit job reads the totals from
 :meth:`Books.per_topic`.
 
+Topic names come from clients, so the records kept per topic are bounded: a topic Kafka
+has (``topic_known``) always gets records of its own (the cluster bounds those), and so do
+the first ``unknown_topic_limit`` names Kafka does not have; every later unknown name is
+counted under :data:`OTHER_TOPICS`, a name no Kafka topic can have. Nothing is lost:
+``(other)`` counts every message folded into it, so per-topic sums still equal the totals.
+It only ever holds discards before acceptance (a message is accepted only for a topic
+Kafka has, which has its own records), so its invariant is ``accepted == in_flight == 0``.
+
 The discard report (Dory's ``/discards``) is kept in reporting periods
 (:mod:`pydory.daemon.books.discard_report`); the books roll them on the wall clock and
 :mod:`pydory.status.discards` renders them. The books' vocabulary (reasons, transports,
@@ -68,7 +76,14 @@ from pydory.daemon.books.events import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Books", "TopicTotals"]
+__all__ = ["DEFAULT_UNKNOWN_TOPIC_LIMIT", "OTHER_TOPICS", "Books", "TopicTotals"]
+
+#: The books' name for every topic beyond the unknown-topic limit. Kafka allows only
+#: [a-zA-Z0-9._-] in a topic name, so no real topic (and no client's name, which the
+#: decoder checks by Kafka's rules) can ever be this one.
+OTHER_TOPICS = "(other)"
+#: Topic names Kafka does not have that get records of their own (``<maxUnknownTopics>``).
+DEFAULT_UNKNOWN_TOPIC_LIMIT = 1000
 
 
 # --- per-topic totals ----------------------------------------------------------------------
@@ -145,6 +160,9 @@ class Books:
         recent_limit: int = DORY_RECENT_LIMIT,
         counters: Counters | None = None,
         discard_sink: DiscardSink | None = None,
+        *,
+        unknown_topic_limit: int = DEFAULT_UNKNOWN_TOPIC_LIMIT,
+        topic_known: Callable[[str], bool] = lambda topic: False,
     ) -> None:
         """Start the books with reporting period 0 beginning now.
 
@@ -152,7 +170,9 @@ class Books:
         ``bad_msg_prefix_size`` caps every stored message prefix (``badMsgPrefixSize``);
         ``recent_limit`` caps each recent-item list; ``counters`` lets the daemon share one
         counter registry (a new one is created otherwise); ``discard_sink``, if given, is
-        handed every discard and possible duplicate (the discard log and ``logDiscards``).
+        handed every discard and possible duplicate (the discard log and ``logDiscards``);
+        ``topic_known(topic)`` says whether Kafka has a topic, and ``unknown_topic_limit``
+        how many other names get records of their own (the rest: :data:`OTHER_TOPICS`).
         """
         if report_interval_s < 0:
             raise ValueError(f"report interval must be >= 0 seconds, got {report_interval_s}")
@@ -160,12 +180,20 @@ class Books:
             raise ValueError(f"bad message prefix size must be >= 0, got {bad_msg_prefix_size}")
         if recent_limit < 1:
             raise ValueError(f"recent_limit must be >= 1, got {recent_limit}")
+        if unknown_topic_limit < 0:
+            raise ValueError(f"unknown_topic_limit must be >= 0, got {unknown_topic_limit}")
         self._interval_s = report_interval_s
         self._prefix_size = bad_msg_prefix_size
         self._wall_clock = wall_clock
         self._recent_limit = recent_limit
         self.counters = counters if counters is not None else Counters()
         self._topics: dict[str, _TopicLedger] = {}
+        self._topic_known = topic_known
+        self._unknown_topic_limit = unknown_topic_limit
+        # Names Kafka did not have when first recorded that got records of their own: at
+        # most unknown_topic_limit of them, kept for the daemon's life (never evicted, so
+        # a name's counts never move between its own line and (other)).
+        self._unknown_named: set[str] = set()
         self._received: Counter[Transport] = Counter()
         self._lifetime_discards: Counter[DiscardReason] = Counter()
         self._current = Period(0, int(wall_clock()), recent_limit)
@@ -292,7 +320,7 @@ class Books:
         """A message of ``topic`` was sent again after a send whose outcome was unknown."""
         self.counters.inc(counter_names.POSSIBLE_DUPLICATE)
         self.maybe_roll()
-        widen(self._current.duplicate_topics, topic, client_timestamp_ms)
+        widen(self._current.duplicate_topics, self._record_name(topic), client_timestamp_ms)
         if self._discard_sink is not None:
             self._discard_sink.possible_duplicate(topic, client_timestamp_ms)
 
@@ -305,6 +333,16 @@ class Books:
     def in_flight_by_topic(self) -> dict[str, int]:
         """Per topic, accepted messages not yet delivered or discarded."""
         return {topic: ledger.in_flight for topic, ledger in self._topics.items()}
+
+    @property
+    def unknown_topic_limit(self) -> int:
+        """Names Kafka does not have that get records of their own; the rest: (other)."""
+        return self._unknown_topic_limit
+
+    @property
+    def unknown_topics_named(self) -> int:
+        """Names Kafka did not have when first recorded that have records of their own."""
+        return len(self._unknown_named)
 
     def received_by_transport(self) -> dict[Transport, int]:
         """Lifetime count of framed messages per transport."""
@@ -373,6 +411,24 @@ class Books:
             ledger = self._topics[topic] = _TopicLedger()
         return ledger
 
+    def _record_name(self, topic: str) -> str:
+        """The name ``topic``'s records go under: its own, or :data:`OTHER_TOPICS` when
+        Kafka does not have it and the unknown-topic limit is reached (counted)."""
+        if topic in self._topics or topic in self._unknown_named or self._topic_known(topic):
+            return topic
+        if len(self._unknown_named) < self._unknown_topic_limit:
+            self._unknown_named.add(topic)
+            return topic
+        if not self.counters.get(counter_names.OTHER_TOPIC_EVENTS):
+            log.warning(
+                "%d topic names Kafka does not have have records of their own "
+                "(maxUnknownTopics): events of any further one are counted under %s",
+                self._unknown_topic_limit,
+                OTHER_TOPICS,
+            )
+        self.counters.inc(counter_names.OTHER_TOPIC_EVENTS)
+        return OTHER_TOPICS
+
     def _require_in_flight(self, topic: str, n: int, what: str) -> None:
         ledger = self._topics.get(topic)
         in_flight = ledger.in_flight if ledger is not None else 0
@@ -389,15 +445,18 @@ class Books:
         ledger = self._topics.get(topic)
         if reason in AFTER_ACCEPTANCE and (ledger is None or ledger.in_flight < 1):
             self._require_in_flight(topic, 1, f"discarded ({reason})")  # raises
+        # Before acceptance only (an accepted topic has a ledger): maybe (other)'s.
+        name = topic if ledger is not None else self._record_name(topic)
         if ledger is None:
-            ledger = self._topics[topic] = _TopicLedger()
+            ledger = self._ledger(name)
         ledger.discard(reason)
         period = self._current
-        widen(period.discard_topics, topic, timestamp_ms)
+        widen(period.discard_topics, name, timestamp_ms)
         if reason is DiscardReason.TOO_LONG:
+            # The real name: the recent list is bounded by itself (recent_limit).
             period.recent_too_long.add(self._cut(topic.encode("utf-8") + b" " + prefix))
         elif reason is DiscardReason.RATE_LIMIT:
-            period.rate_limit_discards[topic] += 1
+            period.rate_limit_discards[name] += 1
         elif reason is DiscardReason.KAFKA_ERROR:
             error_name = detail or "unknown"
             period.kafka_errors[error_name] += 1

@@ -30,6 +30,9 @@ POSSIBLY_DELIVERED = "possibly_delivered"
 #: Accepted messages kept in the spool at shutdown for the next start.
 LEFT_FOR_NEXT_START = "left_for_next_start"
 DISCARD_REPORT_UNREAD = "discard_report_unread"
+#: Events (discards before acceptance, possible duplicates) of topic names beyond
+#: <maxUnknownTopics>, counted under the books' "(other)" topic (books/accounting.py).
+OTHER_TOPIC_EVENTS = "other_topic_events"
 #: received_<transport>: messages framed on each transport.
 RECEIVED = {transport: f"received_{transport}" for transport in Transport}
 #: discarded_<reason>.
@@ -53,6 +56,9 @@ def discarded_by_kafka_error(counts: Mapping[str, int]) -> dict[str, int]:
 # --- inputs and admission --------------------------------------------------------------------
 DATAGRAM_OVER_MAX_SIZE = "datagram_over_max_size"
 HELD_WHEN_MEMORY_SHORT = "held_when_memory_short"
+#: Messages for a topic to auto-create, discarded bad_topic because <maxUnknownTopics>
+#: topics already waited for their creation (admission/intake.py).
+AUTOCREATE_OVER_LIMIT = "autocreate_over_limit"
 CONNECTION_OPENED = {transport: f"connection_opened_{transport}" for transport in Transport}
 CONNECTION_CLOSED = {transport: f"connection_closed_{transport}" for transport in Transport}
 STREAM_SOCKET_ERROR = {transport: f"stream_socket_error_{transport}" for transport in Transport}
@@ -61,12 +67,24 @@ STREAM_OVERSIZED_FRAME = {
     transport: f"stream_oversized_frame_{transport}" for transport in Transport
 }
 UNCLEAN_DISCONNECT = {transport: f"unclean_disconnect_{transport}" for transport in Transport}
+#: Stream connections closed because the partial frame they held found no room in the
+#: memory pool in time (daemon/inputs/stream_connection.py); the frame is also counted an
+#: unclean disconnect.
+STREAM_PARTIAL_FRAME_NO_ROOM = {
+    transport: f"stream_partial_frame_no_room_{transport}" for transport in Transport
+}
 #: The quotas of the stream listeners (<quotas>), per transport.
 QUOTA_CONNECTIONS_REFUSED = {
     transport: f"quota_connections_refused_{transport}" for transport in Transport
 }
 QUOTA_THROTTLES = {transport: f"quota_throttles_{transport}" for transport in Transport}
 QUOTA_THROTTLED_MS = {transport: f"quota_throttled_ms_{transport}" for transport in Transport}
+#: Datagrams discarded (as rate_limit) because their sender's uid was over its quota.
+QUOTA_DISCARDS_UNIX_DGRAM = f"quota_discards_{Transport.UNIX_DGRAM}"
+#: The stream listeners at the process's file descriptor limit (EMFILE/ENFILE on accept,
+#: inputs/acceptor.py): episodes begun, and accept(2) calls refused during them.
+ACCEPT_FD_LIMIT_EPISODES = "accept_fd_limit_episodes"
+ACCEPT_FD_LIMIT_REFUSED = "accept_fd_limit_refused"
 BACKPRESSURE_PAUSES = "backpressure_pauses"
 BACKPRESSURE_PAUSED_MS = "backpressure_paused_ms"
 
@@ -96,6 +114,9 @@ SPOOL_DEFERRED = "spool_deferred"
 SPOOL_DEFERRED_UNREADABLE = "spool_deferred_unreadable"
 SPOOL_REPAIRED_SEGMENTS = "spool_repaired_segments"
 SPOOL_TRUNCATED_BYTES = "spool_truncated_bytes"
+#: At start-up: frames of the previous run's segments their acknowledgement marks say
+#: settled (delivered or discarded then), so not replayed.
+SPOOL_SETTLED_NOT_REPLAYED = "spool_settled_not_replayed"
 
 # --- files written off the loop (books/files.py) ---------------------------------------------
 #: Discard log entries the writer thread's queue had no room for.

@@ -24,11 +24,19 @@ Sensors (KIP-72 "New Sensors"): :attr:`available`, :attr:`over_budget`, :attr:`u
 the cumulative :meth:`depleted_seconds` as a counter and let the monitoring system take
 its rate (Prometheus: ``rate(pydory_pool_depleted_seconds_total[5m])``).
 
+Partial stream frames (:func:`partial_frame_cost`): the bytes a stream connection holds
+for a frame still arriving count against the same budget, beyond the first
+``PARTIAL_FRAME_FREE_BYTES`` of it, a small allowance per connection (see
+``daemon/inputs/stream_connection.py``: a connection whose partial frame finds no room
+waits for :meth:`MemoryPool.when_room`, and is closed if none comes in time). The charge
+is released the moment the frame is whole, just before the intake charges the message.
+
 Single-threaded: driven from the daemon's event loop only, so there are no locks.
 
-Rule: what a message costs the pool is decided here alone (:func:`message_cost`): the
-intake charges it at admission, delivery releases it at the message's outcome, and both
-compute it with the same function.
+Rule: what a message costs the pool is decided here alone (:func:`message_cost`, and
+:func:`partial_frame_cost` while it is still arriving on a stream): the intake charges it
+at admission, delivery releases it at the message's outcome, and both compute it with the
+same function.
 """
 
 from __future__ import annotations
@@ -38,16 +46,34 @@ from collections.abc import Callable
 
 from pydory.errors import PydoryError
 
-__all__ = ["POOL_OVERHEAD_BYTES", "MemoryPool", "PoolReleaseError", "message_cost", "pool_cost"]
+__all__ = [
+    "PARTIAL_FRAME_FREE_BYTES",
+    "POOL_OVERHEAD_BYTES",
+    "MemoryPool",
+    "PoolReleaseError",
+    "message_cost",
+    "partial_frame_cost",
+    "pool_cost",
+]
 
 #: Bytes charged to the memory pool for a message besides its topic, key and value.
 POOL_OVERHEAD_BYTES = 32
+#: Bytes of a partial stream frame a connection holds outside the pool, so that a client
+#: of ordinary messages (up to this size) never waits on the pool for the tail of a read.
+#: N connections hold at most N x this outside the budget.
+PARTIAL_FRAME_FREE_BYTES = 16 * 1024
 
 
 def message_cost(topic: str, data_bytes: int) -> int:
     """Bytes a message holds in the memory pool from acceptance to its final outcome:
     its topic, ``data_bytes`` (its key and value), and a fixed overhead."""
     return len(topic) + data_bytes + POOL_OVERHEAD_BYTES
+
+
+def partial_frame_cost(held_bytes: int) -> int:
+    """Bytes a stream connection holding ``held_bytes`` of a frame still arriving owes the
+    pool: all of them beyond its allowance of ``PARTIAL_FRAME_FREE_BYTES``."""
+    return max(0, held_bytes - PARTIAL_FRAME_FREE_BYTES)
 
 
 def pool_cost(topic: str, key: bytes | None, value: bytes | None) -> int:
@@ -83,6 +109,8 @@ class MemoryPool:
         # backpressure overload policy pauses and resumes the inputs on these).
         self._on_depleted: Callable[[], None] | None = None
         self._on_room: Callable[[], None] | None = None
+        # One-shot: told once when the pool has room again (see when_room).
+        self._room_waiters: dict[Callable[[], None], None] = {}
 
     @property
     def budget(self) -> int:
@@ -184,6 +212,24 @@ class MemoryPool:
         again (both on the thread that allocates and releases: the event loop)."""
         self._on_depleted, self._on_room = on_depleted, on_room
 
+    def when_room(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, when the pool has room again (at once if it has room
+        now); :meth:`cancel_when_room` withdraws it. Called after the ``watch`` callback,
+        so the overload policy has resumed the inputs first."""
+        if not self.is_depleted:
+            callback()
+            return
+        self._room_waiters[callback] = None
+
+    def cancel_when_room(self, callback: Callable[[], None]) -> None:
+        """Withdraw a :meth:`when_room` callback (its waiter went away); no-op if none."""
+        self._room_waiters.pop(callback, None)
+
+    @property
+    def room_waiters(self) -> int:
+        """How many :meth:`when_room` callbacks wait now."""
+        return len(self._room_waiters)
+
     def force_allocate(self, size: int) -> None:
         """Charge ``size`` bytes even if the pool is depleted: for a message already read
         whose client is about to be paused (backpressure), which must not be discarded.
@@ -206,3 +252,13 @@ class MemoryPool:
             self._depleted_since = None
             if self._on_room is not None:
                 self._on_room()
+            self._wake_room_waiters()
+
+    def _wake_room_waiters(self) -> None:
+        """Tell every :meth:`when_room` waiter, oldest first, while the room lasts (a waiter
+        may use it up: the rest then keep waiting)."""
+        waiters = self._room_waiters
+        while waiters and not self.is_depleted:
+            callback = next(iter(waiters))
+            del waiters[callback]
+            callback()

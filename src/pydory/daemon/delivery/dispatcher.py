@@ -162,9 +162,12 @@ class Dispatcher:
         attempt: int = 1,
         token: int = 0,
         maybe_in_kafka: bool = False,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
         """Hand one message to librdkafka; its outcome reaches the ledger later, with
         ``token``. ``maybe_in_kafka``: an earlier attempt may have reached the log.
+        ``headers``: its record headers (its identity; a reroute has none: confluent-kafka
+        gives no headers back in a delivery report).
         Tokens never decrease from one first attempt to the next (the commit point's
         generations do not): the possible-duplicate window relies on it.
 
@@ -188,8 +191,8 @@ class Dispatcher:
                 callback = functools.partial(
                     handle.on_delivery, partition_key, attempt, token, timestamp_ms, maybe_in_kafka
                 )
-            producer.produce(
-                topic, value, key, partition, on_delivery=callback, timestamp=timestamp_ms
+            producer.produce(  # headers=None costs nothing measurable
+                topic, value, key, partition, callback, timestamp=timestamp_ms, headers=headers
             )
         except (BufferError, KafkaException) as exc:
             raise produce_refusal(exc) from None

@@ -7,7 +7,10 @@ and the one the status interface reports (last updated / last modified).
 Fetches run in a thread of their own (``list_topics`` blocks); one down broker does not
 break a fetch, because librdkafka asks any broker it can reach. A failed fetch keeps the
 previous snapshot and retries after Dory's pause delay, doubling up to
-``pauseRateLimitMaxDouble``.
+``pauseRateLimitMaxDouble``. Its warning says what failed: librdkafka's own error for
+each broker it could not use (address, and refused, timed out, unresolved...), which the
+metadata client's error callback keeps (``MetadataClient``); the pause delay spaces the
+warnings, and librdkafka's log lines are rate-limited by ``daemon/logsetup.py``.
 
 Rule: metadata is fetched (and topics auto-created) here alone, off the loop, and handed to
 the router whole.
@@ -20,6 +23,7 @@ import contextlib
 import functools
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +55,61 @@ T = TypeVar("T")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class BrokerErrors:
+    """The latest error librdkafka reported for each broker since the last successful
+    fetch: a metadata client's error callback. Kept apart from the client so that the
+    callback holds no reference back to it (a cycle would keep the librdkafka handle, and
+    its connections, alive after the daemon let go of it)."""
+
+    def __init__(self) -> None:
+        self.by_broker: dict[str, str] = {}
+
+    def remember(self, error: KafkaError) -> None:
+        # "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection
+        # refused (after 0ms in state CONNECT)": the broker, then what went wrong.
+        broker, separator, what = error.str().partition(": ")
+        if separator and error.code() != KafkaError._ALL_BROKERS_DOWN:
+            self.by_broker[broker] = _AFTER_STATE.sub("", what)
+
+
+class MetadataClient(Producer):
+    """A producer that never produces, used for metadata; its failed fetches say what
+    failed, broker by broker (:class:`BrokerErrors`)."""
+
+    def __init__(self, properties: dict[str, Any]) -> None:
+        errors = BrokerErrors()
+        super().__init__({**properties, "error_cb": errors.remember})
+        self.broker_errors = errors.by_broker
+
+    def list_topics_or_say_why(self, topic: str | None) -> Any:
+        """``list_topics``; on failure, the KafkaException names each broker's error."""
+        try:
+            metadata = self.list_topics(topic=topic, timeout=FETCH_TIMEOUT_S)
+        except KafkaException as exc:
+            self.poll(0)  # serves the error callbacks librdkafka queued meanwhile
+            raise KafkaException(_with_reasons(exc, self.broker_errors)) from exc
+        self.broker_errors.clear()
+        return metadata
+
+
+#: librdkafka's suffix on a broker error, e.g. " (after 0ms in state CONNECT)".
+_AFTER_STATE = re.compile(r" \(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$")
+
+
+def why(exc: KafkaException) -> str:
+    """A failed fetch in words: librdkafka's error text, with each broker's reason."""
+    error = exc.args[0] if exc.args else None
+    return error.str() if isinstance(error, KafkaError) else str(exc)
+
+
+def _with_reasons(exc: KafkaException, broker_errors: dict[str, str]) -> KafkaError:
+    error: KafkaError = exc.args[0]
+    if not broker_errors:
+        return error
+    reasons = "; ".join(f"{broker}: {what}" for broker, what in sorted(broker_errors.items()))
+    return KafkaError(error.code(), f"{error.str()}: {reasons}")
 
 
 async def _in_daemon_thread(call: Callable[[], T]) -> T:
@@ -118,9 +177,7 @@ class MetadataService:
     async def fetch(self, topic: str | None = None) -> MetadataSnapshot:
         """One metadata request; raises KafkaException when no broker answers in time."""
         client = self._client
-        metadata = await _in_daemon_thread(
-            lambda: client.list_topics(topic=topic, timeout=FETCH_TIMEOUT_S)
-        )
+        metadata = await _in_daemon_thread(lambda: client.list_topics_or_say_why(topic))
         return MetadataSnapshot.from_cluster_metadata(metadata)
 
     async def refresh(self) -> bool:
@@ -155,7 +212,9 @@ class MetadataService:
             except KafkaException as exc:
                 self.fetch_failures += 1
                 delay = self._pause_delay(attempt)
-                log.warning("initial metadata fetch failed (%s); retrying in %.1f s", exc, delay)
+                log.warning(
+                    "initial metadata fetch failed (%s); retrying in %.1f s", why(exc), delay
+                )
                 attempt += 1
                 await self._pause_before_retry(stop, delay)
             else:
@@ -178,14 +237,14 @@ class MetadataService:
             await self._space_on_demand()
 
     @staticmethod
-    def new_client(properties: dict[str, Any]) -> Producer:
+    def new_client(properties: dict[str, Any]) -> MetadataClient:
         """A metadata client for ``properties``; raises KafkaException if librdkafka
         refuses them. A producer that never produces: list_topics(topic) on a producer
         also asks the broker to auto-create the topic, which is how Dory requests topic
         creation."""
-        return Producer({**properties, "allow.auto.create.topics": True})
+        return MetadataClient({**properties, "allow.auto.create.topics": True})
 
-    def use_client(self, client: Producer) -> None:
+    def use_client(self, client: MetadataClient) -> None:
         """A config reload changed the brokers or librdkafka's properties: fetch through
         ``client`` from now on (a fetch under way ends on the old one), and at once."""
         old, self._client = self._client, client
@@ -224,14 +283,12 @@ class MetadataService:
                 return
             await self._look_for(topic)
         except KafkaException as exc:
-            log.warning("creating topic %s failed: %s", topic, exc)
+            log.warning("creating topic %s failed: %s", topic, why(exc))
 
     async def _request_creation(self, topic: str) -> KafkaError | None:
         """The single-topic metadata request; returns the broker's refusal, if it refused."""
         client = self._client
-        metadata = await _in_daemon_thread(
-            lambda: client.list_topics(topic=topic, timeout=FETCH_TIMEOUT_S)
-        )
+        metadata = await _in_daemon_thread(lambda: client.list_topics_or_say_why(topic))
         answer = metadata.topics.get(topic)
         error: KafkaError | None = None if answer is None else answer.error
         if error is None or error.code() in _BEING_CREATED:
@@ -280,7 +337,7 @@ class MetadataService:
             except KafkaException as exc:
                 failures += 1
                 self.fetch_failures += 1
-                log.warning("metadata refresh failed (%s)", exc)
+                log.warning("metadata refresh failed (%s)", why(exc))
             else:
                 failures = 0
 

@@ -11,7 +11,9 @@ Framing and decoding live in ``pydory.wire``, every decision about a message in 
 
 - ``datagram``: the UNIX datagram input;
 - ``stream``: a UNIX stream or TCP listener; ``stream_connection``: one of its connections;
-- ``quotas``: the listeners' connection and rate quotas (pure logic);
+- ``acceptor``: accepting stream connections, and the process's file descriptor limit;
+- ``quotas``: the inputs' connection and rate quotas (pure logic);
+- ``peers``: who is on a socket (the client's uid, for the quotas);
 - ``sockets``: the kernel's side (socket files, limits, what a socket holds unread);
 - ``marks``: the commit point's input marks;
 - ``intake_port``: what the inputs hand their bytes to;

@@ -26,6 +26,8 @@ from pydory.config import Config
 from pydory.config.model import QuotasConfig
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import Transport
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.inputs.acceptor import FdLimit
 from pydory.daemon.inputs.datagram import DatagramInput
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import InputMark, mark_inputs
@@ -63,9 +65,13 @@ class InputSwap:
 class InputSet:
     """The server's input agents (on the event loop only)."""
 
-    def __init__(self, intake: Intake, counters: Counters) -> None:
+    def __init__(self, intake: Intake, counters: Counters, pool: MemoryPool) -> None:
+        """``pool``: the memory pool the stream connections charge partial frames to."""
         self._intake = intake
         self._counters = counters
+        self._pool = pool
+        #: The process's descriptor limit, as every stream listener meets it.
+        self._fd_limit = FdLimit(counters)
         self.datagram: DatagramInput | None = None
         self.streams: list[StreamInput] = []
         #: Stream listeners a reload moved or removed: no longer accepting, still reading
@@ -193,9 +199,11 @@ class InputSet:
             stream_input.set_max_msg_size(limits.max_stream_msg_size)
 
     def set_quotas(self, quotas: QuotasConfig) -> None:
-        """<quotas>: for the configured listeners (a retired one keeps its own)."""
+        """<quotas>: for the configured inputs (a retired listener keeps its own)."""
         for stream_input in self.streams:
             stream_input.set_quotas(quotas)
+        if self.datagram is not None:
+            self.datagram.set_quota(quotas.unix_datagram)
 
     # -- building -----------------------------------------------------------------------
 
@@ -213,6 +221,7 @@ class InputSet:
             limits.max_datagram_msg_size,
             limits.allow_large_unix_datagrams,
             self._intake,
+            quota=config.quotas.unix_datagram,
         )
         datagram_input.start(loop)
         return datagram_input
@@ -232,6 +241,8 @@ class InputSet:
                 mode=source.mode,
                 quotas=config.quotas,
                 counters=self._counters,
+                pool=self._pool,
+                fd_limit=self._fd_limit,
             )
         if config.inputs.tcp.port is None:
             return None
@@ -242,6 +253,8 @@ class InputSet:
             port=config.inputs.tcp.port,
             quotas=config.quotas,
             counters=self._counters,
+            pool=self._pool,
+            fd_limit=self._fd_limit,
         )
 
 

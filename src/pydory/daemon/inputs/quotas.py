@@ -1,6 +1,7 @@
-"""Quotas on the stream and TCP listeners (seed 004's part on Kafka's quotas): pure logic.
+"""Quotas on the inputs (seed 004's part on Kafka's quotas): pure logic.
 
-Two quotas, both per listener and both off unless ``<quotas>`` sets them:
+Two quotas on each stream listener, and a rate quota on the datagram socket, all off
+unless ``<quotas>`` sets them:
 
 - **Connection quota** (Kafka's ``ConnectionQuotas``, per listener): above
   ``maxConnections`` open connections a new one is refused: closed at once and counted.
@@ -11,9 +12,23 @@ Two quotas, both per listener and both off unless ``<quotas>`` sets them:
   message rate is not refused anything; its reads are paused for the throttle time, the
   time it takes for the rate measured over the window to fall back to the quota if the
   client sent nothing more meanwhile. A runaway client is slowed (its writes block on its
-  full socket buffer); it loses nothing, and the other clients never wait for it. A UNIX
-  stream client is its uid (SO_PEERCRED): every connection of one uid on the listener
-  shares one measurement. A TCP client on loopback has no identity but its connection.
+  full socket buffer); it loses nothing, and the other clients never wait for it.
+- **A client is a uid** on every transport (pydory.daemon.inputs.peers: SO_PEERCRED on a
+  UNIX stream, the owner of the client's socket on loopback TCP, SCM_CREDENTIALS on a
+  datagram): every connection of one uid on a listener shares one measurement, so
+  opening eight connections buys a program nothing. Each listener (and the datagram
+  socket) measures its own clients against its own quota: a uid sending on two
+  transports is held to each one's quota apart, as each is sized apart in the config
+  (a TCP listener's IPv4 and IPv6 sockets are one listener). A connection whose uid the
+  kernel does not name is a client of its own.
+- **Datagrams over the quota are discarded** (:class:`DatagramQuota`), counted as
+  ``rate_limit`` discards of their topic, as Dory's per-topic rate limit does, and apart
+  in ``quota_discards_unix_dgram``. Slowing the client, as on a stream, is impossible:
+  one socket carries every client's datagrams, and not reading it would stall them all.
+  Holding the excess in memory would only move the flood into the daemon, and a bounded
+  hold must discard at its bound anyway, later and at a cost. A datagram sender already
+  accepts loss (fire and forget: the kernel drops what a full queue cannot take, and
+  tells no one); here each loss is counted and its topic named.
 
 The throttle is KIP-13's: ``(rate - quota) / quota * window``, i.e. ``total / quota -
 elapsed``, the time it takes for the rate measured over the window to fall back to the
@@ -33,8 +48,8 @@ any T seconds, its long-run rate is its quota, and a client that keeps within it
 (reads no larger than a window's worth) is never throttled.
 
 Rule: nothing here does I/O or reads a clock of its own: the caller passes ``now`` (the
-input agent reads its injected clock), and the input agent does the pausing
-(pydory.daemon.inputs.stream_connection).
+input agent reads its injected clock), and the input agents act: the pausing
+(pydory.daemon.inputs.stream_connection), the discarding (pydory.daemon.inputs.datagram).
 """
 
 from __future__ import annotations
@@ -45,8 +60,12 @@ from dataclasses import dataclass
 
 from pydory.config.model import ClientRate, ListenerQuotas
 
+#: Float rounding forgiven when a datagram exactly fills the window (50 * 0.2 s != 10 s).
+_ROUNDING_S = 1e-9
+
 __all__ = [
     "ClientQuota",
+    "DatagramQuota",
     "ListenerQuota",
     "RateWindow",
 ]
@@ -85,6 +104,19 @@ class RateWindow:
         wait = paid_at - now
         return wait if wait > 0.0 else 0.0
 
+    def fits(self, now: float, amount: float) -> bool:
+        """Whether ``amount`` sent at ``now`` keeps the rate over the window within the
+        quota; if so it is counted, else nothing is (a refused datagram costs nothing)."""
+        paid_at = self.paid_at
+        start = now - self.window_s
+        if paid_at < start:
+            paid_at = start
+        paid_at += amount * self._seconds_per_unit
+        if paid_at > now + _ROUNDING_S:
+            return False
+        self.paid_at = paid_at
+        return True
+
     def rate(self, now: float) -> float:
         """The rate measured over the window at ``now``: what was sent in the last window
         and is not yet paid for, per second of the window. It is back at the quota
@@ -120,6 +152,20 @@ class ClientQuota:
         if self.messages is not None:
             wait = max(wait, self.messages.record(now, messages))
         return wait
+
+    def admits(self, now: float, nbytes: int) -> bool:
+        """Whether one datagram of ``nbytes`` keeps this client within both its rates; if
+        so it is counted in both, else in neither."""
+        bytes_window, messages = self.bytes, self.messages
+        if bytes_window is not None:
+            saved = bytes_window.paid_at
+            if not bytes_window.fits(now, nbytes):
+                return False
+            if messages is not None and not messages.fits(now, 1):
+                bytes_window.paid_at = saved
+                return False
+            return True
+        return messages is None or messages.fits(now, 1)
 
 
 @dataclass
@@ -192,4 +238,55 @@ class ListenerQuota:
     @property
     def clients(self) -> int:
         """Clients with a rate window now (connected and rate limited)."""
+        return len(self._clients)
+
+    def connections_by_client(self) -> dict[Hashable, int]:
+        """Each client with a rate window now, and its connections open on the listener
+        (a uid is ``("uid", n)``; a connection the kernel named no uid for is itself)."""
+        return {key: client.connections for key, client in self._clients.items()}
+
+
+class DatagramQuota:
+    """The rate quota of the datagram socket: one :class:`ClientQuota` per sender's uid,
+    judged per datagram (admitted and counted, or refused and not counted).
+
+    A uid's window is forgotten once it is paid up (it then equals a fresh one), when
+    more than FORGET_ABOVE uids are known: root can claim any uid in its credentials,
+    and must not grow this without bound.
+    """
+
+    FORGET_ABOVE = 1024
+
+    def __init__(self, rate: ClientRate) -> None:
+        if not rate.limited:
+            raise ValueError("a datagram quota needs a byte or message rate")
+        self.rate = rate
+        self._clients: dict[int, ClientQuota] = {}
+        self.discarded = 0
+
+    def admits(self, uid: int, now: float, nbytes: int) -> bool:
+        """Whether the datagram of ``nbytes`` from ``uid`` is within its quota; a
+        refusal is counted in :attr:`discarded`."""
+        client = self._clients.get(uid)
+        if client is None:
+            if len(self._clients) >= self.FORGET_ABOVE:
+                self._forget_paid_up(now)
+            client = self._clients[uid] = ClientQuota(uid, self.rate)
+        if client.admits(now, nbytes):
+            return True
+        self.discarded += 1
+        return False
+
+    def _forget_paid_up(self, now: float) -> None:
+        idle = [
+            uid
+            for uid, client in self._clients.items()
+            if all(w is None or w.rate(now) == 0.0 for w in (client.bytes, client.messages))
+        ]
+        for uid in idle:
+            del self._clients[uid]
+
+    @property
+    def clients(self) -> int:
+        """Senders with a rate window now."""
         return len(self._clients)

@@ -9,10 +9,11 @@
   more. UNIX sockets are first shut for reading, so that a client sending after that
   point gets EPIPE instead of losing its message silently.
 - What is waiting: one poll(2) over many sockets, FIONREAD on one.
-- Who is on a UNIX stream: the peer's uid (SO_PEERCRED), for the rate quota.
 
-Rule: the inputs ask the kernel what a socket holds, what it allows and who is on it only
-through here, and a socket file is replaced or removed only here.
+Who is on a socket (for the quotas) is pydory.daemon.inputs.peers's.
+
+Rule: the inputs ask the kernel what a socket holds and what it allows only through here,
+and a socket file is replaced or removed only here.
 """
 
 from __future__ import annotations
@@ -41,8 +42,14 @@ DRAIN_READ_SIZE = 256 * 1024
 DEFAULT_WMEM_FILE = "/proc/sys/net/core/wmem_default"
 #: The length of a UNIX datagram socket's receive queue, fixed when the socket is created.
 MAX_DGRAM_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
-#: struct ucred (SO_PEERCRED): pid, uid, gid.
-_UCRED = struct.Struct("3i")
+
+
+#: The config elements that name each input's address, for the errors that refuse one.
+TCP_PORT_ELEMENT = "/doryConfig/inputSources/tcp/port"
+_PATH_ELEMENT: dict[int, str] = {
+    socket.SOCK_DGRAM: "/doryConfig/inputSources/unixDatagram/path",
+    socket.SOCK_STREAM: "/doryConfig/inputSources/unixStream/path",
+}
 
 
 def prepare_socket_path(path: str, kind: int) -> None:
@@ -52,11 +59,30 @@ def prepare_socket_path(path: str, kind: int) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    element = _PATH_ELEMENT.get(kind, "")
     if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"socket path {path} exists and is not a socket; refusing to replace it")
+        raise ConfigError(
+            f"socket path {path} exists and is not a socket; refusing to replace it",
+            path=element,
+        )
     if _socket_is_served(path, kind):
-        raise ConfigError(f"socket {path} is in use by another running process (another pydory?)")
+        raise ConfigError(
+            f"socket {path} is in use by another running process (another pydory? stop it, "
+            "or choose another path)",
+            path=element,
+        )
     os.unlink(path)
+
+
+def tcp_port_refused(host: str, port: int, error: OSError) -> ConfigError:
+    """The one line that says the TCP input cannot listen on ``port`` (in use, or not
+    allowed): the config element, the address and the system's reason."""
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    return ConfigError(
+        f"cannot listen for TCP clients on {host} port {port}: {reason} (is another pydory "
+        "or Dory running? choose a free port)",
+        path=TCP_PORT_ELEMENT,
+    )
 
 
 def _socket_is_served(path: str, kind: int) -> bool:
@@ -144,14 +170,3 @@ def readable_fds(fds: Iterable[int]) -> set[int]:
     for fd in fds:
         poller.register(fd, select.POLLIN)
     return {fd for fd, _ in poller.poll(0)}
-
-
-def peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process at the other end of a UNIX socket (SO_PEERCRED); None if
-    the kernel does not say."""
-    try:
-        cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    except OSError:
-        return None
-    uid: int = _UCRED.unpack(cred)[1]
-    return uid

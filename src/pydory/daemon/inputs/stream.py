@@ -1,7 +1,8 @@
-"""A UNIX stream or loopback TCP listener: the asyncio servers whose connections are
+"""A UNIX stream or loopback TCP listener: the listening sockets whose connections are
 StreamInputProtocol (pydory.daemon.inputs.stream_connection).
 
-asyncio's accept loop already backs off on EMFILE/ENFILE. TCP listens on loopback only
+Accepting is pydory.daemon.inputs.acceptor's (in Python, so that the file descriptor
+limit is seen: logged once per episode, counted, backed off). TCP listens on loopback only
 (127.0.0.1, and ::1 where the host has IPv6), never on a wildcard. The listener holds its
 quotas' settings (a reload replaces them) and can be paused and resumed as a whole.
 
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from pydory.config.model import NO_QUOTAS, ListenerQuotas, QuotasConfig
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import Transport
+from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.inputs.acceptor import Acceptor, FdLimit, listen_tcp, listen_unix
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import BacklogMark, ConnectionMark, Pending
 from pydory.daemon.inputs.quotas import ListenerQuota
@@ -36,6 +39,7 @@ from pydory.daemon.inputs.sockets import (
     prepare_socket_path,
     read_buffered,
     remove_socket_file,
+    tcp_port_refused,
     unread_bytes_on,
 )
 from pydory.daemon.inputs.stream_connection import Connections, FrameReader, StreamInputProtocol
@@ -44,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: At shutdown, the longest time spent reading what clients sent before the inputs closed.
 SHUTDOWN_DRAIN_S = 1.0
+#: The budget of a listener's own pool when it is given none (tests, tools): no limit.
+UNBOUNDED_POOL_BYTES = 1 << 62
 
 
 class StreamInput:
@@ -61,20 +67,31 @@ class StreamInput:
         quotas: QuotasConfig = NO_QUOTAS,
         counters: Counters | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pool: MemoryPool | None = None,
+        fd_limit: FdLimit | None = None,
     ) -> None:
         """``quotas``: the ``<quotas>`` section (this listener's part applies);
-        ``counters``: where quota refusals and throttles are counted."""
+        ``counters``: where quota refusals and throttles are counted; ``pool``: the
+        memory pool partial frames are charged to (none: a pool of its own, unbounded);
+        ``fd_limit``: the process's descriptor limit, shared by its listeners (none: one
+        of its own)."""
         self.kind = kind
         self.path = path
         self.port = port
         self._mode = mode
         self._max = max_msg_size
         self._intake = intake
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[Acceptor] = []
+        counters = Counters() if counters is None else counters
+        self._fd_limit = FdLimit(counters) if fd_limit is None else fd_limit
         self._listening_fds: list[int] = []
         self._quota = ListenerQuota(self._quotas_of(quotas))
         self._connections = Connections(
-            kind, self._quota, Counters() if counters is None else counters, clock
+            kind,
+            self._quota,
+            counters,
+            clock,
+            MemoryPool(UNBOUNDED_POOL_BYTES) if pool is None else pool,
         )
 
     def _quotas_of(self, quotas: QuotasConfig) -> ListenerQuotas:
@@ -136,7 +153,7 @@ class StreamInput:
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.path is not None:
             prepare_socket_path(self.path, socket.SOCK_STREAM)
-            server = await loop.create_unix_server(self._protocol, self.path, backlog=1024)
+            server = listen_unix(loop, self._protocol, self.path, self._fd_limit)
             if self._mode is not None:
                 os.chmod(self.path, self._mode)
             self._servers.append(server)
@@ -148,15 +165,18 @@ class StreamInput:
 
     async def _start_tcp(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
         """Loopback only: 127.0.0.1, and ::1 where the host has IPv6. Never a wildcard."""
-        server = await loop.create_server(self._protocol, "127.0.0.1", port, backlog=1024)
+        try:
+            server = listen_tcp(loop, self._protocol, "127.0.0.1", port, self._fd_limit)
+        except OSError as exc:
+            raise tcp_port_refused("127.0.0.1", port, exc) from exc
         self._servers.append(server)
         bound_port = server.sockets[0].getsockname()[1]
         self.port = bound_port
         try:
-            v6 = await loop.create_server(self._protocol, "::1", bound_port, backlog=1024)
+            v6 = listen_tcp(loop, self._protocol, "::1", bound_port, self._fd_limit)
         except OSError as exc:
             if exc.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
-                raise
+                raise tcp_port_refused("::1", bound_port, exc) from exc
             log.info("no IPv6 loopback here; TCP input on 127.0.0.1 only")
         else:
             self._servers.append(v6)
@@ -201,6 +221,7 @@ class StreamInput:
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        self._connections.turns.close()
 
     def _stop_listening(self) -> list[socket.socket]:
         """Stop the loop accepting, keeping each listening socket (and its backlog of
@@ -262,7 +283,7 @@ class StreamInput:
                 return
             with sock:
                 sock.setblocking(False)
-                reader = FrameReader(self.kind, self._max, self._intake)
+                reader = FrameReader(self.kind, self._max, self._intake, self._connections.pool)
                 self._intake.connection_opened(self.kind)
                 read_buffered(sock, reader.feed, deadline)
                 reader.finish()

@@ -6,13 +6,35 @@ an unclean disconnect. The daemon never writes to a client socket.
 
 Quotas (``<quotas>``, pydory.daemon.inputs.quotas has the logic): a connection above
 its listener's limit is refused (closed at once, counted), and a client above its rate
-is slowed by pausing that connection's reads for the throttle time. A connection then
-has two reasons not to be read, kept apart: the input's pause (backpressure, shutdown)
-and its own throttle. Without a rate quota the read path pays one ``if``. A large read
-also yields the loop's turn to the other inputs (``_yield_turn``).
+is slowed by pausing that connection's reads for the throttle time. Without a rate quota
+the read path pays one ``if``.
 
-Rule: a connection is read only when neither the input's pause nor its own throttle
-holds.
+Reads are bounded: a connection reads into its input's ``READ_BYTES`` buffer (an
+``asyncio.BufferedProtocol``), and one whose read filled it waits for its turn
+(pydory.daemon.inputs.turns), so a flooding client cannot hold the loop.
+
+Partial frames count against the memory pool (``maxBuffer``): the bytes a connection
+holds for a frame still arriving are charged as they come (``partial_frame_cost``: all
+beyond the first ``PARTIAL_FRAME_FREE_BYTES``, 16 KiB), and released when the
+frame is whole, just before the intake charges the message. When the pool has no room
+for them, the connection stops being read (its client's bytes wait in the kernel, and
+its writes block, as under the backpressure policy) until the pool has room; if none
+comes within ``PARTIAL_FRAME_WAIT_S``, or if its partial frame alone holds the whole
+budget (it could never be completed), the connection is closed, counted
+(``stream_partial_frame_no_room_<transport>``) and its frame is an unclean disconnect.
+Why wait rather than close at once: a legal frame must get through when there is room,
+and room usually comes back in milliseconds as Kafka acknowledges; why close at all: a
+partial frame that can never get room would otherwise hold its bytes (and its client)
+for ever. Clients of messages up to ``PARTIAL_FRAME_FREE_BYTES`` never wait: their
+partial frames are within that allowance, so the discard policy (Dory's) still never
+blocks them.
+
+A connection thus has four reasons not to be read, kept apart: the input's pause
+(backpressure, shutdown), its rate throttle, waiting for room in the pool, and waiting
+for its turn.
+
+Rule: a connection is read only when none of the input's pause, its throttle, its wait
+for room and its wait for a turn holds.
 """
 
 from __future__ import annotations
@@ -27,32 +49,55 @@ from typing import cast
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import Transport
+from pydory.daemon.books.pool import MemoryPool, partial_frame_cost
 from pydory.daemon.inputs.intake_port import Intake
+from pydory.daemon.inputs.peers import loopback_tcp_owner, peer_uid
 from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota
-from pydory.daemon.inputs.sockets import dup_socket, peer_uid, read_buffered
+from pydory.daemon.inputs.sockets import dup_socket, read_buffered
+from pydory.daemon.inputs.turns import READ_BYTES, ReadTurns
 from pydory.errors import ClientProtocolError
 from pydory.wire import NEED_DATA, StreamFramer
 
 log = logging.getLogger(__name__)
 
-#: A stream read at least this large may have left more behind: the connection then
-#: waits for the loop's next turn before it is read again (see ``_yield_turn``).
-TURN_READ_BYTES = 64 * 1024
+#: How long a connection whose partial frame found no room in the pool waits for room
+#: before it is closed (deliveries normally give memory back within milliseconds).
+PARTIAL_FRAME_WAIT_S = 10.0
+#: At most one WARNING per this many seconds for connections closed for want of room.
+NO_ROOM_LOG_INTERVAL_S = 60.0
 
 
 class FrameReader:
-    """One connection's byte stream, framed into messages for the intake (no I/O)."""
+    """One connection's byte stream, framed into messages for the intake (no I/O), its
+    partial frame charged to the memory pool."""
 
-    __slots__ = ("_framer", "_intake", "_kind", "broken", "frames_read")
+    __slots__ = (
+        "_framer",
+        "_intake",
+        "_kind",
+        "_pool",
+        "broken",
+        "charged",
+        "frames_read",
+        "short_of_memory",
+    )
 
-    def __init__(self, kind: Transport, max_msg_size: int, intake: Intake) -> None:
+    def __init__(
+        self, kind: Transport, max_msg_size: int, intake: Intake, pool: MemoryPool
+    ) -> None:
         self._kind = kind
         self._intake = intake
         self._framer = StreamFramer(max_msg_size)
+        self._pool = pool
         self.broken = False
         self.frames_read = 0  # whole messages framed so far (the rate quota counts them)
+        #: Pool bytes charged now for the partial frame held (``partial_frame_cost``).
+        self.charged = 0
+        #: Set when the pool had no room for the partial frame (charged all the same:
+        #: those bytes are read already); the connection then waits for room.
+        self.short_of_memory = False
 
-    def feed(self, data: bytes) -> bool:
+    def feed(self, data: bytes | memoryview) -> bool:
         """Hand the intake every whole message ``data`` completes; False once the stream
         cannot be framed any more (close the connection)."""
         if self.broken:
@@ -67,18 +112,39 @@ class FrameReader:
         except ClientProtocolError as error:
             # An oversized or nonsensical Size: a buggy client.
             self.broken = True
+            self._release(self.charged)  # nothing is held any more
             if frames:
                 self._intake.frames(frames, self._kind)  # those before it, first
             self._intake.broken_stream(error, self._kind)
             return False
+        cost = partial_frame_cost(framer.buffered)
+        if cost < self.charged:
+            # A frame was completed: its bytes leave the reader before the intake charges
+            # them as a message, so they are never counted twice.
+            self._release(self.charged - cost)
         if frames:
             # Handed over as one burst: the intake counts and books once per burst.
             self.frames_read += len(frames)
             self._intake.frames(frames, self._kind)
+        if cost > self.charged:
+            self._charge(cost - self.charged)
         return True
+
+    def _charge(self, nbytes: int) -> None:
+        pool = self._pool
+        if not pool.try_allocate(nbytes):
+            pool.force_allocate(nbytes)
+            self.short_of_memory = True
+        self.charged += nbytes
+
+    def _release(self, nbytes: int) -> None:
+        if nbytes:
+            self._pool.release(nbytes)
+            self.charged -= nbytes
 
     def finish(self) -> None:
         """The connection ended: a message left incomplete is an unclean disconnect."""
+        self._release(self.charged)
         if not self.broken:
             remainder = self._framer.unclean_remainder()
             if remainder:
@@ -94,6 +160,7 @@ class Connections:
         quota: ListenerQuota,
         counters: Counters,
         clock: Callable[[], float],
+        pool: MemoryPool,
     ) -> None:
         self.kind = kind
         #: The listener's quotas; the connections ask it and count what it decides.
@@ -103,6 +170,15 @@ class Connections:
         self.refused_counter = counter_names.QUOTA_CONNECTIONS_REFUSED[kind]
         self.throttles_counter = counter_names.QUOTA_THROTTLES[kind]
         self.throttled_ms_counter = counter_names.QUOTA_THROTTLED_MS[kind]
+        self.no_room_counter = counter_names.STREAM_PARTIAL_FRAME_NO_ROOM[kind]
+        self.no_room_logged_at = -NO_ROOM_LOG_INTERVAL_S
+        #: Partial frames are charged here (Dory's maxBuffer).
+        self.pool = pool
+        #: The busy connections, taking turns.
+        self.turns = ReadTurns()
+        #: The read buffer of every connection of this input: a read is framed (copied
+        #: out) before the next one, so one buffer serves them all.
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
         #: Connections whose ``connection_made`` has run: their sockets are known.
         self.ready: set[StreamInputProtocol] = set()
         #: Protocols the loop created for a connection it is accepting (uvloop calls the
@@ -143,7 +219,7 @@ class Connections:
         return True
 
 
-class StreamInputProtocol(asyncio.Protocol):
+class StreamInputProtocol(asyncio.BufferedProtocol):
     """One stream connection: frames by Size, hands each frame to the intake."""
 
     def __init__(
@@ -155,7 +231,7 @@ class StreamInputProtocol(asyncio.Protocol):
     ) -> None:
         self._kind = kind
         self._intake = intake
-        self._reader = FrameReader(kind, max_msg_size, intake)
+        self._reader = FrameReader(kind, max_msg_size, intake, connections.pool)
         self._transport: asyncio.Transport | None = None
         self._connections = connections
         # For the commit point's marks (see pydory.daemon.inputs.marks.ConnectionMark).
@@ -168,7 +244,9 @@ class StreamInputProtocol(asyncio.Protocol):
         self._frames_charged = 0
         self._throttle: asyncio.TimerHandle | None = None
         self._refused = False  # closed at once by the connection quota
-        self._next_turn_handle: asyncio.Handle | None = None  # see _yield_turn
+        self._awaiting_turn = False  # paused until its turn (pydory.daemon.inputs.turns)
+        # Waiting for room in the pool: the timer that closes the connection if none comes.
+        self._room_deadline: asyncio.TimerHandle | None = None
         connections.accepting.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -207,13 +285,15 @@ class StreamInputProtocol(asyncio.Protocol):
     # -- the rate quota --------------------------------------------------------------------
 
     def client_key(self) -> object:
-        """Who this client is for its rate quota: its uid on a UNIX socket (every
-        connection of a uid shares one quota), else this connection."""
-        if self._kind is Transport.UNIX_STREAM and self._transport is not None:
-            uid = peer_uid(self._transport.get_extra_info("socket"))
-            if uid is not None:
-                return ("uid", uid)
-        return self
+        """Who this client is for its rate quota: its uid (every connection of a uid on
+        the listener shares one quota): the peer's on a UNIX socket, the owner of the
+        client's socket on loopback TCP (pydory.daemon.inputs.peers); this connection
+        alone if the kernel does not say."""
+        if self._transport is None:
+            return self
+        sock = self._transport.get_extra_info("socket")
+        uid = peer_uid(sock) if self._kind is Transport.UNIX_STREAM else loopback_tcp_owner(sock)
+        return self if uid is None else ("uid", uid)
 
     def attach_quota(self) -> None:
         """Take this client's rate quota from the listener's (again, after a change of
@@ -281,9 +361,12 @@ class StreamInputProtocol(asyncio.Protocol):
             self._transport.pause_reading()
 
     def resume(self) -> None:
-        """Read again, unless the rate quota holds this connection (its timer resumes)."""
+        """Read again, unless the rate quota, a wait for room or a wait for its turn holds
+        this connection (the end of that wait resumes it)."""
         if (
             self._throttle is None
+            and self._room_deadline is None
+            and not self._awaiting_turn
             and self._transport is not None
             and not self._transport.is_closing()
         ):
@@ -293,6 +376,7 @@ class StreamInputProtocol(asyncio.Protocol):
         """Shutdown: hand the intake what the kernel holds for this connection, then close.
         Throttled or not: the quotas only pace reading while the daemon runs."""
         self._end_throttle()
+        self._end_room_wait()
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -302,34 +386,89 @@ class StreamInputProtocol(asyncio.Protocol):
                 read_buffered(sock, self._reader.feed, deadline)
         transport.close()
 
-    def data_received(self, data: bytes) -> None:
-        self.bytes_read += len(data)
-        if not self._reader.feed(data):
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._connections.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.bytes_read += nbytes
+        reader = self._reader
+        if not reader.feed(self._connections.read_buffer[:nbytes]):
             # The stream can't be framed any more: close this connection only.
             assert self._transport is not None
             self._transport.close()
             return
         if self._client is not None:
-            self._charge(len(data))
-        if self._connections.paused:
+            self._charge(nbytes)
+        if reader.short_of_memory:
+            reader.short_of_memory = False
+            self._wait_for_room()
+        elif self._connections.paused:
             self.pause()  # a pause in connection_made does not hold under uvloop (above)
-        elif len(data) >= TURN_READ_BYTES and self._throttle is None:
-            self._yield_turn()
+        elif nbytes == READ_BYTES and self._throttle is None:
+            # A full read: its client may have more waiting; the others read first.
+            if not self._awaiting_turn:
+                self._awaiting_turn = True
+                self._connections.turns.wait_for_turn(self)
+            else:  # resumed early (the input's resume): wait for the turn queued already
+                self.pause()
 
-    def _yield_turn(self) -> None:
-        """A large read: the client may have more waiting, and libuv would read this
-        connection up to 32 times in a row (8 MiB) before the loop serves anything else,
-        so one busy client delayed every other input and the status pages by a quarter of
-        a second. Pause it until the loop's next turn instead: every input gets a read
-        per turn. Costs two epoll_ctl calls per large read, and only under load."""
+    def take_turn(self) -> None:
+        """Its turn has come (pydory.daemon.inputs.turns): read again, unless the input is
+        paused meanwhile (then its resume, or the drain, reads it)."""
+        self._awaiting_turn = False
+        if not self._connections.paused:
+            self.resume()
+
+    # -- partial frames and the pool -------------------------------------------------------
+
+    def _wait_for_room(self) -> None:
+        """The pool had no room for this connection's partial frame: stop reading it until
+        there is room, within PARTIAL_FRAME_WAIT_S; close it at once if its partial frame
+        alone holds the whole budget (no room can ever come for it)."""
+        connections = self._connections
+        if self._reader.charged >= connections.pool.budget:
+            self._close_for_no_room()
+            return
         assert self._transport is not None
         self._transport.pause_reading()
-        self._next_turn_handle = asyncio.get_running_loop().call_soon(self._next_turn)
+        loop = asyncio.get_running_loop()
+        self._room_deadline = loop.call_later(PARTIAL_FRAME_WAIT_S, self._close_for_no_room)
+        connections.pool.when_room(self._room_back)
 
-    def _next_turn(self) -> None:
-        self._next_turn_handle = None
-        if not self._connections.paused:  # else their resume (or the drain) reads it
+    def _room_back(self) -> None:
+        """The pool has room again: read on (unless the input is paused meanwhile)."""
+        if self._room_deadline is not None:
+            self._room_deadline.cancel()
+            self._room_deadline = None
+        if not self._connections.paused:
             self.resume()
+
+    def _close_for_no_room(self) -> None:
+        """No room for this connection's partial frame: close it, counted; the frame is an
+        unclean disconnect (connection_lost), its pool bytes released."""
+        self._end_room_wait()
+        connections = self._connections
+        connections.counters.inc(connections.no_room_counter)
+        now = connections.clock()
+        # Once a minute at most: a hostile client can have hundreds of such connections.
+        if now - connections.no_room_logged_at >= NO_ROOM_LOG_INTERVAL_S:
+            connections.no_room_logged_at = now
+            log.warning(
+                "%s input: closing a connection whose partial frame found no room in the "
+                "memory pool (maxBuffer %d) within %.0f s; counted in %s",
+                self._kind,
+                connections.pool.budget,
+                PARTIAL_FRAME_WAIT_S,
+                connections.no_room_counter,
+            )
+        if self._transport is not None:
+            self._transport.close()
+
+    def _end_room_wait(self) -> None:
+        if self._room_deadline is not None:
+            self._room_deadline.cancel()
+            self._room_deadline = None
+        self._connections.pool.cancel_when_room(self._room_back)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
@@ -339,6 +478,7 @@ class StreamInputProtocol(asyncio.Protocol):
         if self._refused:
             return  # never made: neither opened nor read
         self._end_throttle()
+        self._end_room_wait()
         if self._client is not None:
             self._connections.quota.detach(self._client)
             self._client = None

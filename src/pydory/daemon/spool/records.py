@@ -1,14 +1,26 @@
 """The spool's on-disk format: how records are framed in a segment file, and read back.
 
 Pure: no I/O, no state. A segment is a header (magic ``PDSP``, format version, its id)
-followed by frames, one per record. Format version 2 (written since issue 20)::
+followed by frames, one per record. Format version 3 (written since issue 24)::
 
-    header = "PDSP" | u16 version (2) | u16 reserved (0) | u64 segment id     16 bytes
+    header = "PDSP" | u16 version (3) | u16 reserved (0) | u64 segment id
+             | u64 incarnation | u32 stream | u32 crc32(the 28 bytes before)  32 bytes
     frame  = sync marker FE D5 0C A7 | u32 sequence | u32 body length
              | u32 crc32(body) XOR sequence | body
     body   = u8 flags | i64 timestamp_ms | u32 partition_key
              | u16 topic length | topic (UTF-8) | u32 key length | key
              | u32 value length | value
+
+Version 3 frames are version 2's; the header adds what names each message durably
+(:mod:`pydory.daemon.spool.identity`): the daemon run that wrote the segment
+(``incarnation``, random) and its ``stream``, a number that run gives the segment each
+time it starts numbering frames from 0 (when it is created, and when it is cut back to
+its header). Frame ``n`` of a segment is message ``(incarnation, stream, n)``, unless it
+carries ``FLAG_ORIGIN``: a message replayed from an older segment, whose key field then
+holds the identity it was first given (16 bytes: incarnation, stream, sequence). A header
+whose CRC fails still has readable frames, but no trusted identity: recovery replays
+them under fresh identities (possible duplicates, never another message's name).
+Version 2's header is the first 16 bytes of version 3's (no identity).
 
 All integers are big-endian (as Dory's wire format). ``sequence`` counts the frames of a
 segment from 0 (a segment cut back to its header starts again at 0). The sequence is
@@ -57,10 +69,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 MAGIC = b"PDSP"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 _HEADER = struct.Struct(">4sHHQ")  # magic, version, reserved (0), segment id
-HEADER_BYTES = _HEADER.size  # 16
+HEADER_BYTES_V2 = _HEADER.size  # 16: versions 1 and 2
+_IDENTITY = struct.Struct(">QII")  # version 3: incarnation, stream, crc32(header before it)
+HEADER_BYTES = HEADER_BYTES_V2 + _IDENTITY.size  # 32: version 3
 SYNC_MARKER = b"\xfe\xd5\x0c\xa7"
 _FRAME = struct.Struct(">4sIII")  # sync marker, sequence, body length, crc32(body) ^ sequence
 FRAME_HEADER_BYTES = _FRAME.size  # 16
@@ -77,7 +91,11 @@ FLAG_PARTITION_KEY = 0x01
 #: value, timestamp and partition key inside), topic and key empty: what the daemon's
 #: write-ahead spools, since framing bytes costs a tenth of decoding them.
 FLAG_PAYLOAD = 0x02
-_KNOWN_FLAGS = FLAG_PARTITION_KEY | FLAG_PAYLOAD
+#: A payload frame replayed from an older segment: its key field holds the identity the
+#: message was first given (``ORIGIN_BYTES``), which it keeps (version 3).
+FLAG_ORIGIN = 0x04
+ORIGIN_BYTES = 16
+_KNOWN_FLAGS = FLAG_PARTITION_KEY | FLAG_PAYLOAD | FLAG_ORIGIN
 MAX_TOPIC_BYTES = 2**16 - 1
 MAX_PARTITION_KEY = 2**32 - 1
 
@@ -151,15 +169,23 @@ _PAYLOAD_HEAD = _BODY_HEAD.pack(FLAG_PAYLOAD, 0, 0, 0) + _U32.pack(0)  # no topi
 _PAYLOAD_HEAD_CRC = zlib.crc32(_PAYLOAD_HEAD)
 
 
-def encode_payloads(payloads: Sequence[bytes], first_sequence: int = 0) -> bytes:
+def encode_payloads(
+    payloads: Sequence[bytes],
+    first_sequence: int = 0,
+    origins: Sequence[bytes | None] | None = None,
+) -> bytes:
     """Client messages as read (opaque bytes), one frame each numbered from
-    ``first_sequence``, ready for one write.
+    ``first_sequence``, ready for one write. ``origins`` (replayed messages): the identity
+    each was first given (``ORIGIN_BYTES`` each, None for none), kept in its frame
+    (``FLAG_ORIGIN``).
 
     The daemon's hot path: no decoding, one CRC per message over bytes already in hand,
     and as many ``pack`` calls as version 1 made (the marker and the sequence go into
     the pack of the frame header that version 1 made anyway).
     They come back from ``recover()`` as records with ``is_payload`` set.
     """
+    if origins is not None:
+        return _encode_replayed(payloads, first_sequence, origins)
     parts: list[bytes] = []
     append = parts.append
     crc32, pack_length, pack_frame = zlib.crc32, _U32.pack, _FRAME.pack
@@ -174,6 +200,24 @@ def encode_payloads(payloads: Sequence[bytes], first_sequence: int = 0) -> bytes
         append(length)
         append(payload)
         sequence += 1
+    return b"".join(parts)
+
+
+def _encode_replayed(
+    payloads: Sequence[bytes], first_sequence: int, origins: Sequence[bytes | None]
+) -> bytes:
+    """:func:`encode_payloads` with each message's first identity in its key field."""
+    if len(origins) != len(payloads) or any(o and len(o) != ORIGIN_BYTES for o in origins):
+        raise ValueError(f"one origin of {ORIGIN_BYTES} bytes (or None) per payload expected")
+    replayed = _BODY_HEAD.pack(FLAG_PAYLOAD | FLAG_ORIGIN, 0, 0, 0) + _U32.pack(ORIGIN_BYTES)
+    parts: list[bytes] = []
+    numbered = enumerate(zip(payloads, origins, strict=True), first_sequence)
+    for sequence, (payload, origin) in numbered:
+        head = _PAYLOAD_HEAD if origin is None else replayed + origin
+        body = b"".join((head, _U32.pack(len(payload)), payload))
+        crc = zlib.crc32(body)
+        parts.append(_FRAME.pack(SYNC_MARKER, sequence, len(body), crc ^ sequence))
+        parts.append(body)
     return b"".join(parts)
 
 
@@ -315,9 +359,13 @@ def _record_in(data: bytes, start: int, end: int, topics: dict[bytes, str]) -> S
     if position + value_length != end:
         return None
     if flags & FLAG_PAYLOAD:
-        if topic_length or key_length or flags & FLAG_PARTITION_KEY:
+        origin_length = ORIGIN_BYTES if flags & FLAG_ORIGIN else 0
+        if topic_length or key_length != origin_length or flags & FLAG_PARTITION_KEY:
             return None
-        return SpoolRecord("", b"", data[position:end], 0, None, is_payload=True)
+        # A replayed message's key field is its first identity (FLAG_ORIGIN).
+        return SpoolRecord("", key, data[position:end], 0, None, is_payload=True)
+    if flags & FLAG_ORIGIN:
+        return None
     topic = topics.get(topic_bytes)
     if topic is None:
         try:
@@ -452,9 +500,28 @@ def min_frame_bytes(version: int) -> int:
 # --- the segment header -----------------------------------------------------------------------
 
 
-def encode_header(segment_id: int) -> bytes:
-    """A new segment file's header: the magic, this format's version and its id."""
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, segment_id)
+def encode_header(segment_id: int, incarnation: int = 0, stream: int = 0) -> bytes:
+    """A new segment file's header: the magic, this format's version, its id, and the
+    identity of its frames (the run that writes it, the stream it numbers them in)."""
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, segment_id)
+    identity = struct.pack(">QI", incarnation, stream)
+    return head + identity + _U32.pack(zlib.crc32(identity, zlib.crc32(head)))
+
+
+def header_bytes(version: int) -> int:
+    """The bytes of a segment header of ``version`` (where its frames begin)."""
+    return HEADER_BYTES if version >= 3 else HEADER_BYTES_V2
+
+
+def header_identity(header: bytes) -> tuple[int, int] | None:
+    """``(incarnation, stream)`` of a version 3 header whose CRC holds; None otherwise
+    (an older version, or a damaged header: its frames get fresh identities)."""
+    if len(header) < HEADER_BYTES or header_version(header) < 3:
+        return None
+    incarnation, stream, crc = _IDENTITY.unpack_from(header, HEADER_BYTES_V2)
+    if zlib.crc32(header[: HEADER_BYTES - 4]) != crc:
+        return None
+    return incarnation, stream
 
 
 class HeaderProblem(NamedTuple):
@@ -474,13 +541,16 @@ def header_problem(header: bytes) -> HeaderProblem | None:
     """What is wrong with a segment's header, or None if it is good."""
     if len(header) == 0:
         return HeaderProblem("empty file", cut=True)
-    if len(header) < HEADER_BYTES:
+    if len(header) < HEADER_BYTES_V2:
         return HeaderProblem(f"cut inside its header ({len(header)} bytes)", cut=True)
-    magic, version, _reserved, _segment_id = _HEADER.unpack(header)
+    magic, version, _reserved, _segment_id = _HEADER.unpack_from(header)
+    if version >= 3 and len(header) < HEADER_BYTES and magic == MAGIC:
+        return HeaderProblem(f"cut inside its header ({len(header)} bytes)", cut=True)
     if magic != MAGIC:
         return HeaderProblem("not a spool segment (bad magic)")
     if version not in READABLE_VERSIONS:
-        reads = " and ".join(str(v) for v in READABLE_VERSIONS)
+        *before, last = (str(v) for v in READABLE_VERSIONS)
+        reads = f"{', '.join(before)} and {last}"
         return HeaderProblem(
             f"format version {version} (this pydory reads {reads})",
             newer=version > FORMAT_VERSION,
@@ -490,11 +560,11 @@ def header_problem(header: bytes) -> HeaderProblem | None:
 
 def header_version(header: bytes) -> int:
     """The format version a good header names (see :func:`header_problem`)."""
-    version: int = _HEADER.unpack(header)[1]
+    version: int = _HEADER.unpack_from(header)[1]
     return version
 
 
 def header_segment_id(header: bytes) -> int:
     """The segment id a good header names (see :func:`header_problem`)."""
-    segment_id: int = _HEADER.unpack(header)[3]
+    segment_id: int = _HEADER.unpack_from(header)[3]
     return segment_id

@@ -10,6 +10,11 @@ Each damaged region becomes a :class:`CorruptRegion`: how many messages it held 
 from the sequence numbers, whenever a good frame or a readable header follows the damage),
 and a copy of its bytes in ``corrupt/`` beside the segments for the operator.
 
+Frames the segment's acknowledgement mark says were settled are not replayed (counted in
+``acknowledged``: :mod:`pydory.daemon.spool.acks`); every other frame comes with the
+identity it was first given (:mod:`pydory.daemon.spool.identity`), so its replay is
+named as its first send was.
+
 Nothing here raises for damage or for a disk that refuses a write (a full disk must not
 stop a start): a repair or a copy that fails is reported in the :class:`RecoveryReport`,
 a segment that cannot be read is left in place for the next start. The :class:`Spool
@@ -26,6 +31,7 @@ import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
+from pydory.daemon.spool.acks import ACK_HEADER_BYTES, ACK_RECORD_BYTES, read_ack_mark
 from pydory.daemon.spool.corrupt import (
     CORRUPT_COPY_BYTES,
     CORRUPT_DIRECTORY,
@@ -33,9 +39,11 @@ from pydory.daemon.spool.corrupt import (
     CorruptRegion,
 )
 from pydory.daemon.spool.errors import SpoolError
+from pydory.daemon.spool.identity import pack_origin
 from pydory.daemon.spool.records import (
     FORMAT_VERSION,
     HEADER_BYTES,
+    HEADER_BYTES_V2,
     MIN_FRAME_BYTES,
     SYNC_MARKER,
     FrameCheck,
@@ -44,6 +52,8 @@ from pydory.daemon.spool.records import (
     check_frame,
     find_frame_start,
     frame_header_bytes,
+    header_bytes,
+    header_identity,
     header_problem,
     header_segment_id,
     header_version,
@@ -51,6 +61,9 @@ from pydory.daemon.spool.records import (
     search_overlap,
     whole_frame_with_a_bad_length,
 )
+
+#: A record read back, with the identity it was first given (packed; None: unknown).
+RecoveredRecord = tuple[SpoolRecord, "bytes | None"]
 
 RECOVERY_CHUNK_BYTES = 1024 * 1024
 """Recovery reads a segment this much at a time (more only for a single larger frame)."""
@@ -86,6 +99,8 @@ class RecoveryReport:
     corrupt_bytes: int = 0
     unreadable_segments: int = 0
     problems_not_listed: int = 0
+    acknowledged: int = 0
+    """Frames not replayed: their segment's acknowledgement mark says they settled."""
 
     def note(self, line: str) -> None:
         """Add a problem line, or count it once the list is full."""
@@ -124,7 +139,7 @@ class SegmentRecovery:
         """Segment files awaiting replay: found and not yet deleted."""
         return len(self.found) + len(self._recovered)
 
-    def records(self, on_corrupt: OnCorrupt | None = None) -> Iterator[SpoolRecord]:
+    def records(self, on_corrupt: OnCorrupt | None = None) -> Iterator[RecoveredRecord]:
         """Every record of the found segments, oldest segment first (``Spool.recover()``);
         ``on_corrupt`` hears of each damaged region as it is found."""
         while self.found:
@@ -134,7 +149,7 @@ class SegmentRecovery:
 
     def _segment_records(
         self, segment_id: int, path: str, on_corrupt: OnCorrupt | None
-    ) -> Iterator[SpoolRecord]:
+    ) -> Iterator[RecoveredRecord]:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -175,6 +190,7 @@ class SegmentRecovery:
                 self.report.note(str(error))
                 continue
             self.bytes_on_disk -= size
+            _remove_mark(path)
 
     # -- what a segment read reports -------------------------------------------------------
 
@@ -234,6 +250,7 @@ class SegmentRecovery:
             error = self._error("cannot remove it", exc)
             self.report.note(f"{name}: {reason}: {error}")
             return
+        _remove_mark(path)
         self.report.removed_segments += 1
         self.report.truncated_bytes += size
         self.report.note(f"{name}: {reason}: removed")
@@ -261,8 +278,9 @@ class _SegmentRead:
         self.window = _Window(fd, os.fstat(fd).st_size)
         self.version = FORMAT_VERSION
         self.topics: dict[bytes, str] = {}
+        self.identity: tuple[int, int] | None = None  # (incarnation, stream) of its header
 
-    def run(self) -> Generator[SpoolRecord, None, bool]:
+    def run(self) -> Generator[RecoveredRecord, None, bool]:
         """Yield the segment's records; return whether it stays pending deletion (False:
         removed here, or left in place for a newer pydory)."""
         size = self.window.size
@@ -271,15 +289,19 @@ class _SegmentRead:
         if problem is not None and problem.cut:  # its creation was cut: no frame in it
             self.recovery.remove(self.fd, self.path, size, problem.reason)
             return False
-        first_is_v2 = read_exactly(self.fd, len(SYNC_MARKER), HEADER_BYTES) == SYNC_MARKER
+        marker = len(SYNC_MARKER)
+        first_is_v3 = read_exactly(self.fd, marker, HEADER_BYTES) == SYNC_MARKER
+        first_is_v2 = read_exactly(self.fd, marker, HEADER_BYTES_V2) == SYNC_MARKER
         if problem is None:
-            # A version 2 marker right after the header outweighs a damaged version field.
-            self.version = 2 if first_is_v2 else header_version(header)
+            # A marker right after the header outweighs a damaged version field.
+            marked = 3 if first_is_v3 else 2 if first_is_v2 else None
+            self.version = marked or header_version(header)
+            self.identity = header_identity(header) if self.version >= 3 else None
             header_id = header_segment_id(header)
             if header_id != self.segment_id:  # renamed by hand, most likely: frames still good
                 self.report.note(f"{self.name}: its header names segment {header_id}")
         else:
-            version = 2 if first_is_v2 else self._sniff()
+            version = 3 if first_is_v3 else 2 if first_is_v2 else self._sniff()
             if version is None and problem.newer:  # leave it for a newer pydory
                 self.report.note(f"{self.name}: {problem.reason}: left in place")
                 self.recovery.bytes_on_disk -= size
@@ -294,28 +316,47 @@ class _SegmentRead:
             self.version = version
             self.report.note(f"{self.name}: {problem.reason}; frames read as version {version}")
         self.report.segments += 1
-        yield from self._frames()
+        yield from self._unsettled_frames()
         return True
+
+    def _unsettled_frames(self) -> Iterator[RecoveredRecord]:
+        """The frames its mark does not say settled, each with its identity."""
+        size_limit = ACK_HEADER_BYTES + ACK_RECORD_BYTES * (self.window.size // MIN_FRAME_BYTES)
+        acked, problem = read_ack_mark(self.path, self.segment_id, self.identity, size_limit)
+        if problem is not None:
+            self.report.note(problem)
+        identity, report = self.identity, self.report
+        for sequence, record in self._frames():
+            if sequence is not None and acked.starts and acked.covers(sequence):
+                report.acknowledged += 1
+                continue
+            if record.is_payload and record.key:  # replayed before: its first identity
+                yield record, record.key
+            elif identity is None or sequence is None:
+                yield record, None
+            else:
+                yield record, pack_origin(identity[0], identity[1], sequence)
 
     def _sniff(self) -> int | None:
         """The format of a segment whose header is damaged: 2 if a good version 2 frame is
         anywhere in it, 1 if a good version 1 frame follows the header, else None."""
         self.version = 2
-        scan = HEADER_BYTES
+        scan = HEADER_BYTES_V2
         while (candidate := self._find_candidate(scan)) is not None:
             if self._check_at(candidate).record is not None:
                 return 2
             scan = candidate + 1
         self.version = 1
-        if self._check_at(HEADER_BYTES).record is not None:
+        if self._check_at(HEADER_BYTES_V2).record is not None:
             return 1
         return None
 
     # -- the frames ----------------------------------------------------------------------
 
-    def _frames(self) -> Iterator[SpoolRecord]:
+    def _frames(self) -> Iterator[tuple[int | None, SpoolRecord]]:
+        """Every good frame, with its sequence (None in version 1)."""
         window, report = self.window, self.report
-        position = HEADER_BYTES
+        position = header_bytes(self.version)
         expected: int | None = 0 if self.version != 1 else None
         wanted = RECOVERY_CHUNK_BYTES
         while position < window.size:
@@ -330,7 +371,7 @@ class _SegmentRead:
             )
             for record in decoder.records():
                 report.records += 1
-                yield record
+                yield (None if decoder.sequence is None else decoder.sequence - 1), record
             position, expected = window.start + decoder.offset, decoder.sequence
             wanted = RECOVERY_CHUNK_BYTES
             if decoder.problem is None:
@@ -497,6 +538,12 @@ class _Window:
         if len(more) < wanted_end - self.end:  # shrunk while being read: its end is here
             self.size = self.end + len(more)
         self.data += more
+
+
+def _remove_mark(segment_path: str) -> None:
+    """A segment is gone: so is its acknowledgement mark (a stale one would be ignored)."""
+    with contextlib.suppress(OSError):
+        os.unlink(segment_path.removesuffix(".spool") + ".acks")
 
 
 def read_exactly(fd: int, count: int, offset: int) -> bytes:

@@ -18,7 +18,10 @@ cuts the torn frame, and finds its way past a damaged one (a bad disk, a power c
 A segment is deleted once every message in it is settled. The segment being written is
 never deleted while it is current: when all its messages are settled it is truncated
 back to its header instead (no replay of settled messages after a crash, no new file
-per burst at low rates), and deleted when it rotates or at ``close()``.
+per burst at low rates), under a new stream number (its frames' identities start
+afresh: :mod:`pydory.daemon.spool.identity`), and deleted when it rotates or at
+``close()``. Settled frames of a segment still in use are marked in its side file
+(:mod:`pydory.daemon.spool.acks`), so a crash replays only the others.
 
 Rule: the only code that holds the spool directory's lock, names its segment files,
 applies the fsync policy, and writes, truncates or deletes this run's segments.
@@ -37,7 +40,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from pydory.daemon.spool.acks import ACK_SUFFIX, AckMarks
 from pydory.daemon.spool.errors import SpoolError, SpoolFull, SpoolInUse
+from pydory.daemon.spool.identity import new_incarnation
+from pydory.daemon.spool.lock_pid import read_pid, write_pid
 from pydory.daemon.spool.records import (
     HEADER_BYTES,
     SEQUENCES_PER_SEGMENT,
@@ -49,6 +55,7 @@ from pydory.daemon.spool.records import (
 )
 from pydory.daemon.spool.recovery import (
     OnCorrupt,
+    RecoveredRecord,
     RecoveryReport,
     SegmentRecovery,
     read_exactly,
@@ -58,6 +65,7 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = "LOCK"
 SEGMENT_NAME = re.compile(r"segment-([0-9]{20})\.spool", re.ASCII)
+ACK_NAME = re.compile(r"segment-([0-9]{20})" + re.escape(ACK_SUFFIX), re.ASCII)
 
 
 @dataclass(slots=True)
@@ -70,6 +78,7 @@ class _Segment:
     outstanding: int = 0
     fd: int | None = None  # open while it is the current segment
     next_sequence: int = 0  # the sequence of the next frame appended to it
+    stream: int = 0  # its frames' stream (in its header): new when it is cut back
 
 
 class Spool:
@@ -93,6 +102,7 @@ class Spool:
         max_bytes: int,
         fsync_interval_ms: int | None,
         clock: Callable[[], float] = time.monotonic,
+        incarnation: int | None = None,
     ) -> None:
         if segment_bytes < 1 or max_bytes < 1:
             raise ValueError("segment_bytes and max_bytes must be positive")
@@ -103,6 +113,12 @@ class Spool:
         self.max_bytes = max_bytes
         self.fsync_interval_ms = fsync_interval_ms
         self._clock = clock
+        #: This run, in its segments' headers (the identity of their messages).
+        self.incarnation = new_incarnation() if incarnation is None else incarnation
+        self._next_stream = 1
+        self._acks = AckMarks(self.incarnation)
+        #: ``(stream, first sequence)`` of the last append's frames.
+        self.last_identity = (0, 0)
         self._lock_fd: int | None = None
         self._recovery = SegmentRecovery(directory, self._error, self._make_durable)
         self._segments: dict[int, _Segment] = {}  # this run's segments, by id
@@ -144,13 +160,13 @@ class Spool:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_pid(lock_fd)
+            holder = read_pid(lock_fd)
             os.close(lock_fd)
             raise SpoolInUse(self.directory, f" (pid {holder})" if holder else "") from None
         except OSError as exc:
             os.close(lock_fd)
             raise self._error(f"cannot lock spool directory [{self.directory}]", exc) from exc
-        self._write_pid(lock_fd)
+        write_pid(lock_fd, os.path.join(self.directory, LOCK_FILE))
         try:
             found = self._scan()
         except OSError as exc:
@@ -158,31 +174,15 @@ class Spool:
             raise self._error(f"cannot read spool directory [{self.directory}]", exc) from exc
         self._lock_fd = lock_fd
         self._recovery.found = found
-        self._next_id = found[-1][0] + 1 if found else 1
-
-    def _write_pid(self, lock_fd: int) -> None:
-        """The holder's pid in LOCK, for the message a second daemon prints. Advisory
-        only (the flock is the lock), so a disk that refuses it (full) is logged, not
-        fatal. Written over the old pid before the file is cut to length: a file that had
-        a pid needs no new block then."""
-        pid = f"{os.getpid()}\n".encode()
-        try:
-            os.pwrite(lock_fd, pid, 0)
-            os.ftruncate(lock_fd, len(pid))
-        except OSError as exc:
-            with contextlib.suppress(OSError):  # no stale pid, then (a cut needs no space)
-                os.ftruncate(lock_fd, 0)
-            log.warning(
-                "spool: cannot write the pid into [%s] (%s); the directory is locked anyway",
-                os.path.join(self.directory, LOCK_FILE),
-                exc.strerror or exc,
-            )
+        self._next_id = max(self._next_id, found[-1][0] + 1 if found else 1)
 
     def _scan(self) -> list[tuple[int, str]]:
-        found = []
+        found, marks = [], {}
         for name in os.listdir(self.directory):
             match = SEGMENT_NAME.fullmatch(name)
             if match is None:
+                if (mark := ACK_NAME.fullmatch(name)) is not None:
+                    marks[int(mark.group(1))] = os.path.join(self.directory, name)
                 continue
             path = os.path.join(self.directory, name)
             try:
@@ -192,6 +192,11 @@ class Spool:
             found.append((int(match.group(1)), path))
             self._recovery.bytes_on_disk += size
         found.sort()
+        for segment_id in marks.keys() - {segment_id for segment_id, _ in found}:
+            with contextlib.suppress(OSError):  # a mark whose segment is gone
+                os.unlink(marks[segment_id])
+        if marks:  # never reuse the id of a segment whose mark may linger
+            self._next_id = max(marks) + 1
         return found
 
     def close(self) -> None:
@@ -211,6 +216,8 @@ class Spool:
             except SpoolError as exc:
                 failure = exc
             self._retire(current)
+        self.fsyncs_total += self._acks.fsync() if self.fsync_interval_ms is not None else 0
+        self._acks.close()
         for segment in list(self._segments.values()):
             if segment.outstanding == 0:
                 try:
@@ -248,6 +255,14 @@ class Spool:
         A segment fully read is pending replay: ``finish_recovery()`` deletes it.
         """
         self._require_open()
+        for record, _origin in self._recovery.records(on_corrupt):
+            yield record
+
+    def recover_identified(self, on_corrupt: OnCorrupt | None = None) -> Iterator[RecoveredRecord]:
+        """:meth:`recover`, each record with the identity it was first given (packed:
+        :func:`pydory.daemon.spool.identity.pack_origin`; None when its segment names
+        none). Frames its segment's mark says were settled are skipped (and counted)."""
+        self._require_open()
         yield from self._recovery.records(on_corrupt)
 
     @property
@@ -281,9 +296,13 @@ class Spool:
         """
         return self._append_encoded(functools.partial(encode_records, records), len(records))
 
-    def append_payloads(self, payloads: Sequence[bytes]) -> int:
-        """:meth:`append` for client messages as read (see :func:`encode_payloads`)."""
-        return self._append_encoded(functools.partial(encode_payloads, payloads), len(payloads))
+    def append_payloads(
+        self, payloads: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> int:
+        """:meth:`append` for client messages as read (see :func:`encode_payloads`);
+        ``origins``: replayed messages' first identities, kept in their frames."""
+        encode = functools.partial(encode_payloads, payloads, origins=origins)
+        return self._append_encoded(encode, len(payloads))
 
     def _append_encoded(self, encode: Callable[[int], bytes], count: int) -> int:
         """Append the frames ``encode(first sequence)`` makes for ``count`` messages."""
@@ -335,6 +354,7 @@ class Spool:
                 self._cut_back(current, before)
                 self._retire(current)
                 raise
+        self.last_identity = (current.stream, current.next_sequence)
         current.next_sequence += count
         current.outstanding += count
         self._outstanding += count
@@ -343,6 +363,10 @@ class Spool:
         return current.id
 
     def read_payloads(self, segment_id: int, start: int, end: int) -> list[bytes]:
+        """:meth:`read_frames`' messages."""
+        return [record.value for record in self.read_frames(segment_id, start, end)]
+
+    def read_frames(self, segment_id: int, start: int, end: int) -> list[SpoolRecord]:
         """The client messages an earlier ``append_payloads`` wrote at ``[start, end)`` of
         ``segment_id`` (its ``last_append``), read back from the file: for messages kept
         on disk only while memory was short. Raises SpoolError if they cannot be read
@@ -363,7 +387,7 @@ class Spool:
             raise SpoolError(
                 f"spool segment {segment.path} at [{start}, {end}): {problem or 'not payloads'}"
             )
-        return [record.value for record in records]
+        return records
 
     def maybe_fsync(self) -> bool:
         """fsync the current segment if the interval policy says it is time (written to
@@ -373,6 +397,7 @@ class Spool:
             return False
         if not self.fsync_interval_ms:  # never, or always (then nothing is ever dirty)
             return False
+        self.fsyncs_total += self._acks.fsync()
         if (self._clock() - self._last_fsync) * 1000 < self.fsync_interval_ms:
             return False
         current = self._current
@@ -405,6 +430,19 @@ class Spool:
             self._reset(segment)
         else:
             self._delete(segment)
+
+    def acknowledge(self, segment_id: int, stream: int, ranges: list[tuple[int, int]]) -> None:
+        """Frames ``ranges`` (first sequence, count) of ``stream`` of a segment settled:
+        marked, so a crash does not replay them. Nothing to mark once the segment is
+        gone or cut back to its header (a new stream). Never raises (best effort)."""
+        segment = self._segments.get(segment_id)
+        if segment is not None and segment.stream == stream and segment.outstanding:
+            self._acks.mark(segment_id, segment.path, stream, ranges)
+
+    @property
+    def acknowledgement_records(self) -> int:
+        """Acknowledgement mark records written since open()."""
+        return self._acks.records_written
 
     # --- sensors ------------------------------------------------------------------------------
 
@@ -449,7 +487,8 @@ class Spool:
             raise self._error(f"cannot create spool segment [{path}]", exc) from exc
         self._next_id += 1  # an id is never reused, even for a file that failed
         try:
-            header = encode_header(segment_id)
+            stream, self._next_stream = self._next_stream, self._next_stream + 1
+            header = encode_header(segment_id, self.incarnation, stream)
             if os.write(fd, header) != len(header):  # only a full disk writes short here
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # noqa: TRY301
             if self.fsync_interval_ms is not None:
@@ -463,7 +502,7 @@ class Spool:
             with contextlib.suppress(OSError):  # else the next recovery removes it
                 os.unlink(path)
             raise self._error(f"cannot create spool segment [{path}]", exc) from exc
-        segment = _Segment(segment_id, path, HEADER_BYTES, fd=fd)
+        segment = _Segment(segment_id, path, HEADER_BYTES, fd=fd, stream=stream)
         self._segments[segment_id] = segment
         self._live_bytes += HEADER_BYTES
         self._current = segment
@@ -514,12 +553,19 @@ class Spool:
             self._current = None
 
     def _reset(self, segment: _Segment) -> None:
-        """Cut the current segment back to its header: all its messages are settled."""
+        """Cut the current segment back to a new header: all its messages are settled. A
+        new stream: the next frame 0 is another message than the last one's frame 0 (a
+        crash between the cut and the header leaves an empty file, removed at start)."""
         assert segment.fd is not None
         if segment.size == HEADER_BYTES:
             return
+        self._acks.forget(segment.id, segment.path)
+        stream, self._next_stream = self._next_stream, self._next_stream + 1
+        header = encode_header(segment.id, self.incarnation, stream)
         try:
-            os.ftruncate(segment.fd, HEADER_BYTES)
+            os.ftruncate(segment.fd, 0)
+            if os.write(segment.fd, header) != len(header):  # O_APPEND: at 0
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # noqa: TRY301
         except OSError as exc:
             self._retire(segment)
             self._delete(segment)
@@ -527,10 +573,12 @@ class Spool:
         self._live_bytes -= segment.size - HEADER_BYTES
         segment.size = HEADER_BYTES
         segment.next_sequence = 0  # what recovery expects after the header
+        segment.stream = stream
 
     def _delete(self, segment: _Segment) -> None:
         if segment.fd is not None:
             self._retire(segment)
+        self._acks.forget(segment.id, segment.path)
         try:
             os.unlink(segment.path)
         except FileNotFoundError:
@@ -539,14 +587,6 @@ class Spool:
             raise self._error(f"cannot delete spool segment [{segment.path}]", exc) from exc
         del self._segments[segment.id]
         self._live_bytes -= segment.size
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
 
 
 def _fsync_directory(directory: str) -> None:

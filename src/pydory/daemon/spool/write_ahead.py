@@ -13,6 +13,13 @@ every accepted message already carries to its outcome. ``close(token, n)`` then 
 that are never accepted (malformed, too long, rate limited...) are settled when the burst
 ends: they are reported by then.
 
+Each message of a burst is named where it was written (``identity``: its segment's stream,
+its frame number; a replayed message keeps the name it was first given), and its name
+goes to Kafka with it (``begin_burst`` returns the headers). The tokens are also the
+groups whose settled frames are marked in the spool (``acks.SettledGroups``): a burst
+joins the group of its first accepted message, and a crash replays only the frames of
+groups not wholly settled.
+
 When the spool cannot take a burst (its size cap, a full or failing disk), the burst is
 processed without the write-ahead, counted (``spool_unprotected`` messages), and the
 caller's overload policy decides whether the inputs pause until the spool has room.
@@ -37,8 +44,10 @@ from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.commit_point import CommitPoint
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import DiscardReason
+from pydory.daemon.spool.acks import SettledGroups
 from pydory.daemon.spool.corrupt import CorruptRegion
 from pydory.daemon.spool.errors import SpoolError
+from pydory.daemon.spool.identity import Headers, MessageIds
 from pydory.daemon.spool.records import SpoolRecord
 from pydory.daemon.spool.recovery import RecoveryReport
 from pydory.daemon.spool.segments import Spool
@@ -70,10 +79,14 @@ class SpoolWriter(Protocol):
     """The part of :class:`pydory.daemon.spool.segments.Spool` the write-ahead uses."""
 
     last_append: tuple[int, int]
+    last_identity: tuple[int, int]
 
-    def append_payloads(self, payloads: Sequence[bytes]) -> int: ...
-    def read_payloads(self, segment_id: int, start: int, end: int) -> list[bytes]: ...
+    def append_payloads(
+        self, payloads: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> int: ...
+    def read_frames(self, segment_id: int, start: int, end: int) -> list[SpoolRecord]: ...
     def settle(self, segment_id: int, count: int) -> None: ...
+    def acknowledge(self, segment_id: int, stream: int, ranges: list[tuple[int, int]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +99,8 @@ class _DeferredBurst:
     end: int
     count: int
     generation: int
+    stream: int
+    first: int
 
 
 class WriteAhead:
@@ -97,8 +112,10 @@ class WriteAhead:
         spool: SpoolWriter,
         counters: Counters,
         on_spool_trouble: Callable[[SpoolError], None] = lambda error: None,
+        ids: MessageIds | None = None,
     ) -> None:
-        """``on_spool_trouble`` hears every refused write (the overload policy's cue)."""
+        """``on_spool_trouble`` hears every refused write (the overload policy's cue);
+        ``ids`` names the messages (the daemon's; a headerless one by default)."""
         self._commit_point = commit_point
         self._spool = spool
         self._counters = counters
@@ -106,6 +123,10 @@ class WriteAhead:
         self._segment = 0  # the segment of the burst being admitted; 0 outside a burst
         self._burst_size = 0
         self._opened = 0
+        self._ids = ids if ids is not None else MessageIds("-", 1, headers=False)
+        self._stream = self._first = 0  # where the burst's frames are, in its segment
+        self._burst_token = 0  # the group the burst joined (its first accepted message's)
+        self._groups: SettledGroups | None = SettledGroups(spool.acknowledge)
         self._failing = False  # log a spool problem once per episode, not per burst
         self._deferred: collections.deque[_DeferredBurst] = collections.deque()
         #: While a deferred burst is admitted: the generation its messages already hold.
@@ -115,12 +136,16 @@ class WriteAhead:
 
     # -- a burst -------------------------------------------------------------------------
 
-    def begin_burst(self, burst: Sequence[bytes]) -> None:
-        """Write ``burst`` ahead, in one write, before intake admits any of it."""
-        self._opened = 0
+    def begin_burst(
+        self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> list[Headers | None]:
+        """Write ``burst`` ahead, in one write, before intake admits any of it; return
+        each message's headers for ``produce`` (its identity). ``origins``: a replayed
+        burst's first identities (None for one that had none)."""
+        self._opened = self._burst_token = 0
         self._burst_size = len(burst)
         try:
-            self._segment = self._spool.append_payloads(burst)
+            self._segment = self._spool.append_payloads(burst, origins)
         except SpoolError as error:  # the size cap or the disk: reported, the policy decides
             self._segment = 0
             self._counters.inc(counter_names.SPOOL_UNPROTECTED, len(burst))
@@ -128,10 +153,17 @@ class WriteAhead:
                 log.warning("spool: cannot write ahead (%s); messages go unprotected", error)
                 self._failing = True
             self._on_spool_trouble(error)
-            return
+            return self._headers(origins, self._ids.unspooled(len(burst)))
         if self._failing:
             log.warning("spool: writing ahead again")
             self._failing = False
+        self._stream, self._first = self._spool.last_identity
+        return self._headers(origins, self._ids.spooled(self._stream, self._first, len(burst)))
+
+    def _headers(
+        self, origins: Sequence[bytes | None] | None, fresh: list[Headers | None]
+    ) -> list[Headers | None]:
+        return fresh if origins is None else self._ids.replayed(origins, fresh)
 
     def end_burst(self) -> None:
         """Settle the burst's messages that were never accepted: they are reported now."""
@@ -140,7 +172,12 @@ class WriteAhead:
             self._commit_point.close(self._resumed_generation, unaccepted)
         if self._segment and unaccepted:
             self._spool.settle(self._segment, unaccepted)
-        self._segment = self._burst_size = self._opened = 0
+            if self._groups is not None and self._burst_token:
+                self._groups.settled(self._burst_token, unaccepted)
+            elif self._groups is not None:  # none accepted: all settled now
+                ranges = [(self._first, unaccepted)]
+                self._spool.acknowledge(self._segment, self._stream, ranges)
+        self._segment = self._burst_size = self._opened = self._burst_token = 0
         self._resumed_generation = None
 
     # -- the spool overload policy: bursts kept on disk only while memory is short ---------
@@ -159,31 +196,38 @@ class WriteAhead:
         start, end = self._spool.last_append
         generation = self._commit_point.open(self._burst_size)
         self._deferred.append(
-            _DeferredBurst(self._segment, start, end, self._burst_size, generation)
+            _DeferredBurst(
+                self._segment, start, end, self._burst_size, generation, self._stream, self._first
+            )
         )
         self._counters.inc(counter_names.SPOOL_DEFERRED, self._burst_size)
         self._segment = self._burst_size = self._opened = 0  # nothing to settle now
         self.deferred_waiting.set()
         return True
 
-    def resume_deferred(self) -> list[bytes] | None:
+    def resume_deferred(self) -> tuple[list[bytes], list[Headers | None]] | None:
         """Read the oldest deferred burst back and begin admitting it (end with
-        :meth:`end_burst`); None when none waits. A burst that cannot be read back stays
-        in the spool for the next start, and is reported."""
+        :meth:`end_burst`): its messages and their headers; None when none waits. A burst
+        that cannot be read back stays in the spool for the next start, and is reported."""
         while self._deferred:
             burst = self._deferred.popleft()
             if not self._deferred:
                 self.deferred_waiting.clear()
             try:
-                payloads = self._spool.read_payloads(burst.segment, burst.start, burst.end)
+                frames = self._spool.read_frames(burst.segment, burst.start, burst.end)
             except SpoolError:
                 log.exception("spool: a deferred burst cannot be read back; left for replay")
                 self._commit_point.close(burst.generation, burst.count)
                 self._counters.inc(counter_names.SPOOL_DEFERRED_UNREADABLE, burst.count)
                 continue
             self._segment, self._burst_size, self._opened = burst.segment, burst.count, 0
+            self._burst_token = 0
+            self._stream, self._first = burst.stream, burst.first
             self._resumed_generation = burst.generation
-            return payloads
+            fresh = self._ids.spooled(burst.stream, burst.first, burst.count)
+            origins = [frame.key or None for frame in frames]
+            payloads = [frame.value for frame in frames]
+            return payloads, self._headers(origins if any(origins) else None, fresh)
         return None
 
     def abandon_deferred(self) -> int:
@@ -206,7 +250,24 @@ class WriteAhead:
         generation = self._resumed_generation
         if generation is None:
             generation = self._commit_point.open()
-        return generation | (self._segment << SEGMENT_SHIFT)
+        token = generation | (self._segment << SEGMENT_SHIFT)
+        if token != self._burst_token and self._segment:
+            self._join_group(token)
+        return token
+
+    def _join_group(self, token: int) -> None:
+        """The burst's first accepted message: the burst joins its token's group. (A
+        burst's generation never changes within it; if it did, marking would stop for
+        the rest of the run, the old full replay.)"""
+        groups = self._groups
+        if groups is None:
+            return
+        if self._burst_token:
+            log.warning("spool: a burst spans two commit point generations: no more marks")
+            self._groups = None
+            return
+        self._burst_token = token
+        groups.joined(token, self._segment, self._stream, self._first, self._burst_size)
 
     def close(self, token: int, n: int = 1) -> None:
         """``n`` messages under ``token`` are settled: in the commit point and the spool."""
@@ -214,6 +275,8 @@ class WriteAhead:
         segment = token >> SEGMENT_SHIFT
         if segment:
             self._spool.settle(segment, n)
+            if self._groups is not None:
+                self._groups.settled(token, n)
 
     def keep(self, token: int, n: int = 1) -> None:
         """Shutdown: ``n`` messages under ``token`` stay in their segment for the next
@@ -232,7 +295,9 @@ class Replayer(Protocol):
 
     hold_when_memory_short: bool
 
-    def replayed(self, burst: Sequence[bytes]) -> None: ...
+    def replayed(
+        self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,15 +333,17 @@ async def replay_spool(
     held = intake.hold_when_memory_short
     intake.hold_when_memory_short = True
     burst: list[bytes] = []
+    origins: list[bytes | None] = []
     unprotected = 0
     try:
-        for record in spool.recover(functools.partial(_count_corrupt, books)):
+        for record, origin in spool.recover_identified(functools.partial(_count_corrupt, books)):
             burst.append(record.value if record.is_payload else _as_client_message(record))
+            origins.append(origin)
             if len(burst) >= REPLAY_BURST:
-                unprotected += await _replay_burst(spool, intake, burst, wait_for_room)
-                burst = []
+                unprotected += await _replay_burst(spool, intake, burst, origins, wait_for_room)
+                burst, origins = [], []
         if burst:
-            unprotected += await _replay_burst(spool, intake, burst, wait_for_room)
+            unprotected += await _replay_burst(spool, intake, burst, origins, wait_for_room)
     finally:
         intake.hold_when_memory_short = held
     if not unprotected:
@@ -288,12 +355,14 @@ async def _replay_burst(
     spool: Spool,
     intake: Replayer,
     burst: list[bytes],
+    origins: list[bytes | None],
     wait_for_room: Callable[[], Awaitable[None]],
 ) -> int:
     """Admit one replayed burst; return how many of its messages the spool refused."""
     await wait_for_room()
     appended = spool.appended_total
-    intake.replayed(burst)  # synchronous: nothing else appends meanwhile
+    # synchronous: nothing else appends meanwhile
+    intake.replayed(burst, origins if any(origins) else None)
     refused = len(burst) - (spool.appended_total - appended)
     await asyncio.sleep(0)  # let delivery reports be served between bursts
     return refused

@@ -1,0 +1,323 @@
+"""Acknowledgement marks: which frames of a spool segment are settled, so that a replay
+after a crash resends only the others (at most what was in flight, plus marks not yet
+written), instead of the whole segment.
+
+A mark is a side file ``segment-<id>.acks`` beside its segment, appended a record at a
+time as groups of messages settle (delivered, discarded after acceptance, possibly
+delivered: any final outcome), never once per message::
+
+    header = "PDAK" | u16 version (1) | u16 reserved (0) | u64 segment id
+             | u64 incarnation | u32 stream | u32 crc32(the 28 bytes before)   32 bytes
+    record = u32 first sequence | u32 count | u32 crc32(the 8 bytes before,
+             seeded with the header's crc)                                      12 bytes
+
+A group is the messages of one write-ahead token (a segment and a commit point
+generation: about 10 ms of messages): its frame ranges are marked when its last message
+settles, so a group still in flight at a crash is replayed whole. The marks name the
+segment's incarnation and stream (:mod:`pydory.daemon.spool.records`): a segment cut
+back to its header starts a new stream, and the marks of the old one no longer apply.
+
+When in doubt, replay: a header that is cut, damaged or names another segment or stream
+voids the whole file (:class:`AckMarkCorrupt`); a record whose CRC fails (a flipped byte
+always fails CRC-32) or whose range is impossible is ignored, and so is a torn tail. A
+mark can only ever make recovery resend more, never skip a message it did not see
+settled. Writing a mark is best effort: a disk that refuses it stops the marks of that
+segment (logged once), which only means a fuller replay.
+
+Rule: the only code that knows the acknowledgement mark's layout, and the only code that
+decides which frames are marked settled.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydory.daemon.spool.errors import SpoolError
+
+log = logging.getLogger(__name__)
+
+ACK_MAGIC = b"PDAK"
+ACK_VERSION = 1
+_ACK_HEAD = struct.Struct(">4sHHQQI")  # magic, version, reserved, segment, incarnation, stream
+ACK_HEADER_BYTES = _ACK_HEAD.size + 4  # 32: with the CRC
+_RECORD = struct.Struct(">II")  # first sequence, count
+ACK_RECORD_BYTES = _RECORD.size + 4  # 12: with the CRC
+_U32 = struct.Struct(">I")
+_SEQUENCES = 2**32
+ACK_SUFFIX = ".acks"
+
+
+class AckMarkCorrupt(SpoolError):
+    """An acknowledgement mark that cannot be trusted at all (its header): every frame of
+    its segment is replayed."""
+
+
+def ack_path(segment_path: str) -> str:
+    """The mark of the segment file ``segment_path``."""
+    return segment_path.removesuffix(".spool") + ACK_SUFFIX
+
+
+# --- the format ---------------------------------------------------------------------------
+
+
+def encode_ack_header(segment_id: int, incarnation: int, stream: int) -> bytes:
+    head = _ACK_HEAD.pack(ACK_MAGIC, ACK_VERSION, 0, segment_id, incarnation, stream)
+    return head + _U32.pack(zlib.crc32(head))
+
+
+def encode_ack_records(header: bytes, ranges: list[tuple[int, int]]) -> bytes:
+    """The records marking ``ranges`` (first sequence, count) under ``header``."""
+    seed = zlib.crc32(header[: _ACK_HEAD.size])
+    parts = []
+    for first, count in ranges:
+        body = _RECORD.pack(first, count)
+        parts.append(body + _U32.pack(zlib.crc32(body, seed)))
+    return b"".join(parts)
+
+
+@dataclass
+class AckedFrames:
+    """The frame sequences a mark says are settled: disjoint ranges, sorted."""
+
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # exclusive
+    ignored_records: int = 0  # damaged or impossible records, and a torn tail
+    marked: int = 0  # distinct sequences marked
+
+    def covers(self, sequence: int) -> bool:
+        index = bisect.bisect_right(self.starts, sequence) - 1
+        return index >= 0 and sequence < self.ends[index]
+
+    @classmethod
+    def of(cls, ranges: list[tuple[int, int]], ignored: int = 0) -> AckedFrames:
+        acked = cls(ignored_records=ignored)
+        for start, end in sorted(ranges):
+            if acked.ends and start <= acked.ends[-1]:
+                acked.ends[-1] = max(acked.ends[-1], end)
+            else:
+                acked.starts.append(start)
+                acked.ends.append(end)
+        acked.marked = sum(e - s for s, e in zip(acked.starts, acked.ends, strict=True))
+        return acked
+
+
+def parse_ack_mark(data: bytes, segment_id: int, incarnation: int, stream: int) -> AckedFrames:
+    """The settled frames ``data`` (a whole mark file) records for that segment and stream.
+
+    Raises :class:`AckMarkCorrupt` if the header is cut, damaged or names another segment,
+    incarnation or stream; never anything else, whatever the bytes. Damaged records and a
+    torn tail are ignored (counted in ``ignored_records``).
+    """
+    if len(data) < ACK_HEADER_BYTES:
+        raise AckMarkCorrupt(f"acknowledgement mark cut inside its header ({len(data)} bytes)")
+    head = data[: _ACK_HEAD.size]
+    (crc,) = _U32.unpack_from(data, _ACK_HEAD.size)
+    if zlib.crc32(head) != crc:
+        raise AckMarkCorrupt("acknowledgement mark header fails its CRC")
+    magic, version, _reserved, segment, incarnation_, stream_ = _ACK_HEAD.unpack(head)
+    if magic != ACK_MAGIC or version != ACK_VERSION:
+        raise AckMarkCorrupt(f"not an acknowledgement mark of version {ACK_VERSION}")
+    if (segment, incarnation_, stream_) != (segment_id, incarnation, stream):
+        raise AckMarkCorrupt(
+            f"acknowledgement mark of segment {segment} stream {incarnation_:016x}/{stream_}, "
+            f"not {segment_id} {incarnation:016x}/{stream}"
+        )
+    seed = zlib.crc32(head)
+    ranges: list[tuple[int, int]] = []
+    ignored = 0
+    end = len(data) - (len(data) - ACK_HEADER_BYTES) % ACK_RECORD_BYTES
+    if end < len(data):
+        ignored += 1  # a torn last record
+    for offset in range(ACK_HEADER_BYTES, end, ACK_RECORD_BYTES):
+        first, count = _RECORD.unpack_from(data, offset)
+        (record_crc,) = _U32.unpack_from(data, offset + _RECORD.size)
+        body = data[offset : offset + _RECORD.size]
+        if zlib.crc32(body, seed) != record_crc or count == 0 or first + count > _SEQUENCES:
+            ignored += 1
+            continue
+        ranges.append((first, first + count))
+    return AckedFrames.of(ranges, ignored)
+
+
+def read_ack_mark(
+    segment_path: str, segment_id: int, identity: tuple[int, int] | None, size_limit: int
+) -> tuple[AckedFrames, str | None]:
+    """The settled frames of a segment found at start-up, and a problem line (None when
+    the mark is whole or absent). No identity (an older or damaged segment header), an
+    unreadable or corrupt mark, or one larger than ``size_limit``: nothing is settled."""
+    path = ack_path(segment_path)
+    try:
+        with open(path, "rb") as file:
+            data = file.read(size_limit + 1)
+    except FileNotFoundError:
+        return AckedFrames(), None
+    except OSError as exc:
+        return AckedFrames(), f"{os.path.basename(path)}: unreadable ({exc.strerror or exc})"
+    name = os.path.basename(path)
+    if identity is None:
+        return AckedFrames(), f"{name}: its segment's header names no identity: not used"
+    if len(data) > size_limit:
+        return AckedFrames(), f"{name}: larger than its segment could need: not used"
+    try:
+        acked = parse_ack_mark(data, segment_id, *identity)
+    except AckMarkCorrupt as exc:
+        return AckedFrames(), f"{name}: {exc}: every frame replayed"
+    if acked.ignored_records:
+        return acked, f"{name}: {acked.ignored_records} damaged record(s) ignored"
+    return acked, None
+
+
+# --- writing marks --------------------------------------------------------------------------
+
+
+class AckMarks:
+    """The marks of this run's segments: one file per segment, created at its first mark,
+    appended with ``os.write``, fsynced on the spool's interval, deleted with it."""
+
+    def __init__(self, incarnation: int) -> None:
+        self.incarnation = incarnation
+        self._files: dict[int, _AckFile] = {}
+        self.records_written = 0
+        self.errors = 0
+
+    def mark(self, segment_id: int, path: str, stream: int, ranges: list[tuple[int, int]]) -> None:
+        """Mark ``ranges`` of segment ``segment_id``'s ``stream`` settled (best effort)."""
+        file = self._files.get(segment_id)
+        if file is None or file.stream != stream:
+            if file is not None:
+                file.close()
+            header = encode_ack_header(segment_id, self.incarnation, stream)
+            file = self._files[segment_id] = _AckFile(ack_path(path), stream, header)
+        if file.broken:
+            return
+        try:
+            file.append(encode_ack_records(file.header, ranges))
+        except OSError as exc:
+            self.errors += 1
+            file.broken = True
+            log.warning(
+                "spool: cannot write the acknowledgement mark [%s] (%s): that "
+                "segment's settled messages would be replayed after a crash",
+                file.path,
+                exc.strerror or exc,
+            )
+            return
+        self.records_written += len(ranges)
+
+    def forget(self, segment_id: int, path: str) -> None:
+        """Segment ``segment_id`` was deleted or cut back to its header: so is its mark."""
+        file = self._files.pop(segment_id, None)
+        if file is not None:
+            file.close()
+        with contextlib.suppress(OSError):  # a stale mark names an old stream: ignored
+            os.unlink(ack_path(path))
+
+    def fsync(self) -> int:
+        """fsync the marks written since the last time; how many fsyncs were made."""
+        done = 0
+        for file in self._files.values():
+            if file.dirty and file.fd is not None and not file.broken:
+                try:
+                    os.fdatasync(file.fd)
+                except OSError:
+                    self.errors += 1
+                    file.broken = True  # after a failed fsync, write no more to it
+                    continue
+                file.dirty = False
+                done += 1
+        return done
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
+
+
+class _AckFile:
+    __slots__ = ("broken", "dirty", "fd", "header", "path", "stream")
+
+    def __init__(self, path: str, stream: int, header: bytes) -> None:
+        self.path = path
+        self.stream = stream
+        self.header = header
+        self.fd: int | None = None
+        self.broken = False
+        self.dirty = False
+
+    def append(self, records: bytes) -> None:
+        if self.fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+            self.fd = os.open(self.path, flags, 0o600)
+            records = self.header + records
+        written = os.write(self.fd, records)
+        if written != len(records):  # only a full disk writes short: the rest is torn
+            raise OSError(28, os.strerror(28))
+        self.dirty = True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+# --- which frames settled -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Group:
+    segment: int
+    stream: int
+    outstanding: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # first sequence, count
+    void: bool = False  # never marked (see SettledGroups.joined)
+
+
+class SettledGroups:
+    """The write-ahead's tokens as groups of frames: a group's frame ranges are marked
+    (``mark(segment, stream, ranges)``) when its last message settles.
+
+    A burst joins the group of its first accepted message's token with all its frames
+    (those never accepted settle at the end of the burst); every settlement under the
+    token counts down. A token names one segment, and a segment with unsettled messages
+    is never cut back, so a group's ranges share one stream. Kept messages (shutdown)
+    never count down: never marked.
+    """
+
+    def __init__(self, mark: Callable[[int, int, list[tuple[int, int]]], None]) -> None:
+        self._mark = mark
+        self._groups: dict[int, _Group] = {}
+
+    def joined(self, token: int, segment: int, stream: int, first: int, count: int) -> None:
+        group = self._groups.get(token)
+        if group is None:
+            group = self._groups[token] = _Group(segment, stream)
+        elif group.stream != stream:  # impossible (see above); if it were, mark nothing
+            group.void = True
+        group.outstanding += count
+        ranges = group.ranges
+        if ranges and ranges[-1][0] + ranges[-1][1] == first:  # the burst after the last
+            ranges[-1] = (ranges[-1][0], ranges[-1][1] + count)
+        else:
+            ranges.append((first, count))
+
+    def settled(self, token: int, n: int) -> None:
+        group = self._groups.get(token)
+        if group is None:
+            return
+        group.outstanding -= n
+        if group.outstanding > 0:
+            return
+        del self._groups[token]
+        if not group.void:
+            self._mark(group.segment, group.stream, group.ranges)
+
+    def __len__(self) -> int:
+        return len(self._groups)

@@ -1,0 +1,156 @@
+"""Message identity: a durable name for every message the daemon reads, carried to Kafka
+as the record header ``pydory-id``, so that a landing job can drop the second copies a
+crash's replay sends (issue 24).
+
+An identity is ``(host id, incarnation, stream, sequence)``, rendered in the header as
+ASCII ``<host>/<incarnation: 16 hex digits>/<stream>/<sequence>``, e.g.
+``3f0c...e1/9b2d4c0e7a1f3355/4/81234``:
+
+- ``host``: ``<messageIdentity><hostId>`` in the config, else ``/etc/machine-id``, else
+  an id generated once and kept in the spool directory (``host-id``); with neither a
+  machine id nor a spool, one generated per run (logged).
+- ``incarnation``: 64 random bits drawn at each start (one daemon run), so no two runs,
+  nor two spool directories on one host, can ever give out the same name.
+- ``stream`` and ``sequence``: with the spool, where the write-ahead first put the
+  message: the stream of its segment (a number the run gives a segment each time it
+  starts numbering frames from 0, written in the segment's header) and its frame number.
+  A replay resends a message under that same identity (kept in the replayed frame,
+  ``records.FLAG_ORIGIN``), however many crashes it goes through. Without the spool, or
+  for a burst the spool refused (``spool_unprotected``), stream 0 and a counter of the
+  run: never replayed, so never resent by a replay, but a librdkafka reroute resends
+  a message with its headers, so its second copy has the same identity too.
+
+The header is on by default; ``<messageIdentity enable="false">`` sends no header (for
+consumers that cannot take record headers); identities are still given and spooled.
+
+Rule: the only code that knows how an identity is formed and rendered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import struct
+from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+HEADER_NAME = "pydory-id"
+"""The Kafka record header that carries a message's identity."""
+HOST_ID_FILE = "host-id"
+"""In the spool directory: the host id generated when the machine has none."""
+MACHINE_ID_PATH = "/etc/machine-id"
+HOST_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
+_ORIGIN = struct.Struct(">QII")  # incarnation, stream, sequence: a replayed frame's key
+
+#: ``produce``'s headers (confluent-kafka's type: a value may be text or None too).
+Headers = list[tuple[str, str | bytes | None]]
+
+
+def new_incarnation() -> int:
+    """A run's incarnation: 64 random bits (never 0, which names nothing)."""
+    return secrets.randbits(64) or 1
+
+
+def pack_origin(incarnation: int, stream: int, sequence: int) -> bytes:
+    """An identity (without the host) as a replayed frame keeps it."""
+    return _ORIGIN.pack(incarnation, stream, sequence)
+
+
+def unpack_origin(origin: bytes) -> tuple[int, int, int]:
+    incarnation, stream, sequence = _ORIGIN.unpack(origin)
+    return incarnation, stream, sequence
+
+
+def resolve_host_id(configured: str | None, spool_directory: str | None) -> str:
+    """The host id: configured, else the machine id, else one kept in the spool directory
+    (generated there the first time), else one for this run only."""
+    if configured:
+        return configured
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open(MACHINE_ID_PATH, encoding="ascii") as file:
+            machine_id = file.read().strip()
+        if HOST_ID_PATTERN.fullmatch(machine_id):
+            return machine_id
+    if spool_directory is not None:
+        kept = _kept_host_id(spool_directory)
+        if kept is not None:
+            return kept
+    generated = secrets.token_hex(16)
+    log.warning(
+        "message identity: no hostId configured, no %s and no spool to keep one: this "
+        "run's host id is %s (set <messageIdentity><hostId> to keep it across restarts)",
+        MACHINE_ID_PATH,
+        generated,
+    )
+    return generated
+
+
+def _kept_host_id(directory: str) -> str | None:
+    path = os.path.join(directory, HOST_ID_FILE)
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open(path, encoding="ascii") as file:
+            kept = file.read().strip()
+        if HOST_ID_PATTERN.fullmatch(kept):
+            return kept
+    generated = secrets.token_hex(16)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        temporary = f"{path}.tmp"
+        with open(temporary, "w", encoding="ascii") as file:
+            file.write(generated + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        log.warning("message identity: cannot keep a host id in [%s]: %s", path, exc)
+        return None
+    return generated
+
+
+class MessageIds:
+    """Gives out identities, a burst at a time, as ``produce``'s headers (None each when
+    the header is off)."""
+
+    def __init__(self, host_id: str, incarnation: int, *, headers: bool = True) -> None:
+        if not HOST_ID_PATTERN.fullmatch(host_id):
+            raise ValueError(f"host id {host_id!r} is not 1-64 of [A-Za-z0-9._-]")
+        self.host_id = host_id
+        self.incarnation = incarnation
+        self.headers = headers
+        self._prefix = f"{host_id}/{incarnation:016x}/".encode("ascii")
+        self._host = f"{host_id}/".encode("ascii")
+        self.unspooled_given = 0  # stream 0's sequence: messages given no spool frame
+
+    def render(self, incarnation: int, stream: int, sequence: int) -> bytes:
+        """The header value of an identity of this host."""
+        return b"%s%016x/%d/%d" % (self._host, incarnation, stream, sequence)
+
+    def spooled(self, stream: int, first: int, count: int) -> list[Headers | None]:
+        """The messages of frames ``first..first+count-1`` of ``stream`` of this run."""
+        if not self.headers:
+            return [None] * count
+        prefix, name = self._prefix + b"%d/" % stream, HEADER_NAME
+        return [[(name, prefix + b"%d" % sequence)] for sequence in range(first, first + count)]
+
+    def unspooled(self, count: int) -> list[Headers | None]:
+        """Messages that no spool frame holds: stream 0 of this run."""
+        first = self.unspooled_given
+        self.unspooled_given += count
+        return self.spooled(0, first, count)
+
+    def replayed(
+        self, origins: Sequence[bytes | None], fresh: list[Headers | None]
+    ) -> list[Headers | None]:
+        """A replayed burst: each message under the identity it was first given, those
+        without one (an older spool, a damaged header) under ``fresh``'s."""
+        if not self.headers:
+            return fresh
+        render, name = self.render, HEADER_NAME
+        return [
+            fresh[index] if origin is None else [(name, render(*unpack_origin(origin)))]
+            for index, origin in enumerate(origins)
+        ]

@@ -1,0 +1,330 @@
+"""Which checkpoint a lake belongs to: recorded in the lake, checked before every landing.
+
+Spark's file sink skips every batch whose number its commit log (``LAKE/_spark_metadata``)
+already holds, and a new checkpoint numbers its batches from 0 again. So a new checkpoint
+on a lake that already has batches 0..N lands nothing until batch N+1, and its offsets
+move on all the same: the records of those batches are never landed, silently. A
+checkpoint whose lake was deleted or restored from an older copy diverges the same way.
+
+So the landing job records in the lake which checkpoint it belongs to
+(``LAKE/_pydory_landing.json``: the checkpoint's path and Spark's id for it, from
+``CHECKPOINT/metadata``, and the last batch landed with its end offsets), and before
+starting compares the pair: the checkpoint's id with the lake's record, and the batch
+numbers of the checkpoint's offset and commit logs with the lake's. A mismatched pair is
+refused with what to do. A new checkpoint may join a lake only with explicit starting
+offsets: it is then *seeded*, its offset and commit logs given the lake's last batch
+number and, per partition, the later of the chosen offset and the lake's next one, so
+its first batch is numbered after the lake's and nothing already landed lands again.
+
+Pure file-system logic on local paths, no Spark. Paths with a URI scheme other than
+``file:`` (HDFS, S3...) are not checked (:attr:`Pairing.unchecked`). Rule: the lake and
+its checkpoint are compared here before any batch runs, and only here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.offsets import Offsets, offsets_to_json
+
+__all__ = [
+    "BINDING_FILE",
+    "LakeCheckpointMismatch",
+    "Pairing",
+    "PairingKind",
+    "check_pairing",
+    "ensure_checkpoint_id",
+    "record_binding",
+    "record_landed_batch",
+    "seed_checkpoint",
+]
+
+#: In the lake's root; a leading underscore keeps it out of Spark's file listings.
+BINDING_FILE = "_pydory_landing.json"
+
+_BATCH_FILE = re.compile(r"^(\d+)(\.compact)?$")
+# Spark reads offset and commit log entries of this version.
+_LOG_VERSION = "v1"
+
+
+class LakeCheckpointMismatch(PipelineError):
+    """The lake and the checkpoint do not belong together; the message says what to do."""
+
+
+class PairingKind(Enum):
+    """What a landing run does with its lake and checkpoint."""
+
+    FRESH = "a new lake and a new checkpoint"
+    RESUME = "the checkpoint resumes its lake"
+    SEED = "a new checkpoint joins the lake at the chosen offsets"
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """The verdict on a lake and a checkpoint (see :func:`check_pairing`)."""
+
+    kind: PairingKind
+    #: The lake's last committed batch (-1: none); a seeded checkpoint continues after it.
+    lake_batch: int
+    #: Why the pair was not compared (a non-local path), or None.
+    unchecked: str | None = None
+    #: A note for the operator (e.g. starting offsets ignored when resuming), or None.
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class _CheckpointState:
+    checkpoint_id: str | None
+    last_planned: int  # the offset log's last batch, -1 when none
+    last_committed: int  # the commit log's last batch, -1 when none
+
+
+def check_pairing(lake: str, checkpoint: str, starting_offsets: str | None) -> Pairing:
+    """Compare ``lake`` with ``checkpoint``; raise :class:`LakeCheckpointMismatch` if they
+    diverge. ``starting_offsets`` is the operator's explicit choice, if any."""
+    remote = [path for path in (lake, checkpoint) if not _is_local(path)]
+    if remote:
+        return Pairing(
+            PairingKind.RESUME,
+            -1,
+            unchecked=f"{remote[0]} is not a local path: the lake and checkpoint were not "
+            "compared (pydory checks local paths only)",
+        )
+    lake_dir, checkpoint_dir = _local(lake), _local(checkpoint)
+    lake_batch = _last_batch(lake_dir / "_spark_metadata")
+    state = _checkpoint_state(checkpoint_dir)
+    if state.last_planned < 0:
+        return _new_checkpoint(lake_dir, checkpoint_dir, lake_batch, starting_offsets)
+    _check_resumes(lake_dir, checkpoint_dir, lake_batch, state)
+    note = None
+    if starting_offsets is not None:
+        note = (
+            f"--starting-offsets ignored: the checkpoint {checkpoint} resumes where it stopped "
+            "(starting offsets apply to a new checkpoint only)"
+        )
+    return Pairing(PairingKind.RESUME, lake_batch, note=note)
+
+
+def ensure_checkpoint_id(checkpoint: str) -> str | None:
+    """Spark's id of ``checkpoint`` (``CHECKPOINT/metadata``), created if it is new.
+
+    Spark reads an existing id when the query starts; creating it first lets the lake
+    record its checkpoint before the first batch can land. None for a non-local path.
+    """
+    if not _is_local(checkpoint):
+        return None
+    directory = _local(checkpoint)
+    existing = _checkpoint_id(directory)
+    if existing is not None:
+        return existing
+    new_id = str(uuid.uuid4())
+    _write_atomically(directory / "metadata", json.dumps({"id": new_id}))
+    return new_id
+
+
+def record_binding(lake: str, checkpoint: str, checkpoint_id: str | None) -> None:
+    """Record in ``lake`` that it belongs to ``checkpoint`` (its landed offsets kept when
+    the checkpoint is the same)."""
+    if checkpoint_id is None or not _is_local(lake):
+        return
+    lake_dir = _local(lake)
+    previous = _read_binding(lake_dir) or {}
+    same = previous.get("checkpoint_id") == checkpoint_id
+    binding = {
+        "checkpoint": str(_local(checkpoint).resolve()),
+        "checkpoint_id": checkpoint_id,
+        "landed_batch": previous.get("landed_batch") if same else None,
+        "landed_offsets": previous.get("landed_offsets") if same else None,
+    }
+    _write_binding(lake_dir, binding)
+
+
+def record_landed_batch(lake: str, batch: int, end_offsets: Mapping[str, Any] | None) -> None:
+    """After a batch landed: its number and end offsets, for the operator to read."""
+    if not _is_local(lake):
+        return
+    lake_dir = _local(lake)
+    binding = _read_binding(lake_dir)
+    if binding is None:
+        return
+    binding["landed_batch"] = batch
+    binding["landed_offsets"] = end_offsets
+    _write_binding(lake_dir, binding)
+
+
+def seed_checkpoint(checkpoint: str, lake_batch: int, start: Offsets) -> None:
+    """Make the new ``checkpoint`` continue the lake: batch ``lake_batch`` planned and
+    committed with end offsets ``start``, so its first batch is ``lake_batch + 1``."""
+    directory = _local(checkpoint)
+    metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+    offsets = json.dumps(offsets_to_json(start), separators=(",", ":"))
+    _write_atomically(
+        directory / "offsets" / str(lake_batch),
+        f"{_LOG_VERSION}\n{json.dumps(metadata, separators=(',', ':'))}\n{offsets}",
+    )
+    _write_atomically(
+        directory / "commits" / str(lake_batch), f'{_LOG_VERSION}\n{{"nextBatchWatermarkMs":0}}'
+    )
+
+
+# --- the verdicts --------------------------------------------------------------------------
+
+
+def _new_checkpoint(
+    lake_dir: Path, checkpoint_dir: Path, lake_batch: int, starting_offsets: str | None
+) -> Pairing:
+    if lake_batch < 0:
+        return Pairing(PairingKind.FRESH, lake_batch)
+    if starting_offsets is not None:
+        return Pairing(PairingKind.SEED, lake_batch)
+    raise LakeCheckpointMismatch(
+        f"the lake {lake_dir} already holds {_batches_up_to(lake_batch)}{_owner(lake_dir)}, "
+        f"and the checkpoint {checkpoint_dir} is new. A new checkpoint numbers its batches "
+        "from 0 again and Spark's file sink skips every batch number the lake already has: "
+        "those records would never land. To proceed, either\n"
+        f"{_RESUME_OWN}\n{_CHOOSE_OFFSETS}"
+    )
+
+
+_RESUME_OWN = "  - resume with the lake's own checkpoint (--checkpoint DIR), or"
+_CHOOSE_OFFSETS = (
+    "  - start a new, empty checkpoint with --starting-offsets earliest|latest|JSON: records "
+    "the lake already holds (up to its highest offset in each partition) are skipped, so "
+    "nothing lands twice"
+)
+
+
+def _check_resumes(
+    lake_dir: Path, checkpoint_dir: Path, lake_batch: int, state: _CheckpointState
+) -> None:
+    binding = _read_binding(lake_dir)
+    owner_id = None if binding is None else binding.get("checkpoint_id")
+    if owner_id is not None and owner_id != state.checkpoint_id:
+        raise LakeCheckpointMismatch(
+            f"the lake {lake_dir} belongs to another checkpoint{_owner(lake_dir)}, not to "
+            f"{checkpoint_dir} (id {state.checkpoint_id}). To proceed, either\n"
+            f"{_RESUME_OWN}\n  - land into a new lake with this checkpoint, or\n{_CHOOSE_OFFSETS}"
+        )
+    # The sink commits a batch before the checkpoint's commit log records it: the lake's
+    # last batch is the checkpoint's last committed one, or the one planned after it.
+    if state.last_committed <= lake_batch <= state.last_planned:
+        return
+    if lake_batch < 0:
+        problem = (
+            f"the checkpoint has landed batches up to {state.last_committed}, but the lake "
+            "has none (was it deleted or moved?). To land everything again, delete the "
+            "checkpoint too, or use a new one"
+        )
+    elif lake_batch < state.last_committed:
+        problem = (
+            f"the lake's last batch is {lake_batch} but the checkpoint has landed up to "
+            f"{state.last_committed} (was the lake restored from an older copy?): batches "
+            f"{lake_batch + 1} to {state.last_committed} would be missing. To proceed, "
+            f"either\n  - land into a new lake with a new checkpoint, or\n{_CHOOSE_OFFSETS}"
+        )
+    else:
+        problem = (
+            f"the lake has batches up to {lake_batch}, beyond the checkpoint's last planned "
+            f"batch {state.last_planned}: another checkpoint landed them. To proceed, "
+            f"either\n{_RESUME_OWN}\n{_CHOOSE_OFFSETS}"
+        )
+    raise LakeCheckpointMismatch(
+        f"the lake {lake_dir} and the checkpoint {checkpoint_dir} diverge: {problem}"
+    )
+
+
+def _batches_up_to(last: int) -> str:
+    return "batch 0" if last == 0 else f"batches 0 to {last}"
+
+
+def _owner(lake_dir: Path) -> str:
+    """``" (landed by checkpoint ...)"`` from the lake's record, or nothing."""
+    binding = _read_binding(lake_dir)
+    if binding is None:
+        return ""
+    landed = ""
+    if binding.get("landed_offsets") is not None:
+        offsets = json.dumps(binding["landed_offsets"], separators=(",", ":"))
+        landed = f", up to batch {binding.get('landed_batch')}, offsets {offsets}"
+    return f" (landed by checkpoint {binding.get('checkpoint')}{landed})"
+
+
+# --- reading and writing -------------------------------------------------------------------
+
+
+def _is_local(path: str) -> bool:
+    scheme = urlparse(path).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # a drive letter is no scheme
+
+
+def _local(path: str) -> Path:
+    return Path(urlparse(path).path if path.startswith("file:") else path)
+
+
+def _last_batch(log_dir: Path) -> int:
+    """The highest batch number in a Spark metadata log directory (-1 when none)."""
+    if not log_dir.is_dir():
+        return -1
+    numbers = [
+        int(match.group(1))
+        for match in (_BATCH_FILE.match(entry.name) for entry in log_dir.iterdir())
+        if match
+    ]
+    return max(numbers, default=-1)
+
+
+def _checkpoint_id(directory: Path) -> str | None:
+    try:
+        data = json.loads((directory / "metadata").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise LakeCheckpointMismatch(
+            f"cannot read the checkpoint's id from {directory / 'metadata'}: {error}"
+        ) from None
+    found = data.get("id") if isinstance(data, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def _checkpoint_state(directory: Path) -> _CheckpointState:
+    return _CheckpointState(
+        checkpoint_id=_checkpoint_id(directory),
+        last_planned=_last_batch(directory / "offsets"),
+        last_committed=_last_batch(directory / "commits"),
+    )
+
+
+def _read_binding(lake_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((lake_dir / BINDING_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise LakeCheckpointMismatch(
+            f"cannot read {lake_dir / BINDING_FILE}, which records the lake's checkpoint: {error}"
+        ) from None
+    return data if isinstance(data, dict) else None
+
+
+def _write_binding(lake_dir: Path, binding: Mapping[str, Any]) -> None:
+    _write_atomically(lake_dir / BINDING_FILE, json.dumps(binding, indent=2) + "\n")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a hidden temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Spark's listener thread records batches while the main thread may record the pair.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)

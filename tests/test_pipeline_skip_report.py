@@ -1,0 +1,52 @@
+"""What a landing run with data loss accepted skipped, per partition (pure; no Spark)."""
+
+from __future__ import annotations
+
+from pydory.pipeline.offsets import PartitionId
+from pydory.pipeline.skip_report import PartitionSkips, plan_of_run, skips_of_run
+
+E0, E1 = PartitionId("events", 0), PartitionId("events", 1)
+
+
+def test_contiguous_batches_merge_and_backward_jumps_stand_apart() -> None:
+    plan = plan_of_run(
+        [
+            (None, {"events": {"0": 10, "1": 5}}),  # a new checkpoint's first batch
+            ({"events": {"0": 10, "1": 5}}, {"events": {"0": 20, "1": 5}}),
+            ({"events": {"0": 20, "1": 5}}, {"events": {"0": 30, "1": 2}}),
+            ({"events": {"0": 30, "1": 2}}, {"events": {"0": 30, "1": 9}, "new": {"0": 4}}),
+        ]
+    )
+
+    assert plan.forward == {E0: [(10, 30)], E1: [(2, 9)]}
+    assert plan.backwards == {E1: [(5, 2)]}
+
+
+def test_offsets_planned_but_not_landed_aged_out() -> None:
+    plan = plan_of_run([({"events": {"0": 10}}, {"events": {"0": 1510}})])
+
+    skips = skips_of_run(plan, {E0: 1_400}, reads_new_log=True)
+
+    assert skips == [PartitionSkips(E0, aged_out=100)]
+    assert skips[0].describe() == "events/0: 100 offsets aged out of Kafka before they were read"
+
+
+def test_a_partition_that_landed_everything_is_not_reported() -> None:
+    plan = plan_of_run([({"events": {"0": 10, "1": 0}}, {"events": {"0": 20, "1": 3}})])
+
+    assert skips_of_run(plan, {E0: 10, E1: 3}, reads_new_log=False) == []
+
+
+def test_a_jump_backwards_skips_the_new_log_only_where_the_connector_does_not_read_it() -> None:
+    plan = plan_of_run([({"events": {"0": 6}}, {"events": {"0": 4}})])
+
+    native = skips_of_run(plan, {}, reads_new_log=False)
+    python = skips_of_run(plan, {}, reads_new_log=True)
+
+    assert [skip.total for skip in native] == [4]
+    assert native[0].describe() == (
+        "events/0: offsets went backwards from 6 to 4 (topic recreated or log truncated): "
+        "up to 4 records below offset 4 not read"
+    )
+    assert [skip.total for skip in python] == [0]
+    assert "the new log read from its earliest offset" in python[0].describe()
