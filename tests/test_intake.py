@@ -21,6 +21,7 @@ from pydory.daemon.books.pool import MemoryPool, pool_cost
 from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.daemon.spool.records import SpoolRecord
+from pydory.daemon.spool.tallies import Tally
 from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.status.discards import discard_report_json
 from pydory.wire import encode_any_partition, encode_partition_key
@@ -345,8 +346,13 @@ class RecordingSpool:
     def settle(self, segment_id: int, count: int) -> None:
         self.settled += count
 
-    def acknowledge(self, segment_id: int, stream: int, ranges: list[tuple[int, int]]) -> None:
+    def acknowledge(
+        self, segment_id: int, stream: int, ranges: list[tuple[int, int]], tally: Tally
+    ) -> None:
         pass  # acknowledgement marks: tests/test_spool_acks.py
+
+    def before_fold(self, segment_id: int, stream: int) -> None:
+        pass  # outcome tallies: tests/test_books_durable.py
 
 
 def test_at_shutdown_what_waits_for_metadata_in_the_spool_stays_there_for_the_next_start() -> None:

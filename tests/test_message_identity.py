@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import settled, wait_until
 from pydory.client import UnixStreamSender
 from pydory.config.loader import parse_config
 from pydory.daemon.spool import identity as identity_module
@@ -16,7 +17,7 @@ from pydory.daemon.spool.identity import HEADER_NAME, MessageIds, resolve_host_i
 from pydory.errors import ConfigError
 from pydory.testing.daemon import running_daemon
 from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 from pydory.wire import encode_any_partition
 from test_spool_acks_kafka import read_topic
 
@@ -111,3 +112,61 @@ def test_every_record_carries_its_identity_unless_headers_are_off(
         assert len(incarnation) == 16
         assert (int(stream) > 0) == spool  # stream 0: no spool frame holds it
         assert int(sequence) >= 0
+
+
+@pytest.mark.parametrize("spool", [False, True])
+def test_a_message_resent_after_a_failed_attempt_keeps_its_identity(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
+    tmp_path: Path,
+    spool: bool,
+) -> None:
+    # librdkafka retries NOT_ENOUGH_REPLICAS itself (retries = maxFailedDeliveryAttempts);
+    # four in a row hand the message back to the daemon, which sends it again: that
+    # second copy must carry the identity the first attempt had (a delivery report gives
+    # no headers back), or a landing job could not tell it from the first.
+    topic = unique_topic("resent")
+    mock_cluster.create_topic(topic, 4)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        host_id="host-a",
+        max_failed_delivery_attempts=3,
+        spool_path=str(tmp_path / "spool") if spool else None,
+    )
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as sender:
+        sender.send(topic, b"warm-up")
+        wait_until(settled(daemon, topic, 1))
+        for number, partition_key in enumerate((None, 7), start=2):
+            mock_cluster.push_request_errors(ApiKey.PRODUCE, [ErrorCode.NOT_ENOUGH_REPLICAS] * 4)
+            sender.send(
+                topic, b"resent-%s" % str(partition_key).encode(), partition_key=partition_key
+            )
+            wait_until(settled(daemon, topic, number), timeout_s=60, what="the resend to settle")
+        snapshot = daemon.snapshot()
+    assert snapshot["rerouted"] == 2
+    assert snapshot["topics"][topic]["delivered"] == 3
+    identities = dict(read_topic(mock_cluster.bootstrap_servers, topic))
+    warm_up = identities[b"warm-up"]
+    assert warm_up is not None
+    host, incarnation, _, first = warm_up.split(b"/")
+    for value, given_after in ((b"resent-None", 1), (b"resent-7", 2)):
+        identity = identities[value]
+        assert identity is not None, f"{value!r} was resent without its identity"
+        assert identity.split(b"/")[:2] == [host, incarnation]
+        stream, sequence = (int(part) for part in identity.split(b"/")[2:])
+        if not spool:  # stream 0: the run's counter, one per message read
+            assert (stream, sequence) == (0, int(first) + given_after)
+        else:  # where the write-ahead put it (a settled segment starts a new stream)
+            assert stream > 0
+    assert len(set(identities.values())) == 3
+
+
+def test_the_books_topic_is_pydory_books_unless_configured_or_emptied() -> None:
+    assert parse_config(config_xml()).message_identity.books_topic == "pydory.books"
+    configured = parse_config(config_xml(books_topic="fleet.books"))
+    assert configured.message_identity.books_topic == "fleet.books"
+    assert parse_config(config_xml(books_topic="")).message_identity.books_topic is None
+    with pytest.raises(ConfigError, match="books topic"):
+        parse_config(config_xml(books_topic="no spaces"))

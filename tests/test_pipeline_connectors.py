@@ -370,6 +370,7 @@ def test_both_connectors_get_the_same_options() -> None:
             "subscribe": "a,b",
             "startingOffsets": "earliest",
             "failOnDataLoss": "false",
+            "includeHeaders": "true",
             "maxOffsetsPerTrigger": "10",
         }
     )

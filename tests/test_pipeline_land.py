@@ -178,7 +178,15 @@ def test_lands_every_record_once_partitioned_by_topic_and_utc_date(
     }
     columns = spark.read.parquet(lake_paths[0]).columns
     assert columns == [*DATA_COLUMNS, *PARTITION_COLUMNS]
-    assert DATA_COLUMNS == ("key", "value", "partition", "offset", "timestamp", "timestampType")
+    assert DATA_COLUMNS == (
+        "key",
+        "value",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "pydory_id",
+    )
     assert PARTITION_COLUMNS == ("topic", "date")
     assert "landing finished: 451 records" in out.getvalue()
 

@@ -26,11 +26,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pydory.pipeline.errors import DataLossError, KafkaReadError
 from pydory.pipeline.kafka_source import (
     KAFKA_SCHEMA,
+    KAFKA_SCHEMA_WITH_HEADERS,
     KafkaBatchReader,
     KafkaDataSource,
     KafkaStreamReader,
 )
-from pydory.pipeline.range_reader import ARROW_SCHEMA
+from pydory.pipeline.range_reader import ARROW_SCHEMA, ARROW_SCHEMA_WITH_HEADERS
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import produce_all
 from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
@@ -75,7 +76,9 @@ def read_rows(reader: Any, partitions: Iterable[Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for partition in partitions:
         for batch in reader.read(partition):
-            assert batch.schema.equals(ARROW_SCHEMA)
+            assert batch.schema.equals(ARROW_SCHEMA) or batch.schema.equals(
+                ARROW_SCHEMA_WITH_HEADERS
+            )
             rows.extend(batch.to_pylist())
     return rows
 
@@ -107,6 +110,41 @@ def test_arrow_schema_is_what_spark_expects_for_the_kafka_schema() -> None:
         "offset",
         "timestamp",
         "timestampType",
+    ]
+
+
+def test_with_include_headers_the_rows_end_with_spark_s_headers_column() -> None:
+    source = KafkaDataSource(
+        {"kafka.bootstrap.servers": "x:1", "subscribe": "a", "includeHeaders": "true"}
+    )
+
+    assert source.schema() == KAFKA_SCHEMA_WITH_HEADERS
+    assert KAFKA_SCHEMA_WITH_HEADERS.fieldNames() == [*KAFKA_SCHEMA.fieldNames(), "headers"]
+    assert ARROW_SCHEMA_WITH_HEADERS.equals(
+        to_arrow_schema(KAFKA_SCHEMA_WITH_HEADERS, timezone="UTC")
+    )
+    assert KafkaDataSource({"kafka.bootstrap.servers": "x:1", "subscribe": "a"}).schema() == (
+        KAFKA_SCHEMA
+    )
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_include_headers_reads_each_record_s_headers(
+    kafka_broker: KafkaCluster, topic: str
+) -> None:
+    kafka_broker.create_topic(topic, 1)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    producer.produce(topic, b"a", partition=0, headers=[("pydory-id", b"h/01/1/0"), ("x", None)])
+    producer.produce(topic, b"b", partition=0)
+    assert producer.flush(30) == 0
+
+    reader, partition = task(topic, 0, 0, 2, kafka_broker.bootstrap_servers, includeHeaders="true")
+    rows = read_rows(reader, [partition])
+
+    assert [row["headers"] for row in rows] == [
+        [{"key": "pydory-id", "value": b"h/01/1/0"}, {"key": "x", "value": None}],
+        [],
     ]
 
 

@@ -34,8 +34,10 @@ from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.commit_point import CommitPoint
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.discard_log import DiscardLog
+from pydory.daemon.books.keeper import DurableBooks
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.books.publisher import BooksPublisher
 from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.kafka_stats import KafkaStats
 from pydory.daemon.delivery.librdkafka_settings import delivery_settings, producer_profile
@@ -112,10 +114,25 @@ class Server:
             new_incarnation() if self.spool is None else self.spool.incarnation,
             headers=identity.headers,
         )
+        # The run's books, kept in the spool directory and published (issue 24, item 3).
+        self.durable_books = DurableBooks(
+            self.books,
+            self.message_ids.host_id,
+            self.message_ids.incarnation,
+            config.spool.path,
+            unprotected=lambda: self.counters.get(counter_names.SPOOL_UNPROTECTED),
+            publisher=_books_publisher(config, settings.properties()),
+        )
         self.write_ahead = (
             None
             if self.spool is None
-            else WriteAhead(self.commit_point, self.spool, self.counters, ids=self.message_ids)
+            else WriteAhead(
+                self.commit_point,
+                self.spool,
+                self.counters,
+                ids=self.message_ids,
+                on_fold=self.durable_books.fold,
+            )
         )
         # Intake and the ledger count messages under tokens: the write-ahead's, which
         # settle the spool as well as the commit point, when there is a spool.
@@ -127,7 +144,7 @@ class Server:
             settings,
             functools.partial(producer_profile, config),
             self.router,
-            DeliveryLedger(self.books, self.pool, tokens),
+            DeliveryLedger(self.books, self.pool, tokens, tallies=self.write_ahead),
             on_partition_trouble=self.metadata.request_refresh,
             stats=self.kafka_stats,
             counters=self.counters,
@@ -183,6 +200,8 @@ class Server:
         metadata: asyncio.Task[None] | None = None
         try:
             self._open_spool()
+            if self.durable_books.publisher is not None:
+                self.durable_books.publisher.start(loop.call_soon_threadsafe)
             self.dispatcher.start(loop)
             self.dispatcher.prepare(self._configured_topics())
             # Fetched from now on, waited for by nothing: the replay and the inputs hold
@@ -205,6 +224,7 @@ class Server:
                     tasks.create_task(_until_done(metadata), name="metadata-refresh"),
                     tasks.create_task(self._roll_discard_reports(), name="discard-report"),
                     tasks.create_task(self._check_report_reads(), name="discard-query-check"),
+                    tasks.create_task(self.durable_books.keep_current(), name="books-durable"),
                 ]
                 if self.spool is not None and self.spool.fsync_interval_ms:
                     background.append(tasks.create_task(self._fsync_spool(), name="spool-fsync"))
@@ -258,6 +278,7 @@ class Server:
         """Replay what an earlier run left unsettled, before any new input is read.
         False if a stop request came first (what is left stays in the spool)."""
         if self.spool is None:
+            self.durable_books.after_replay({}, {})  # nothing to rebuild: the first write
             return True
         replay = asyncio.ensure_future(
             replay_spool(self.spool, self.intake, self.overload.wait_for_room, self.books)
@@ -296,6 +317,8 @@ class Server:
         self.counters.inc(counter_names.SPOOL_REPAIRED_SEGMENTS, report.repaired_segments)
         self.counters.inc(counter_names.SPOOL_TRUNCATED_BYTES, report.truncated_bytes)
         self.counters.inc(counter_names.SPOOL_SETTLED_NOT_REPLAYED, report.acknowledged)
+        settled = {key: (acked.tally, acked.untallied) for key, acked in report.settled.items()}
+        self.durable_books.after_replay(settled, report.handed_over)
         if replay.result().old_segments_kept:
             # Their only copy: the old segments go once those messages have settled.
             self._replay_ended_at = self.commit_point.wall_now()
@@ -386,6 +409,7 @@ class Server:
         self.metadata.close()
         if self.spool is not None:
             self.spool.close()  # what is still unsettled stays for the next start
+        await self.durable_books.close_clean()
         self._log_totals()
         self.msg_debug.close()
         self.discard_log.close()  # last, so the shutdown discards above are in the file
@@ -705,6 +729,14 @@ def _refused(attempt: int, errors: list[str]) -> ReloadOutcome:
     for error in errors:
         log.error("config reload refused, running on as before: %s", error)
     return ReloadOutcome(attempt, False, time.time(), errors=tuple(errors))
+
+
+def _books_publisher(config: Config, properties: dict[str, Any]) -> BooksPublisher | None:
+    """The books topic's publisher (None: ``<booksTopic>`` empty)."""
+    topic = config.message_identity.books_topic
+    if topic is None:
+        return None
+    return BooksPublisher(properties, topic, create=config.delivery.topic_autocreate)
 
 
 def _spool_of(config: Config) -> Spool | None:

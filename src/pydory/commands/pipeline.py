@@ -18,6 +18,8 @@ from pydory.errors import BadTopic
 from pydory.pipeline import audit_command
 
 DEFAULT_MASTER = "local[*]"
+#: pydory.pipeline.dedup.DEFAULT_WINDOW_S, spelt here so that --help needs no PySpark.
+DEFAULT_DEDUP_WINDOW_S = 600.0
 
 PipelineSubcommand = Callable[[Any], None]
 
@@ -118,6 +120,16 @@ def register_land(subparsers: Any) -> None:
         "are skipped. Ignored when the checkpoint resumes",
     )
     parser.add_argument(
+        "--dedup-window",
+        type=_positive_float,
+        default=DEFAULT_DEDUP_WINDOW_S,
+        metavar="S",
+        help="drop a second copy of a message (same pydory-id header, as a daemon's replay "
+        "after a crash sends it) that lands within S seconds of its first; must cover a "
+        "daemon's restart and replay. The state costs memory per message landed in the "
+        f"window (default: {DEFAULT_DEDUP_WINDOW_S:g})",
+    )
+    parser.add_argument(
         "--conf",
         action="append",
         default=[],
@@ -145,6 +157,7 @@ def run_land(args: argparse.Namespace) -> int:
         fail_on_data_loss=args.fail_on_data_loss == "true",
         starting_offsets=args.starting_offsets,
         spark_conf=dict(args.conf),
+        dedup_window_s=args.dedup_window,
     )
     return run_landing(settings)
 

@@ -74,6 +74,7 @@ from pydory.config.values import (
 )
 from pydory.config.xmltree import MAX_CONFIG_BYTES, Element, check_config_size, parse_xml
 from pydory.errors import MAX_REPORTED_ERRORS, ConfigError, ConfigErrors
+from pydory.wire import topic_name_problem
 
 T = TypeVar("T")
 S = TypeVar("S")  # a section's model (a dataclass from model.py)
@@ -1210,9 +1211,24 @@ def _read_host_id(reader: _Reader, element: Element | None, default: str | None)
     return value
 
 
+def _read_books_topic(reader: _Reader, element: Element | None, default: str | None) -> str | None:
+    """<booksTopic value="..."/>: a legal Kafka topic name, or empty (books not published)."""
+    if element is None:
+        return default
+    value = reader.value(element).strip()
+    if not value:
+        return None
+    problem = topic_name_problem(value)
+    if problem is not None:
+        reader.report(element, f"Bad value for attribute [value]: books topic: {problem}")
+        return default
+    return value
+
+
 MESSAGE_IDENTITY = (
     Leaf("hostId", "host_id", _read_host_id),
     Leaf("headers", "headers", boolean("enable")),
+    Leaf("booksTopic", "books_topic", _read_books_topic),
 )
 
 

@@ -330,10 +330,13 @@ class MessageIdentityConfig:
     """The ``<messageIdentity>`` section (pydory extension): every message read is named
     ``(host, incarnation, stream, sequence)`` and, with ``headers``, carries its name to
     Kafka as the record header ``pydory-id``. ``host_id`` None: ``/etc/machine-id``, else
-    one generated and kept in the spool directory."""
+    one generated and kept in the spool directory. ``books_topic``: where each run's
+    durable books are published (compacted, keyed ``<host>/<incarnation>``); None: not
+    published (still kept in the spool directory)."""
 
     host_id: str | None = None
     headers: bool = True
+    books_topic: str | None = "pydory.books"
 
 
 # --- quotas on the stream listeners (pydory extension) ----------------------------------------

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -42,6 +41,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     IntegerType,
     LongType,
@@ -51,7 +51,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pydory.pipeline.broker_offsets import BrokerOffsets
 from pydory.pipeline.errors import DataLossError, SourceOptionError
 from pydory.pipeline.offsets import (
     DataLoss,
@@ -67,15 +66,23 @@ from pydory.pipeline.offsets import (
     resolve_offsets,
     starts_to_look_up,
 )
-from pydory.pipeline.range_reader import KafkaInputPartition, read_range
 from pydory.pipeline.source_options import SourceOptions
+
+# Spark starts a Python worker for each planning step of a query (at .load(), then the
+# stream's planner), and gives each a fixed 10 s to connect back: the reading side
+# (confluent-kafka, pyarrow) is imported where it is used, not by every planner worker.
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from pydory.pipeline.broker_offsets import BrokerOffsets
+    from pydory.pipeline.range_reader import KafkaInputPartition
 
 __all__ = [
     "KAFKA_SCHEMA",
+    "KAFKA_SCHEMA_WITH_HEADERS",
     "SOURCE_NAME",
     "KafkaBatchReader",
     "KafkaDataSource",
-    "KafkaInputPartition",
     "KafkaStreamReader",
 ]
 
@@ -93,6 +100,18 @@ KAFKA_SCHEMA = StructType(
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
         StructField("timestampType", IntegerType()),
+    ]
+)
+#: With ``includeHeaders``: spark-sql-kafka's ``headers`` column last.
+KAFKA_SCHEMA_WITH_HEADERS = StructType(
+    [
+        *KAFKA_SCHEMA.fields,
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+            ),
+        ),
     ]
 )
 
@@ -116,7 +135,8 @@ class KafkaDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return KAFKA_SCHEMA
+        include_headers = SourceOptions.parse(self.options, streaming=None).include_headers
+        return KAFKA_SCHEMA_WITH_HEADERS if include_headers else KAFKA_SCHEMA
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         try:
@@ -209,6 +229,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The records of one planned range (see :func:`read_range`)."""
+        from pydory.pipeline.range_reader import KafkaInputPartition, read_range
+
         if not isinstance(partition, KafkaInputPartition):
             raise TypeError(f"not a pydory-kafka partition: {partition!r}")
         return read_range(partition)
@@ -216,6 +238,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- helpers ---
 
     def _broker_offsets(self) -> BrokerOffsets:
+        from pydory.pipeline.broker_offsets import BrokerOffsets
+
         if self._brokers is None:
             self._brokers = BrokerOffsets(
                 self._options.consumer_config(), self._options.poll_timeout_s
@@ -268,6 +292,8 @@ class KafkaBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         """One task per topic-partition with records in the requested range."""
+        from pydory.pipeline.broker_offsets import BrokerOffsets
+
         brokers = BrokerOffsets(self._options.consumer_config(), self._options.poll_timeout_s)
         try:
             available = brokers.available(self._options.topics)
@@ -284,12 +310,16 @@ class KafkaBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The records of one planned range; nothing for Spark's placeholder partition."""
+        from pydory.pipeline.range_reader import KafkaInputPartition, read_range
+
         if not isinstance(partition, KafkaInputPartition):
             return iter(())  # Spark plans one empty partition when there is no range
         return read_range(partition)
 
 
 def _task(options: SourceOptions, offset_range: OffsetRange) -> KafkaInputPartition:
+    from pydory.pipeline.range_reader import KafkaInputPartition
+
     return KafkaInputPartition(
         topic=offset_range.partition.topic,
         partition=offset_range.partition.partition,
@@ -298,6 +328,7 @@ def _task(options: SourceOptions, offset_range: OffsetRange) -> KafkaInputPartit
         consumer_config=options.consumer_config(),
         fail_on_data_loss=options.fail_on_data_loss,
         poll_timeout_s=options.poll_timeout_s,
+        include_headers=options.include_headers,
     )
 
 

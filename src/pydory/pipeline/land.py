@@ -9,9 +9,11 @@ sink::
     LAKE/topic=<topic>/date=<yyyy-MM-dd>/part-*.parquet
 
 Data columns: key, value (binary), partition (int), offset (long), timestamp (UTC),
-timestampType (int); partition columns: topic, date (the UTC day of the Kafka
-timestamp, as a ``yyyy-MM-dd`` string). Read the lake with ``spark.read.parquet(LAKE)``,
-which honours the commit log. Why this is exactly once: docs/pipeline.md.
+timestampType (int), pydory_id (the ``pydory-id`` header, null without it); partition
+columns: topic, date (the UTC day of the Kafka timestamp, as a ``yyyy-MM-dd`` string).
+Read the lake with ``spark.read.parquet(LAKE)``, which honours the commit log. Why this
+is exactly once: docs/pipeline.md. A second copy of a message (a daemon's replay after a
+crash) is dropped by its identity: :mod:`pydory.pipeline.dedup`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,18 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from pydory.pipeline.broker_offsets import BrokerOffsets
+from pydory.pipeline.dedup import (
+    DEFAULT_WINDOW_S,
+    IDENTITY_COLUMN,
+    LANDED_METRICS,
+    NO_DATA_BATCHES,
+    READ_METRICS,
+    drop_second_copies,
+    dropped_per_topic,
+    drops_second_copies,
+    identity_of,
+    observe_topics,
+)
 from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
 from pydory.pipeline.kafka_source import SOURCE_NAME
 from pydory.pipeline.lake_binding import (
@@ -88,7 +102,15 @@ __all__ = [
 
 #: The lake's layout (the audit reads it): partition directories, then Parquet columns.
 PARTITION_COLUMNS = ("topic", "date")
-DATA_COLUMNS = ("key", "value", "partition", "offset", "timestamp", "timestampType")
+DATA_COLUMNS = (
+    "key",
+    "value",
+    "partition",
+    "offset",
+    "timestamp",
+    "timestampType",
+    IDENTITY_COLUMN,
+)
 
 DEFAULT_TRIGGER_INTERVAL_S = 5.0
 # How long a stopped query's final events may take to reach the progress printer.
@@ -98,6 +120,11 @@ QUERY_NAME = "pydory_land"
 _JVM_CHECK_S = 0.5
 # Bounds each request to the brokers when seeding a new checkpoint.
 _BROKER_TIMEOUT_S = 30.0
+# Spark (4.2) gives a Python worker it starts a fixed 10 s to connect back; a loaded host
+# can take longer, and the query fails with this. The checkpoint makes a restart exactly
+# once, so the job restarts the query, this many times at most.
+_WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
+_WORKER_RESTARTS = 3
 
 Connector = Literal["python", "native"]
 #: The default connector: Spark's own (see LandSettings).
@@ -124,6 +151,8 @@ class LandSettings:
     ``starting_offsets`` (``earliest``, ``latest`` or JSON) applies to a new checkpoint
     only (default ``earliest``); on a lake that already holds batches it is required,
     and what the lake holds is skipped (:mod:`pydory.pipeline.lake_binding`).
+    ``dedup_window_s``: a second copy of a message landing this long after its first is
+    still dropped (:mod:`pydory.pipeline.dedup`; default :data:`DEFAULT_WINDOW_S`).
     """
 
     bootstrap_servers: str
@@ -138,6 +167,7 @@ class LandSettings:
     fail_on_data_loss: bool = True
     starting_offsets: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    dedup_window_s: float = DEFAULT_WINDOW_S
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -154,6 +184,8 @@ class LandSettings:
             raise ValueError("max_offsets_per_trigger must be at least 1")
         if self.starting_offsets is not None:
             parse_offset_spec(self.starting_offsets, "--starting-offsets", unlisted=EARLIEST)
+        if not self.dedup_window_s > 0:
+            raise ValueError(f"dedup_window_s must be positive, not {self.dedup_window_s}")
 
     def source_options(self) -> dict[str, str]:
         """The source's options: the same for ``pydory-kafka`` and Spark's ``kafka``."""
@@ -162,6 +194,8 @@ class LandSettings:
             "subscribe": ",".join(self.topics),
             "startingOffsets": self.starting_offsets or "earliest",
             "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+            # The identity header: second copies are recognised by it.
+            "includeHeaders": "true",
         }
         if self.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
@@ -176,13 +210,19 @@ class LandSummary:
     records: int = 0
     seconds: float = 0.0
     error: str | None = None
+    #: Second copies dropped, per topic (topics with none left out).
+    dropped: dict[str, int] = field(default_factory=dict)
+    #: Whether this run dropped second copies (False: its checkpoint predates them).
+    deduplicating: bool = True
     #: Each batch's start and end offsets (topic -> partition -> offset), as the source
     #: reported them; a start is None when the source gave none.
     batch_offsets: list[tuple[OffsetsJson | None, OffsetsJson | None]] = field(default_factory=list)
 
 
 def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWriter:
-    """The landing query, ready to ``start()``: source, lake columns, sink and trigger."""
+    """The landing query, ready to ``start()``: source, lake columns, second copies
+    dropped (unless the checkpoint predates that: :func:`drops_second_copies`), sink and
+    trigger."""
     if settings.connector == "native":
         _require_native_kafka(spark)
     records = (
@@ -190,9 +230,14 @@ def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWri
         .options(**settings.source_options())
         .load()
     )
+    rows = _lake_rows(records)
+    if drops_second_copies(settings.checkpoint):
+        spark.conf.set(NO_DATA_BATCHES, "false")
+        rows = observe_topics(rows, READ_METRICS, settings.topics)
+        rows = drop_second_copies(rows, settings.dedup_window_s)
+        rows = observe_topics(rows, LANDED_METRICS, settings.topics)
     writer = (
-        _lake_rows(records)
-        .writeStream.format("parquet")
+        rows.writeStream.format("parquet")
         .queryName(QUERY_NAME)
         .option("path", settings.lake)
         .option("checkpointLocation", settings.checkpoint)
@@ -236,7 +281,7 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         if note is not None:
             _say(out, note)
     starts_spark = SparkContext._active_spark_context is None
-    progress = _ProgressPrinter(out, settings.lake)
+    progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
         spark = spark_session(settings.master, app_name="pydory-land", conf=settings.spark_conf)
         spark.streams.addListener(progress)
@@ -273,19 +318,24 @@ def _land(
     try:
         if pairing.kind is PairingKind.SEED:
             _seed_checkpoint(spark, settings, pairing, out)
+        deduplicating = drops_second_copies(settings.checkpoint)
+        if not deduplicating:
+            _say(
+                out,
+                f"second copies are not dropped: the checkpoint {settings.checkpoint} holds "
+                "batches landed without their state (before pydory dropped them, or seeded "
+                "to continue a lake), and Spark cannot add state to it. To drop them, land "
+                "into a new lake with a new checkpoint (docs/pipeline.md, 'Second copies')",
+            )
         checkpoint_id = ensure_checkpoint_id(settings.checkpoint)
         if pairing.kind is not PairingKind.FRESH:  # the lake exists: record the pair first
             record_binding(settings.lake, settings.checkpoint, checkpoint_id)
         with _stop_on_signals(progress.stop_requested) as interrupted:
-            query = start_landing(spark, settings)
+            query = _run_with_restarts(spark, settings, progress, jvm, interrupted, out)
             if pairing.kind is PairingKind.FRESH:
-                # Only once the query runs, so a job that cannot start makes no lake. A
+                # Only once the query ran, so a job that cannot start makes no lake. A
                 # batch landed before this line is adopted: the batch numbers match.
                 record_binding(settings.lake, settings.checkpoint, checkpoint_id)
-            progress.watch(query.id)
-            jvm.wait_for(progress.stop_requested)
-        query.stop()
-        progress.wait_for_last_report()
     except SparkJvmDied as error:
         _say(out, f"landing FAILED: {error}")
         return 1
@@ -293,6 +343,7 @@ def _land(
         _say(out, f"cannot start: {_cause(error)}")
         return 1
     summary = progress.summary_of(query, seconds=time.monotonic() - began)
+    summary.deduplicating = deduplicating
     _print_summary(out, settings, summary, interrupted.is_set())
     if summary.error is not None:
         return 1
@@ -301,6 +352,54 @@ def _land(
     if not settings.fail_on_data_loss and _report_skips(spark, settings, summary, out):
         return EXIT_RECORDS_SKIPPED
     return 0
+
+
+def _run_with_restarts(
+    spark: SparkSession,
+    settings: LandSettings,
+    progress: _ProgressPrinter,
+    jvm: _JvmWatch,
+    interrupted: threading.Event,
+    out: TextIO,
+) -> StreamingQuery:
+    """Run the query to its end (or a stop request) and return it, stopped.
+
+    When it fails, or cannot start, because a Spark Python worker did not connect back
+    in time, it is started again from its checkpoint, at most :data:`_WORKER_RESTARTS`
+    times, each said on ``out``; every other error stays the query's (or is raised).
+    """
+    restarts = 0
+    while True:
+        may_restart = restarts < _WORKER_RESTARTS and not interrupted.is_set()
+        try:
+            query: StreamingQuery | None = start_landing(spark, settings)
+        except (PySparkException, Py4JJavaError) as error:
+            if not (may_restart and _WORKER_DID_NOT_CONNECT in str(error)):
+                raise
+            query = None
+        if query is not None:
+            progress.watch(query)
+            jvm.wait_for(progress.stop_requested)
+            query.stop()
+            progress.wait_for_last_report()
+            if not (may_restart and not interrupted.is_set() and _worker_failed(query)):
+                return query
+        restarts += 1
+        _say(
+            out,
+            "the query failed because a Spark Python worker did not connect back within "
+            "Spark's fixed 10 s (a loaded host); restarting it from its checkpoint "
+            f"(restart {restarts} of at most {_WORKER_RESTARTS})",
+        )
+        progress.rearm()
+        if interrupted.is_set():  # a signal between the check and the rearm
+            progress.stop_requested.set()
+
+
+def _worker_failed(query: StreamingQuery) -> bool:
+    """Whether ``query`` failed because a Spark Python worker did not connect back."""
+    exception = query.exception()
+    return exception is not None and _WORKER_DID_NOT_CONNECT in str(exception)
 
 
 def _report_skips(
@@ -445,8 +544,13 @@ class _JvmWatch:
 
 
 def _lake_rows(records: DataFrame) -> DataFrame:
-    """The source's rows in the lake's columns, with the UTC date of each record."""
-    return records.select(*DATA_COLUMNS, "topic", utc_date(F.col("timestamp")).alias("date"))
+    """The source's rows in the lake's columns, with the identity and UTC date of each."""
+    return records.select(
+        *DATA_COLUMNS[:-1],
+        identity_of(F.col("headers")).alias(IDENTITY_COLUMN),
+        "topic",
+        utc_date(F.col("timestamp")).alias("date"),
+    )
 
 
 def utc_date(timestamp: Column) -> Column:
@@ -486,24 +590,33 @@ class _ProgressPrinter(StreamingQueryListener):
     keeps totals per query id. Until a query is watched it prints every query's batches.
     """
 
-    def __init__(self, out: TextIO, lake: str) -> None:
+    def __init__(self, out: TextIO, lake: str, topics: tuple[str, ...]) -> None:
         self._out = out
         self._lake = lake
+        self._topics = topics
         self._lock = threading.Lock()
         self._watched: str | None = None
+        self._watched_run: str | None = None
         self._summaries: dict[str, LandSummary] = {}
-        self._ended: set[str] = set()
+        self._ended: set[str] = set()  # run ids: a restart from the checkpoint keeps the id
         self._watched_ended = threading.Event()
         #: Set when the watched query ends; others (a signal handler) may set it too.
         self.stop_requested = threading.Event()
 
-    def watch(self, query_id: object) -> None:
-        """Report on the query with ``query_id`` only."""
+    def watch(self, query: StreamingQuery) -> None:
+        """Report on ``query`` only (its totals add to those of its earlier runs)."""
         with self._lock:
-            self._watched = str(query_id)
-            if self._watched in self._ended:
+            self._watched = str(query.id)
+            self._watched_run = str(query.runId)
+            if self._watched_run in self._ended:
                 self._watched_ended.set()
                 self.stop_requested.set()
+
+    def rearm(self) -> None:
+        """Before the watched query runs again: it has not ended, and no stop is asked."""
+        with self._lock:
+            self._watched_ended.clear()
+            self.stop_requested.clear()
 
     def wait_for_last_report(self) -> None:
         """Wait until Spark has delivered the watched query's end (so every batch before it).
@@ -530,6 +643,7 @@ class _ProgressPrinter(StreamingQueryListener):
         progress = event.progress
         source = progress.sources[0] if progress.sources else None
         start, end = _offsets_json(source, "startOffset"), _offsets_json(source, "endOffset")
+        dropped = dropped_per_topic(progress.observedMetrics or {}, self._topics)
         with self._lock:
             summary = self._summaries.setdefault(str(progress.id), LandSummary())
             # A batch without rows still counts here: its offsets may have jumped.
@@ -537,6 +651,8 @@ class _ProgressPrinter(StreamingQueryListener):
             if progress.numInputRows > 0:
                 summary.batches += 1
                 summary.records += progress.numInputRows
+            for topic, count in dropped.items():
+                summary.dropped[topic] = summary.dropped.get(topic, 0) + count
         # The sink committed the batch before Spark reported it: the lake records it.
         try:
             record_landed_batch(self._lake, progress.batchId, end)
@@ -548,9 +664,11 @@ class _ProgressPrinter(StreamingQueryListener):
                 flush=True,
             )
         if progress.numInputRows > 0 and self._reports_on(str(progress.id)):
+            copies = sum(dropped.values())
             print(
                 f"batch {progress.batchId}: {progress.numInputRows:,} records "
-                f"({summary.records:,} in {summary.batches} batches so far)",
+                f"({summary.records:,} in {summary.batches} batches so far)"
+                + (f", {copies:,} second copies dropped" if copies else ""),
                 file=self._out,
                 flush=True,
             )
@@ -560,8 +678,8 @@ class _ProgressPrinter(StreamingQueryListener):
 
     def onQueryTerminated(self, event: Any) -> None:
         with self._lock:
-            self._ended.add(str(event.id))
-            if str(event.id) == self._watched:
+            self._ended.add(str(event.runId))
+            if str(event.runId) == self._watched_run:
                 self._watched_ended.set()
                 self.stop_requested.set()
 
@@ -613,11 +731,21 @@ def _print_summary(
         how = "FAILED"
     print(
         f"landing {how}: {summary.records:,} records in {summary.batches} batches "
-        f"from {', '.join(settings.topics)} into {settings.lake} ({summary.seconds:.1f} s)"
+        f"from {', '.join(settings.topics)} into {settings.lake} ({summary.seconds:.1f} s); "
+        + _copies_dropped(summary)
         + ("" if summary.error is None else f"; the cause:\n{summary.error}"),
         file=out,
         flush=True,
     )
+
+
+def _copies_dropped(summary: LandSummary) -> str:
+    """``12 second copies dropped (events 10, logs 2)``, or why none could be."""
+    if not summary.deduplicating:
+        return "second copies not dropped (the checkpoint predates it)"
+    total = sum(summary.dropped.values())
+    per_topic = ", ".join(f"{topic} {count:,}" for topic, count in sorted(summary.dropped.items()))
+    return f"{total:,} second copies dropped" + (f" ({per_topic})" if per_topic else "")
 
 
 def _cause(error: BaseException) -> str:

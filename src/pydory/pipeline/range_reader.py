@@ -33,7 +33,7 @@ from pyspark.sql.datasource import InputPartition
 from pydory.pipeline.errors import DataLossError, KafkaReadError
 from pydory.pipeline.offsets import DataLoss, LossKind, PartitionId, Watermarks
 
-__all__ = ["ARROW_SCHEMA", "KafkaInputPartition", "read_range"]
+__all__ = ["ARROW_SCHEMA", "ARROW_SCHEMA_WITH_HEADERS", "KafkaInputPartition", "read_range"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ ARROW_SCHEMA = pa.schema(
         ("timestampType", pa.int32()),
     ]
 )
+#: spark-sql-kafka's ``headers`` column (``includeHeaders``): each header a key and a value.
+ARROW_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+#: The rows' Arrow schema with the ``headers`` column, last, as spark-sql-kafka places it.
+ARROW_SCHEMA_WITH_HEADERS = ARROW_SCHEMA.append(pa.field("headers", ARROW_HEADERS))
 
 # Kafka's timestampType numbers (what spark-sql-kafka reports), from librdkafka's.
 _KAFKA_TIMESTAMP_TYPE = {TIMESTAMP_CREATE_TIME: 0, TIMESTAMP_LOG_APPEND_TIME: 1}
@@ -87,10 +91,12 @@ class KafkaInputPartition(InputPartition):
     consumer_config: dict[str, Any] = field(hash=False)
     fail_on_data_loss: bool
     poll_timeout_s: float
+    include_headers: bool = False
 
 
 def read_range(task: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``task``'s range as Arrow batches in :data:`ARROW_SCHEMA`.
+    """Yield the records of ``task``'s range as Arrow batches in :data:`ARROW_SCHEMA`
+    (:data:`ARROW_SCHEMA_WITH_HEADERS` when ``task.include_headers``).
 
     Raises :class:`KafkaReadError` when Kafka fails or stalls, and :class:`DataLossError`
     when offsets of the range are gone and ``task.fail_on_data_loss`` is true.
@@ -115,7 +121,7 @@ class _RangeReader:
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         self._seek(self._task.start)
-        rows = _Rows(self._task.topic, self._task.partition)
+        rows = _Rows(self._task.topic, self._task.partition, self._task.include_headers)
         deadline = time.monotonic() + self._task.poll_timeout_s
         while not self._done():
             wanted = min(self._task.end - self._next_offset, _ROWS_PER_BATCH)
@@ -213,9 +219,10 @@ class _RangeReader:
 class _Rows:
     """Column buffers for one Arrow batch of a single partition's records."""
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, include_headers: bool = False) -> None:
         self._topic = topic
         self._partition = partition
+        self._include_headers = include_headers
         self._clear()
 
     def _clear(self) -> None:
@@ -224,6 +231,7 @@ class _Rows:
         self._offsets: list[int] = []
         self._timestamps_us: list[int] = []
         self._timestamp_types: list[int] = []
+        self._headers: list[list[dict[str, str | bytes | None]]] = []
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -235,21 +243,32 @@ class _Rows:
         self._offsets.append(offset)
         self._timestamps_us.append(timestamp_ms * 1000)
         self._timestamp_types.append(_KAFKA_TIMESTAMP_TYPE.get(timestamp_type, _NO_TIMESTAMP_TYPE))
+        if self._include_headers:
+            self._headers.append(_headers_of(message))
 
     def to_batch(self) -> pa.RecordBatch:
         """The buffered rows as one batch; the buffers start empty again."""
         count = len(self)
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array(self._keys, pa.binary()),
-                pa.array(self._values, pa.binary()),
-                pa.array([self._topic] * count, pa.string()),
-                pa.array([self._partition] * count, pa.int32()),
-                pa.array(self._offsets, pa.int64()),
-                pa.array(self._timestamps_us, pa.timestamp("us", tz="UTC")),
-                pa.array(self._timestamp_types, pa.int32()),
-            ],
-            schema=ARROW_SCHEMA,
-        )
+        columns = [
+            pa.array(self._keys, pa.binary()),
+            pa.array(self._values, pa.binary()),
+            pa.array([self._topic] * count, pa.string()),
+            pa.array([self._partition] * count, pa.int32()),
+            pa.array(self._offsets, pa.int64()),
+            pa.array(self._timestamps_us, pa.timestamp("us", tz="UTC")),
+            pa.array(self._timestamp_types, pa.int32()),
+        ]
+        schema = ARROW_SCHEMA
+        if self._include_headers:
+            columns.append(pa.array(self._headers, ARROW_HEADERS))
+            schema = ARROW_SCHEMA_WITH_HEADERS
+        batch = pa.RecordBatch.from_arrays(columns, schema=schema)
         self._clear()
         return batch
+
+
+def _headers_of(message: Message) -> list[dict[str, str | bytes | None]]:
+    """A record's headers as spark-sql-kafka gives them (an empty list when it has none)."""
+    # librdkafka hands a consumed record's headers as a list of (key, value) pairs.
+    headers: Any = message.headers() or []
+    return [{"key": key, "value": value} for key, value in headers]

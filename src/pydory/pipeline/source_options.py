@@ -10,6 +10,7 @@ source and Spark's JVM ``kafka`` source by changing only the format name:
 - ``maxOffsetsPerTrigger``: cap on the offsets one micro-batch reads
 - ``failOnDataLoss``: ``true`` (default) or ``false``
 - ``kafkaConsumer.pollTimeoutMs``: how long a read may wait for the broker (default 120 s)
+- ``includeHeaders``: ``true`` adds spark-sql-kafka's ``headers`` column (default ``false``)
 - any other ``kafka.<property>``: passed to librdkafka as ``<property>``
 """
 
@@ -55,7 +56,6 @@ _UNSUPPORTED = {
         "maxTriggerDelay": f"{_NOT_IMPLEMENTED} (it goes with minOffsetsPerTrigger)",
         "minPartitions": f"{_NOT_IMPLEMENTED}: one Spark task reads each topic-partition",
         "maxRecordsPerPartition": f"{_NOT_IMPLEMENTED}: one Spark task reads each topic-partition",
-        "includeHeaders": f"{_NOT_IMPLEMENTED}: rows have no headers column",
         "groupIdPrefix": f"{_NOT_IMPLEMENTED}: the source joins no consumer group",
         "fetchOffset.numRetries": f"{_NOT_IMPLEMENTED}: librdkafka retries within "
         "kafkaConsumer.pollTimeoutMs",
@@ -71,6 +71,7 @@ _KNOWN = {
     "maxoffsetspertrigger",
     "failondataloss",
     "kafkaconsumer.polltimeoutms",
+    "includeheaders",
 }
 
 _FETCH_WAIT_MAX_MS = "50"
@@ -91,6 +92,8 @@ class SourceOptions:
     fail_on_data_loss: bool
     poll_timeout_s: float
     kafka_properties: Mapping[str, str] = field(default_factory=dict)
+    #: Rows carry the record's headers (spark-sql-kafka's ``headers`` column).
+    include_headers: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool | None) -> SourceOptions:
@@ -121,6 +124,7 @@ class SourceOptions:
             )
             / 1000,
             kafka_properties=_kafka_properties(lowered),
+            include_headers=_boolean(lowered, "includeHeaders", default=False),
         )
 
     def consumer_config(self) -> dict[str, str | bool]:
@@ -151,7 +155,7 @@ def _reject_unknown(options: Mapping[str, str]) -> None:
                 name,
                 "unknown option; the source takes kafka.bootstrap.servers, subscribe, "
                 "startingOffsets, endingOffsets, maxOffsetsPerTrigger, failOnDataLoss, "
-                "kafkaConsumer.pollTimeoutMs and kafka.<librdkafka property>",
+                "kafkaConsumer.pollTimeoutMs, includeHeaders and kafka.<librdkafka property>",
             )
 
 

@@ -50,6 +50,7 @@ class DaemonConfig:
     overload_policy: str = "discard"  # discard | backpressure (needs spool_path)
     host_id: str | None = None  # <messageIdentity><hostId>; None: the machine's
     identity_headers: bool = True  # <messageIdentity><headers enable>
+    books_topic: str | None = None  # <messageIdentity><booksTopic>; None: the default
     log_level: str = "INFO"
     log_to_stdout: bool = False
     datagram_file: str = "dgram.sock"  # the socket files' names in socket_dir
@@ -194,13 +195,18 @@ class DaemonConfig:
 """
 
     def _identity(self) -> str:
-        if self.host_id is None and self.identity_headers:
+        if self.host_id is None and self.identity_headers and self.books_topic is None:
             return ""
         host = "" if self.host_id is None else f'        <hostId value="{self.host_id}" />\n'
         headers = "true" if self.identity_headers else "false"
+        books = (
+            ""
+            if self.books_topic is None
+            else f'        <booksTopic value="{self.books_topic}" />\n'
+        )
         return f"""    <messageIdentity>
 {host}        <headers enable="{headers}" />
-    </messageIdentity>
+{books}    </messageIdentity>
 """
 
     def _spool(self) -> str:

@@ -166,8 +166,7 @@ class Dispatcher:
     ) -> None:
         """Hand one message to librdkafka; its outcome reaches the ledger later, with
         ``token``. ``maybe_in_kafka``: an earlier attempt may have reached the log.
-        ``headers``: its record headers (its identity; a reroute has none: confluent-kafka
-        gives no headers back in a delivery report).
+        ``headers`` (its identity): kept by its callback too, for a resend (a report has none).
         Tokens never decrease from one first attempt to the next (the commit point's
         generations do not): the possible-duplicate window relies on it.
 
@@ -183,14 +182,16 @@ class Dispatcher:
         if handle is None or producer is None:
             raise no_producer_refusal()
         try:
-            if partition_key is None and attempt == 1:
+            if partition_key is not None or attempt > 1:
+                callback = handle.identified_callback(
+                    partition_key, attempt, token, timestamp_ms, maybe_in_kafka, headers
+                )
+            elif headers is not None:  # a callback per message: the identity, for a resend
+                callback = functools.partial(handle.first_identified, token, timestamp_ms, headers)
+            else:
                 callback = handle.first_attempt_callbacks.get(
                     (token, timestamp_ms)
                 ) or handle.first_attempt_callback(token, timestamp_ms)
-            else:
-                callback = functools.partial(
-                    handle.on_delivery, partition_key, attempt, token, timestamp_ms, maybe_in_kafka
-                )
             producer.produce(  # headers=None costs nothing measurable
                 topic, value, key, partition, callback, timestamp=timestamp_ms, headers=headers
             )
@@ -428,8 +429,7 @@ class Dispatcher:
             self._trace_acks(acks)
         if self._suspect_through is not None:  # one check per batch
             self._flag_suspects(acks, self._suspect_through)
-        by_topic: dict[str, int] = {}
-        by_token: dict[int, int] = {}
+        per_token: dict[int, dict[str, int]] = {}  # as cheap as two flat counts
         cost = 0
         pop = acks.popleft
         cost_of = message_cost
@@ -437,11 +437,11 @@ class Dispatcher:
             msg, token, _ = pop()
             topic = msg.topic()
             key = msg.key()
-            by_topic[topic] = by_topic.get(topic, 0) + 1
-            by_token[token] = by_token.get(token, 0) + 1
+            topics = per_token.get(token) or per_token.setdefault(token, {})
+            topics[topic] = topics.get(topic, 0) + 1
             # len(msg) is the value's length, without copying it out.
             cost += cost_of(topic, len(msg) + (len(key) if key else 0))
-        self._ledger.delivered(Delivered(by_topic, by_token, cost))
+        self._ledger.delivered(Delivered.of(per_token, cost))
 
     def _flag_suspects(self, acks: collections.deque[AckReport], through: int) -> None:
         """Each acknowledged message sent before the last failure after which librdkafka
@@ -469,6 +469,7 @@ class Dispatcher:
         token: int,
         handle: ProducerHandle,
         maybe_in_kafka: bool = False,
+        headers: Any = None,
     ) -> None:
         topic: str = msg.topic()
         outcome = failure_outcome(
@@ -496,7 +497,7 @@ class Dispatcher:
         if outcome.possible_duplicate or renumbered:
             self._ledger.possible_duplicate(topic, timestamp_ms)
         maybe_in_kafka = maybe_in_kafka or outcome.possible_duplicate
-        self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token, maybe_in_kafka)
+        self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token, maybe_in_kafka, headers)
 
     def _settle(self, msg: Any, timestamp_ms: int, outcome: FinalOutcome, token: int) -> None:
         topic = msg.topic()
@@ -517,9 +518,10 @@ class Dispatcher:
         attempt: int,
         token: int,
         maybe_in_kafka: bool,
+        headers: Any,
     ) -> None:
-        """Send again: an AnyPartition message to another available partition, a
-        PartitionKey message by the key rule (which skips partitions without a leader)."""
+        """Send again, under the identity it was first sent with: an AnyPartition message
+        to another available partition, a PartitionKey one by the key rule."""
         topic = msg.topic()
         failed = msg.partition()
         layout = self._router.layout(topic)
@@ -542,6 +544,7 @@ class Dispatcher:
                 attempt,
                 token,
                 maybe_in_kafka,
+                headers,
             )
         except EnqueueRefused as refusal:
             self._settle(msg, timestamp_ms, resend_refused(refusal, maybe_in_kafka), token)

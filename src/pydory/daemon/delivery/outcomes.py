@@ -13,7 +13,7 @@ message leaves the daemon here, not back through the intake.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException
@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.events import DiscardReason
 from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.spool.tallies import DELIVERED, POSSIBLY_DELIVERED
 from pydory.errors import PydoryError
 
 # Errors after which the message may already be in the log: the request may have left
@@ -180,11 +181,23 @@ def resend_refused(refusal: EnqueueRefused, maybe_in_kafka: bool) -> Discard | P
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """A batch of messages Kafka acknowledged: how many per topic and per token (the
-    caller's opaque int given to ``send``), and the pool bytes they held in all."""
+    caller's opaque int given to ``send``), and the pool bytes they held in all;
+    ``by_token_topic``: per token, per topic (the spool's tallies: ``Tallies``)."""
 
     by_topic: Mapping[str, int]
     by_token: Mapping[int, int]
     cost: int
+    by_token_topic: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, by_token_topic: Mapping[int, Mapping[str, int]], cost: int) -> Delivered:
+        by_topic: dict[str, int] = {}
+        by_token: dict[int, int] = {}
+        for token, topics in by_token_topic.items():
+            by_token[token] = sum(topics.values())
+            for topic, n in topics.items():
+                by_topic[topic] = by_topic.get(topic, 0) + n
+        return cls(by_topic, by_token, cost, by_token_topic)
 
 
 class Ledger(Protocol):
@@ -229,20 +242,35 @@ class Tokens(Protocol):
         point no longer waits for them."""
 
 
-class DeliveryLedger:
-    """The dispatch Ledger: final outcomes go to the books, free their pool bytes and
-    settle their commit point tokens."""
+class Tallies(Protocol):
+    """Where a spooled message's final outcome is kept on disk with its settlement (the
+    write-ahead: :mod:`pydory.daemon.spool.tallies`); told before the token closes."""
 
-    def __init__(self, books: Books, pool: MemoryPool, commit_point: Tokens) -> None:
+    def settled_as(self, token: int, topic: str, outcome: str, n: int = 1) -> None: ...
+
+
+class DeliveryLedger:
+    """The dispatch Ledger: final outcomes go to the books (and the spool's tallies), free
+    their pool bytes and settle their commit point tokens."""
+
+    def __init__(
+        self, books: Books, pool: MemoryPool, commit_point: Tokens, tallies: Tallies | None = None
+    ) -> None:
         self._books = books
         self._pool = pool
         self._commit_point = commit_point
+        self._tallies = tallies
 
     def delivered(self, batch: Delivered) -> None:
         books, close = self._books, self._commit_point.close
         for topic, n in batch.by_topic.items():
             books.delivered(topic, n)
         self._pool.release(batch.cost)
+        if self._tallies is not None:
+            settled_as = self._tallies.settled_as
+            for token, topics in batch.by_token_topic.items():
+                for topic, n in topics.items():
+                    settled_as(token, topic, DELIVERED, n)
         for token, n in batch.by_token.items():
             close(token, n)
 
@@ -257,6 +285,8 @@ class DeliveryLedger:
     ) -> None:
         self._books.discarded(reason, topic, timestamp_ms, detail=detail)
         self._pool.release(cost)
+        if self._tallies is not None:
+            self._tallies.settled_as(token, topic, reason.value)
         self._commit_point.close(token)
 
     def possibly_delivered(
@@ -265,6 +295,8 @@ class DeliveryLedger:
         value, key = message.value() or b"", message.key() or b""
         self._books.possibly_delivered(topic, timestamp_ms, value, key, detail)
         self._pool.release(cost)
+        if self._tallies is not None:
+            self._tallies.settled_as(token, topic, POSSIBLY_DELIVERED)
         self._commit_point.close(token)  # its fate is decided: a replay would only duplicate
 
     def left_for_next_start(self, topic: str, cost: int, token: int) -> None:

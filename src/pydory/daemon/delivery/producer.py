@@ -40,8 +40,10 @@ PURGE_REPORTS_WAIT_S = 2.0
 # was sent with (librdkafka reports a failed message without one), its PartitionKey (None
 # for AnyPartition), how many times it has been sent, the caller's token (an opaque int
 # given to ``send``, returned to the ledger with the outcome: the commit point's epoch),
-# the producer that reported it, and whether an earlier attempt may have reached the log.
-FailureReport = tuple[Any, Any, int, "int | None", int, int, "ProducerHandle", bool]
+# the producer that reported it, whether an earlier attempt may have reached the log, and
+# its record headers (its identity: confluent-kafka gives none back in a report, so a
+# resend takes them from here).
+FailureReport = tuple[Any, Any, int, "int | None", int, int, "ProducerHandle", bool, Any]
 # A successful delivery report: the message, its token, and the client's timestamp it was
 # sent with (the report's own is the broker's append time on a LogAppendTime topic).
 AckReport = tuple[Any, int, int]
@@ -106,10 +108,15 @@ class ProducerHandle:
         self.fatal_error: str | None = None
         self.retired = False  # the dispatcher no longer sends through it
         self.stopping = False  # handed to its closing thread: the loop no longer serves it
-        # One callback per (token, timestamp) for first-attempt AnyPartition messages (the
-        # hot path): tokens are coarse epochs and a burst's messages mostly share their
-        # millisecond, so this stays small and saves a partial per message.
+        # One callback per (token, timestamp) for first-attempt AnyPartition messages
+        # without headers (the hot path): tokens are coarse epochs and a burst's messages
+        # mostly share their millisecond, so this stays small and saves a partial per
+        # message. A message with an identity header needs a callback of its own (the
+        # header must come back with a failure: ``first_identified``).
         self.first_attempt_callbacks: dict[tuple[int, int], Callable[[Any, Any], None]] = {}
+        #: ``partial(first_identified, token, timestamp_ms, headers)``: the callback of a
+        #: first-attempt AnyPartition message with headers (bound once: the hot path).
+        self.first_identified = self._on_first_identified_delivery
         self._flush_until: Callable[[], float] = time.monotonic
         self.finished: asyncio.Future[None] | None = None
 
@@ -125,9 +132,27 @@ class ProducerHandle:
         if callback is None:
             if len(self.first_attempt_callbacks) > 1024:
                 self.first_attempt_callbacks.clear()
-            callback = functools.partial(self.on_delivery, None, 1, token, timestamp_ms, False)
+            callback = functools.partial(
+                self.on_delivery, None, 1, token, timestamp_ms, False, None
+            )
             self.first_attempt_callbacks[cache_key] = callback
         return callback
+
+    def identified_callback(
+        self,
+        partition_key: int | None,
+        attempt: int,
+        token: int,
+        timestamp_ms: int,
+        maybe_in_kafka: bool,
+        headers: Any,
+    ) -> Callable[[Any, Any], None]:
+        """The delivery callback of a message sent with ``headers`` (or of any attempt but
+        a headerless AnyPartition first one): it carries what a resend needs, since a
+        delivery report gives back neither the headers nor the attempt."""
+        return functools.partial(
+            self.on_delivery, partition_key, attempt, token, timestamp_ms, maybe_in_kafka, headers
+        )
 
     # -- callbacks: on the loop thread while running, on the closing thread after ----------
 
@@ -139,14 +164,34 @@ class ProducerHandle:
         token: int,
         timestamp_ms: int,
         maybe_in_kafka: bool,
+        headers: Any,
         err: Any,
         msg: Any,
     ) -> None:
         if err is None:
             self._ack((msg, token, timestamp_ms))
         else:
-            report = (err, msg, timestamp_ms, partition_key, attempt, token, self, maybe_in_kafka)
-            self._fail(report)
+            self._fail(
+                (
+                    err,
+                    msg,
+                    timestamp_ms,
+                    partition_key,
+                    attempt,
+                    token,
+                    self,
+                    maybe_in_kafka,
+                    headers,
+                )
+            )
+
+    def _on_first_identified_delivery(
+        self, token: int, timestamp_ms: int, headers: Any, err: Any, msg: Any
+    ) -> None:
+        if err is None:
+            self._ack((msg, token, timestamp_ms))
+        else:
+            self._fail((err, msg, timestamp_ms, None, 1, token, self, False, headers))
 
     def _statistics(self, raw: str) -> None:
         # About once a second per producer: parsed where it arrives, so that the loop

@@ -6,20 +6,29 @@ A mark is a side file ``segment-<id>.acks`` beside its segment, appended a recor
 time as groups of messages settle (delivered, discarded after acceptance, possibly
 delivered: any final outcome), never once per message::
 
-    header = "PDAK" | u16 version (1) | u16 reserved (0) | u64 segment id
+    header = "PDAK" | u16 version (2) | u16 reserved (0) | u64 segment id
              | u64 incarnation | u32 stream | u32 crc32(the 28 bytes before)   32 bytes
-    record = u32 first sequence | u32 count | u32 crc32(the 8 bytes before,
-             seeded with the header's crc)                                      12 bytes
+    record = u32 length of the body | body | u32 crc32(length and body,
+             seeded with the header's crc)
+    body   = u16 ranges | ranges x (u32 first sequence | u32 count)
+             | the group's outcome tally (JSON: :mod:`pydory.daemon.spool.tallies`)
+
+(Version 1, written by the first builds of issue 24, has fixed 12-byte records of one
+range each and no tally: still read; its groups count as settled but untallied.)
 
 A group is the messages of one write-ahead token (a segment and a commit point
 generation: about 10 ms of messages): its frame ranges are marked when its last message
-settles, so a group still in flight at a crash is replayed whole. The marks name the
+settles, with what became of its messages (delivered, possibly delivered, discarded by
+reason, per topic) in the same record, so a group still in flight at a crash is replayed
+whole and a marked one is in the rebuilt books of its run (its outcomes counted, its
+frames not replayed: never both, never neither). The marks name the
 segment's incarnation and stream (:mod:`pydory.daemon.spool.records`): a segment cut
 back to its header starts a new stream, and the marks of the old one no longer apply.
 
 When in doubt, replay: a header that is cut, damaged or names another segment or stream
 voids the whole file (:class:`AckMarkCorrupt`); a record whose CRC fails (a flipped byte
-always fails CRC-32) or whose range is impossible is ignored, and so is a torn tail. A
+always fails CRC-32) ends the reading (its length cannot be trusted: what follows is
+ignored), a record whose range or tally is impossible is ignored, and so is a torn tail. A
 mark can only ever make recovery resend more, never skip a message it did not see
 settled. Writing a mark is best effort: a disk that refuses it stops the marks of that
 segment (logged once), which only means a fuller replay.
@@ -40,16 +49,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydory.daemon.spool.errors import SpoolError
+from pydory.daemon.spool.tallies import BadTally, Tally, add, decode_tally, encode_tally, merge
 
 log = logging.getLogger(__name__)
 
 ACK_MAGIC = b"PDAK"
-ACK_VERSION = 1
+ACK_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _ACK_HEAD = struct.Struct(">4sHHQQI")  # magic, version, reserved, segment, incarnation, stream
 ACK_HEADER_BYTES = _ACK_HEAD.size + 4  # 32: with the CRC
-_RECORD = struct.Struct(">II")  # first sequence, count
-ACK_RECORD_BYTES = _RECORD.size + 4  # 12: with the CRC
+_RECORD = struct.Struct(">II")  # first sequence, count (version 1: the whole record)
+ACK_RECORD_BYTES = _RECORD.size + 4  # 12: with the CRC (version 1)
 _U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+#: Version 2: per frame a mark needs at most a range and a topic's tally (about 1.6 KiB
+#: for the longest topic name, escaped), beyond the record's own 10 bytes.
+ACK_BYTES_PER_FRAME = 2048
 _SEQUENCES = 2**32
 ACK_SUFFIX = ".acks"
 
@@ -67,19 +82,39 @@ def ack_path(segment_path: str) -> str:
 # --- the format ---------------------------------------------------------------------------
 
 
-def encode_ack_header(segment_id: int, incarnation: int, stream: int) -> bytes:
-    head = _ACK_HEAD.pack(ACK_MAGIC, ACK_VERSION, 0, segment_id, incarnation, stream)
+def ack_size_limit(max_frames: int) -> int:
+    """The largest mark a segment of at most ``max_frames`` frames could need."""
+    return ACK_HEADER_BYTES + ACK_BYTES_PER_FRAME * max(1, max_frames)
+
+
+def encode_ack_header(
+    segment_id: int, incarnation: int, stream: int, version: int = ACK_VERSION
+) -> bytes:
+    head = _ACK_HEAD.pack(ACK_MAGIC, version, 0, segment_id, incarnation, stream)
     return head + _U32.pack(zlib.crc32(head))
 
 
-def encode_ack_records(header: bytes, ranges: list[tuple[int, int]]) -> bytes:
-    """The records marking ``ranges`` (first sequence, count) under ``header``."""
+def encode_ack_records(
+    header: bytes, ranges: list[tuple[int, int]], tally: Tally | None = None
+) -> bytes:
+    """The record marking one group: ``ranges`` (first sequence, count) and ``tally``
+    (version 1 headers: one record per range, no tally)."""
     seed = zlib.crc32(header[: _ACK_HEAD.size])
-    parts = []
-    for first, count in ranges:
-        body = _RECORD.pack(first, count)
-        parts.append(body + _U32.pack(zlib.crc32(body, seed)))
-    return b"".join(parts)
+    if _U16.unpack_from(header, 4)[0] == 1:
+        parts = []
+        for first, count in ranges:
+            body = _RECORD.pack(first, count)
+            parts.append(body + _U32.pack(zlib.crc32(body, seed)))
+        return b"".join(parts)
+    body = b"".join(
+        [
+            _U16.pack(len(ranges)),
+            *(_RECORD.pack(f, c) for f, c in ranges),
+            encode_tally(tally or {}),
+        ]
+    )
+    framed = _U32.pack(len(body)) + body
+    return framed + _U32.pack(zlib.crc32(framed, seed))
 
 
 @dataclass
@@ -90,14 +125,18 @@ class AckedFrames:
     ends: list[int] = field(default_factory=list)  # exclusive
     ignored_records: int = 0  # damaged or impossible records, and a torn tail
     marked: int = 0  # distinct sequences marked
+    tally: Tally = field(default_factory=dict)  # the outcomes of the marked groups
+    untallied: int = 0  # frames marked by a version 1 record: outcomes unknown
 
     def covers(self, sequence: int) -> bool:
         index = bisect.bisect_right(self.starts, sequence) - 1
         return index >= 0 and sequence < self.ends[index]
 
     @classmethod
-    def of(cls, ranges: list[tuple[int, int]], ignored: int = 0) -> AckedFrames:
-        acked = cls(ignored_records=ignored)
+    def of(
+        cls, ranges: list[tuple[int, int]], ignored: int = 0, tally: Tally | None = None
+    ) -> AckedFrames:
+        acked = cls(ignored_records=ignored, tally=tally or {})
         for start, end in sorted(ranges):
             if acked.ends and start <= acked.ends[-1]:
                 acked.ends[-1] = max(acked.ends[-1], end)
@@ -122,7 +161,7 @@ def parse_ack_mark(data: bytes, segment_id: int, incarnation: int, stream: int) 
     if zlib.crc32(head) != crc:
         raise AckMarkCorrupt("acknowledgement mark header fails its CRC")
     magic, version, _reserved, segment, incarnation_, stream_ = _ACK_HEAD.unpack(head)
-    if magic != ACK_MAGIC or version != ACK_VERSION:
+    if magic != ACK_MAGIC or version not in _READABLE_VERSIONS:
         raise AckMarkCorrupt(f"not an acknowledgement mark of version {ACK_VERSION}")
     if (segment, incarnation_, stream_) != (segment_id, incarnation, stream):
         raise AckMarkCorrupt(
@@ -130,6 +169,8 @@ def parse_ack_mark(data: bytes, segment_id: int, incarnation: int, stream: int) 
             f"not {segment_id} {incarnation:016x}/{stream}"
         )
     seed = zlib.crc32(head)
+    if version == 2:
+        return _parse_groups(data, seed)
     ranges: list[tuple[int, int]] = []
     ignored = 0
     end = len(data) - (len(data) - ACK_HEADER_BYTES) % ACK_RECORD_BYTES
@@ -143,7 +184,59 @@ def parse_ack_mark(data: bytes, segment_id: int, incarnation: int, stream: int) 
             ignored += 1
             continue
         ranges.append((first, first + count))
-    return AckedFrames.of(ranges, ignored)
+    acked = AckedFrames.of(ranges, ignored)
+    acked.untallied = acked.marked
+    return acked
+
+
+def _parse_groups(data: bytes, seed: int) -> AckedFrames:
+    """Version 2's records, each a group's ranges and tally, taken or ignored whole."""
+    ranges: list[tuple[int, int]] = []
+    tally: Tally = {}
+    ignored = 0
+    offset = ACK_HEADER_BYTES
+    while offset < len(data):
+        if offset + 4 > len(data):
+            ignored += 1  # a torn length
+            break
+        (length,) = _U32.unpack_from(data, offset)
+        end = offset + 4 + length
+        if end + 4 > len(data):
+            ignored += 1  # torn, or a damaged length: what follows cannot be found
+            break
+        (crc,) = _U32.unpack_from(data, end)
+        if zlib.crc32(data[offset:end], seed) != crc:
+            ignored += 1  # the length itself may be wrong: stop here
+            break
+        group = _group(data[offset + 4 : end])
+        if group is None:
+            ignored += 1
+        else:
+            ranges.extend(group[0])
+            merge(tally, group[1])
+        offset = end + 4
+    return AckedFrames.of(ranges, ignored, tally)
+
+
+def _group(body: bytes) -> tuple[list[tuple[int, int]], Tally] | None:
+    """A record's ranges (start, end) and tally; None if either is impossible."""
+    if len(body) < _U16.size:
+        return None
+    (count,) = _U16.unpack_from(body, 0)
+    tally_at = _U16.size + count * _RECORD.size
+    if count == 0 or tally_at > len(body):
+        return None
+    ranges = []
+    for index in range(count):
+        first, n = _RECORD.unpack_from(body, _U16.size + index * _RECORD.size)
+        if n == 0 or first + n > _SEQUENCES:
+            return None
+        ranges.append((first, first + n))
+    try:
+        tally = decode_tally(body[tally_at:])
+    except BadTally:
+        return None
+    return ranges, tally
 
 
 def read_ack_mark(
@@ -187,8 +280,16 @@ class AckMarks:
         self.records_written = 0
         self.errors = 0
 
-    def mark(self, segment_id: int, path: str, stream: int, ranges: list[tuple[int, int]]) -> None:
-        """Mark ``ranges`` of segment ``segment_id``'s ``stream`` settled (best effort)."""
+    def mark(
+        self,
+        segment_id: int,
+        path: str,
+        stream: int,
+        ranges: list[tuple[int, int]],
+        tally: Tally | None = None,
+    ) -> None:
+        """Mark ``ranges`` of segment ``segment_id``'s ``stream`` settled, with what became
+        of their messages (``tally``), in one record (best effort)."""
         file = self._files.get(segment_id)
         if file is None or file.stream != stream:
             if file is not None:
@@ -198,7 +299,7 @@ class AckMarks:
         if file.broken:
             return
         try:
-            file.append(encode_ack_records(file.header, ranges))
+            file.append(encode_ack_records(file.header, ranges, tally))
         except OSError as exc:
             self.errors += 1
             file.broken = True
@@ -278,6 +379,7 @@ class _Group:
     outstanding: int = 0
     ranges: list[tuple[int, int]] = field(default_factory=list)  # first sequence, count
     void: bool = False  # never marked (see SettledGroups.joined)
+    tally: Tally = field(default_factory=dict)  # its settled messages' outcomes
 
 
 class SettledGroups:
@@ -291,7 +393,7 @@ class SettledGroups:
     never count down: never marked.
     """
 
-    def __init__(self, mark: Callable[[int, int, list[tuple[int, int]]], None]) -> None:
+    def __init__(self, mark: Callable[[int, int, list[tuple[int, int]], Tally], None]) -> None:
         self._mark = mark
         self._groups: dict[int, _Group] = {}
 
@@ -308,6 +410,13 @@ class SettledGroups:
         else:
             ranges.append((first, count))
 
+    def tally(self, token: int, topic: str, outcome: str, n: int) -> None:
+        """``n`` messages of ``topic`` under ``token`` met ``outcome`` (before their
+        :meth:`settled`, which may mark the group with it)."""
+        group = self._groups.get(token)
+        if group is not None:
+            add(group.tally, topic, outcome, n)
+
     def settled(self, token: int, n: int) -> None:
         group = self._groups.get(token)
         if group is None:
@@ -317,7 +426,7 @@ class SettledGroups:
             return
         del self._groups[token]
         if not group.void:
-            self._mark(group.segment, group.stream, group.ranges)
+            self._mark(group.segment, group.stream, group.ranges, group.tally)
 
     def __len__(self) -> int:
         return len(self._groups)

@@ -17,8 +17,9 @@ ASCII ``<host>/<incarnation: 16 hex digits>/<stream>/<sequence>``, e.g.
   A replay resends a message under that same identity (kept in the replayed frame,
   ``records.FLAG_ORIGIN``), however many crashes it goes through. Without the spool, or
   for a burst the spool refused (``spool_unprotected``), stream 0 and a counter of the
-  run: never replayed, so never resent by a replay, but a librdkafka reroute resends
-  a message with its headers, so its second copy has the same identity too.
+  run: never replayed, so never resent by a replay. A resend after a failed attempt
+  (librdkafka's own retries, or the daemon's: its delivery callback keeps the headers,
+  ``delivery/producer.py``) carries the same identity too.
 
 The header is on by default; ``<messageIdentity enable="false">`` sends no header (for
 consumers that cannot take record headers); identities are still given and spooled.

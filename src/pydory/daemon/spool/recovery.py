@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
-from pydory.daemon.spool.acks import ACK_HEADER_BYTES, ACK_RECORD_BYTES, read_ack_mark
+from pydory.daemon.spool.acks import AckedFrames, ack_size_limit, read_ack_mark
 from pydory.daemon.spool.corrupt import (
     CORRUPT_COPY_BYTES,
     CORRUPT_DIRECTORY,
@@ -61,6 +61,7 @@ from pydory.daemon.spool.records import (
     search_overlap,
     whole_frame_with_a_bad_length,
 )
+from pydory.daemon.spool.tallies import handed_over_topic
 
 #: A record read back, with the identity it was first given (packed; None: unknown).
 RecoveredRecord = tuple[SpoolRecord, "bytes | None"]
@@ -101,6 +102,10 @@ class RecoveryReport:
     problems_not_listed: int = 0
     acknowledged: int = 0
     """Frames not replayed: their segment's acknowledgement mark says they settled."""
+    settled: dict[tuple[int, int, int], AckedFrames] = field(default_factory=dict)
+    """Per segment read, by ``(writer's incarnation, segment id, stream)``: its mark."""
+    handed_over: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Per writer's incarnation, per topic: the frames replayed (not marked settled)."""
 
     def note(self, line: str) -> None:
         """Add a problem line, or count it once the list is full."""
@@ -321,15 +326,22 @@ class _SegmentRead:
 
     def _unsettled_frames(self) -> Iterator[RecoveredRecord]:
         """The frames its mark does not say settled, each with its identity."""
-        size_limit = ACK_HEADER_BYTES + ACK_RECORD_BYTES * (self.window.size // MIN_FRAME_BYTES)
+        size_limit = ack_size_limit(self.window.size // MIN_FRAME_BYTES)
         acked, problem = read_ack_mark(self.path, self.segment_id, self.identity, size_limit)
         if problem is not None:
             self.report.note(problem)
         identity, report = self.identity, self.report
+        writer = identity[0] if identity is not None else 0  # 0: an older, unnamed run
+        if identity is not None:
+            report.settled[(writer, self.segment_id, identity[1])] = acked
+        handed_over = report.handed_over.setdefault(writer, {})
         for sequence, record in self._frames():
             if sequence is not None and acked.starts and acked.covers(sequence):
                 report.acknowledged += 1
                 continue
+            topic = handed_over_topic(record.value) if record.is_payload else record.topic
+            if topic is not None:
+                handed_over[topic] = handed_over.get(topic, 0) + 1
             if record.is_payload and record.key:  # replayed before: its first identity
                 yield record, record.key
             elif identity is None or sequence is None:

@@ -60,6 +60,7 @@ from pydory.daemon.spool.recovery import (
     SegmentRecovery,
     read_exactly,
 )
+from pydory.daemon.spool.tallies import Tally
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class Spool:
         self.incarnation = new_incarnation() if incarnation is None else incarnation
         self._next_stream = 1
         self._acks = AckMarks(self.incarnation)
+        #: Called just before a stream's marks go (deleted, cut back): its tally folded.
+        self.before_fold: Callable[[int, int], None] = lambda segment_id, stream: None
         #: ``(stream, first sequence)`` of the last append's frames.
         self.last_identity = (0, 0)
         self._lock_fd: int | None = None
@@ -362,10 +365,6 @@ class Spool:
         self.last_append = (before, before + written)
         return current.id
 
-    def read_payloads(self, segment_id: int, start: int, end: int) -> list[bytes]:
-        """:meth:`read_frames`' messages."""
-        return [record.value for record in self.read_frames(segment_id, start, end)]
-
     def read_frames(self, segment_id: int, start: int, end: int) -> list[SpoolRecord]:
         """The client messages an earlier ``append_payloads`` wrote at ``[start, end)`` of
         ``segment_id`` (its ``last_append``), read back from the file: for messages kept
@@ -431,13 +430,15 @@ class Spool:
         else:
             self._delete(segment)
 
-    def acknowledge(self, segment_id: int, stream: int, ranges: list[tuple[int, int]]) -> None:
-        """Frames ``ranges`` (first sequence, count) of ``stream`` of a segment settled:
-        marked, so a crash does not replay them. Nothing to mark once the segment is
-        gone or cut back to its header (a new stream). Never raises (best effort)."""
+    def acknowledge(
+        self, segment_id: int, stream: int, ranges: list[tuple[int, int]], tally: Tally
+    ) -> None:
+        """Frames ``ranges`` (first sequence, count) of ``stream`` of a segment settled,
+        their outcomes ``tally``: marked, so a crash does not replay them. Nothing to mark
+        once the segment is gone or cut back (folded). Never raises (best effort)."""
         segment = self._segments.get(segment_id)
         if segment is not None and segment.stream == stream and segment.outstanding:
-            self._acks.mark(segment_id, segment.path, stream, ranges)
+            self._acks.mark(segment_id, segment.path, stream, ranges, tally)
 
     @property
     def acknowledgement_records(self) -> int:
@@ -559,6 +560,7 @@ class Spool:
         assert segment.fd is not None
         if segment.size == HEADER_BYTES:
             return
+        self.before_fold(segment.id, segment.stream)
         self._acks.forget(segment.id, segment.path)
         stream, self._next_stream = self._next_stream, self._next_stream + 1
         header = encode_header(segment.id, self.incarnation, stream)
@@ -578,6 +580,7 @@ class Spool:
     def _delete(self, segment: _Segment) -> None:
         if segment.fd is not None:
             self._retire(segment)
+        self.before_fold(segment.id, segment.stream)
         self._acks.forget(segment.id, segment.path)
         try:
             os.unlink(segment.path)

@@ -18,7 +18,9 @@ its frame number; a replayed message keeps the name it was first given), and its
 goes to Kafka with it (``begin_burst`` returns the headers). The tokens are also the
 groups whose settled frames are marked in the spool (``acks.SettledGroups``): a burst
 joins the group of its first accepted message, and a crash replays only the frames of
-groups not wholly settled.
+groups not wholly settled. What became of a group's messages is marked with its frames,
+and what became of a segment's is folded into the run's books file before the segment
+goes (``tallies``: the ledger tells :meth:`WriteAhead.settled_as` first).
 
 When the spool cannot take a burst (its size cap, a full or failing disk), the burst is
 processed without the write-ahead, counted (``spool_unprotected`` messages), and the
@@ -51,6 +53,7 @@ from pydory.daemon.spool.identity import Headers, MessageIds
 from pydory.daemon.spool.records import SpoolRecord
 from pydory.daemon.spool.recovery import RecoveryReport
 from pydory.daemon.spool.segments import Spool
+from pydory.daemon.spool.tallies import SegmentTallies, Tally
 from pydory.wire import encode_any_partition, encode_partition_key
 
 log = logging.getLogger(__name__)
@@ -86,7 +89,11 @@ class SpoolWriter(Protocol):
     ) -> int: ...
     def read_frames(self, segment_id: int, start: int, end: int) -> list[SpoolRecord]: ...
     def settle(self, segment_id: int, count: int) -> None: ...
-    def acknowledge(self, segment_id: int, stream: int, ranges: list[tuple[int, int]]) -> None: ...
+    def acknowledge(
+        self, segment_id: int, stream: int, ranges: list[tuple[int, int]], tally: Tally
+    ) -> None: ...
+
+    before_fold: Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +120,12 @@ class WriteAhead:
         counters: Counters,
         on_spool_trouble: Callable[[SpoolError], None] = lambda error: None,
         ids: MessageIds | None = None,
+        on_fold: Callable[[int, int, Tally], None] = lambda segment, stream, tally: None,
     ) -> None:
         """``on_spool_trouble`` hears every refused write (the overload policy's cue);
-        ``ids`` names the messages (the daemon's; a headerless one by default)."""
+        ``ids`` names the messages (the daemon's; a headerless one by default);
+        ``on_fold(segment, stream, tally)``: a segment stream's outcomes, just before the
+        segment is deleted or cut back (the run's books file keeps them)."""
         self._commit_point = commit_point
         self._spool = spool
         self._counters = counters
@@ -127,6 +137,9 @@ class WriteAhead:
         self._stream = self._first = 0  # where the burst's frames are, in its segment
         self._burst_token = 0  # the group the burst joined (its first accepted message's)
         self._groups: SettledGroups | None = SettledGroups(spool.acknowledge)
+        self._tallies = SegmentTallies()
+        self._on_fold = on_fold
+        spool.before_fold = self._fold
         self._failing = False  # log a spool problem once per episode, not per burst
         self._deferred: collections.deque[_DeferredBurst] = collections.deque()
         #: While a deferred burst is admitted: the generation its messages already hold.
@@ -170,13 +183,13 @@ class WriteAhead:
         unaccepted = self._burst_size - self._opened
         if self._resumed_generation is not None and unaccepted:
             self._commit_point.close(self._resumed_generation, unaccepted)
-        if self._segment and unaccepted:
-            self._spool.settle(self._segment, unaccepted)
+        if self._segment and unaccepted:  # marked before they settle (see close)
             if self._groups is not None and self._burst_token:
                 self._groups.settled(self._burst_token, unaccepted)
             elif self._groups is not None:  # none accepted: all settled now
                 ranges = [(self._first, unaccepted)]
-                self._spool.acknowledge(self._segment, self._stream, ranges)
+                self._spool.acknowledge(self._segment, self._stream, ranges, {})
+            self._spool.settle(self._segment, unaccepted)
         self._segment = self._burst_size = self._opened = self._burst_token = 0
         self._resumed_generation = None
 
@@ -274,9 +287,23 @@ class WriteAhead:
         self._commit_point.close(token & _GENERATION_MASK, n)
         segment = token >> SEGMENT_SHIFT
         if segment:
-            self._spool.settle(segment, n)
+            # The group's mark first: once the segment settles it may be folded (a crash
+            # then must find every frame of it marked, none handed over a second time).
             if self._groups is not None:
                 self._groups.settled(token, n)
+            self._spool.settle(segment, n)
+
+    def settled_as(self, token: int, topic: str, outcome: str, n: int = 1) -> None:
+        """``n`` accepted messages of ``topic`` under ``token`` met their final
+        ``outcome`` (told before :meth:`close`, which may mark or fold them)."""
+        segment = token >> SEGMENT_SHIFT
+        if segment:
+            self._tallies.settled(segment, topic, outcome, n)
+            if self._groups is not None:
+                self._groups.tally(token, topic, outcome, n)
+
+    def _fold(self, segment: int, stream: int) -> None:
+        self._on_fold(segment, stream, self._tallies.take(segment))
 
     def keep(self, token: int, n: int = 1) -> None:
         """Shutdown: ``n`` messages under ``token`` stay in their segment for the next

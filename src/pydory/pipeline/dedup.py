@@ -1,0 +1,142 @@
+"""Second copies dropped: the landing job lands each message once, by its identity.
+
+Every message the daemon accepts carries its identity in the record header ``pydory-id``
+(``<host>/<incarnation>/<stream>/<sequence>``, :mod:`pydory.daemon.spool.identity`), and a
+replay after a daemon crash resends a message under the same identity. The landing job
+reads the headers (``includeHeaders``, both connectors), keeps the identity as the lake's
+``pydory_id`` column (null for a record without the header: headers turned off, an older
+daemon, another producer), and drops every row whose identity it has already landed
+within the window, with Spark's own ``dropDuplicatesWithinWatermark``.
+
+Why Spark's streaming deduplication, and not a state of sequence ranges per (host,
+incarnation, stream) kept beside the lake: its state lives in the query's checkpoint,
+versioned with each batch and committed with it, so a job killed at any moment resumes
+with exactly the state of the batches the lake holds (the file sink and the state store
+are Spark's exactly-once pair); nothing of ours has to be kept consistent with the lake,
+and every record stays in the JVM (no Python per record on the native connector). The
+price is state per message for the window (about 200 bytes each), where ranges would
+cost almost nothing; docs/pipeline.md gives the sums and the RocksDB setting for high
+rates.
+
+Why the watermark is the landing time (the batch's timestamp, ``current_timestamp()``),
+not the Kafka timestamp: Spark drops a row older than the watermark as late, silently,
+and the Kafka timestamp is the client's CreateTime, anything at all (a client's clock,
+replayed messages of a host that was down for an hour). Landing time only grows, so no
+row is ever late (unless the host's clock steps back by more than the window), and a
+second copy is dropped when it lands within the window of its first: at least
+``window_s`` after it, at most twice that (Spark evicts an identity once the watermark,
+the latest landing time less the window, passes its first landing time plus the window).
+
+Records without the header are never dropped: their key is their own (topic, partition,
+offset, landing time), which no other row has (a topic deleted and recreated gives its
+offsets again, but in a later batch).
+
+Spark runs a batch without data whenever a watermark moves, to evict state; landing time
+moves with every batch, so that would double the batches (and the lake's commits). They
+are turned off (:data:`NO_DATA_BATCHES`): state is evicted in the next batch with data.
+
+A checkpoint that landed batches before this stage existed has no state, and Spark
+refuses to add a stateful operator to it (``STREAMING_STATEFUL_OPERATOR_MISSING_STATE_
+DIRECTORY``): :func:`drops_second_copies` tells, and such a checkpoint lands as before.
+
+Rule: how a second copy is recognised and dropped lives here alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlparse
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from pydory.daemon.spool.identity import HEADER_NAME
+
+__all__ = [
+    "DEFAULT_WINDOW_S",
+    "IDENTITY_COLUMN",
+    "LANDED_METRICS",
+    "NO_DATA_BATCHES",
+    "READ_METRICS",
+    "drop_second_copies",
+    "dropped_per_topic",
+    "drops_second_copies",
+    "identity_of",
+    "observe_topics",
+]
+
+#: The lake's column holding each record's identity (null without the header).
+IDENTITY_COLUMN = "pydory_id"
+#: How long after its first copy a second one is still dropped. It must cover a daemon
+#: restart's replay: a message in flight at the crash was sent at most message.timeout.ms
+#: before it (linger + 30 s by default, more with reroutes), then the daemon is down, then
+#: it replays. Ten minutes leaves room for a restart of several minutes.
+DEFAULT_WINDOW_S = 600.0
+#: Observed metrics of each batch: rows per topic read from Kafka, and landed.
+READ_METRICS = "pydory_read"
+LANDED_METRICS = "pydory_landed"
+
+#: Spark's setting for batches without data; off for the landing query (see above).
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+_LANDED_AT = "_pydory_landed_at"
+_NO_IDENTITY = "_pydory_no_identity"
+
+
+def identity_of(headers: Column) -> Column:
+    """A record's ``pydory-id`` header value as text; null when it has none."""
+    named = F.filter(headers, lambda header: header["key"] == F.lit(HEADER_NAME))
+    return F.try_element_at(named, F.lit(1))["value"].cast("string")
+
+
+def drop_second_copies(rows: DataFrame, window_s: float) -> DataFrame:
+    """``rows`` without a row whose identity landed within ``window_s`` before it.
+
+    A row without an identity is keyed by its (topic, partition, offset, landing time),
+    so it is never dropped. The key columns, the landing time and the state stay out of
+    the result. Start the query with :data:`NO_DATA_BATCHES` false.
+    """
+    identity = F.col(IDENTITY_COLUMN)
+    unnamed = F.when(identity.isNull(), F.struct("topic", "partition", "offset", _LANDED_AT))
+    return (
+        rows.withColumn(_LANDED_AT, F.current_timestamp())
+        .withWatermark(_LANDED_AT, f"{round(window_s * 1000)} milliseconds")
+        .withColumn(_NO_IDENTITY, unnamed)
+        .dropDuplicatesWithinWatermark([IDENTITY_COLUMN, _NO_IDENTITY])
+        .drop(_LANDED_AT, _NO_IDENTITY)
+    )
+
+
+def observe_topics(rows: DataFrame, name: str, topics: Sequence[str]) -> DataFrame:
+    """``rows``, counting each batch's rows per topic as Spark's observed metric ``name``."""
+    counts = [F.count_if(F.col("topic") == topic).alias(f"t{i}") for i, topic in enumerate(topics)]
+    return rows.observe(name, *counts)
+
+
+def dropped_per_topic(observed: Mapping[str, Any], topics: Sequence[str]) -> dict[str, int]:
+    """Per topic, the rows of one batch read but not landed (from its observed metrics)."""
+    read, landed = observed.get(READ_METRICS), observed.get(LANDED_METRICS)
+    if read is None or landed is None:
+        return {}
+    dropped = {topic: read[f"t{i}"] - landed[f"t{i}"] for i, topic in enumerate(topics)}
+    return {topic: count for topic, count in dropped.items() if count}
+
+
+def drops_second_copies(checkpoint: str) -> bool:
+    """Whether a query on ``checkpoint`` can drop second copies (has, or may start, state).
+
+    False for a local checkpoint that has committed batches and no state: it was landed
+    before this stage existed. A remote one (``hdfs://``, ``s3a://``) is not looked at.
+    """
+    parsed = urlparse(checkpoint)
+    if parsed.scheme not in ("", "file"):
+        return True
+    path = parsed.path if parsed.scheme == "file" else checkpoint
+    commits = os.path.join(path, "commits")
+    try:
+        committed = any(name.isdigit() for name in os.listdir(commits))
+    except OSError:  # no commit log yet: a new checkpoint
+        return True
+    return not committed or os.path.isdir(os.path.join(path, "state"))

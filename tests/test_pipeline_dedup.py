@@ -1,0 +1,241 @@
+"""The landing job lands each message once: second copies dropped by their ``pydory-id``.
+
+A daemon's replay after a crash resends a message under the identity its first send
+carried (same value, same header, a later offset, maybe another partition). Here the
+records are produced by hand on the session's Apache Kafka broker, as such a replay
+sends them, and landed through both connectors, the landing job stopped between the
+two copies and restarted from its checkpoint. The job's restart after Spark's Python
+worker timeout is tested here too.
+
+One SparkSession serves the module.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pydory.pipeline import land
+from pydory.pipeline.dedup import DEFAULT_WINDOW_S, IDENTITY_COLUMN
+from pydory.pipeline.land import LandSettings, run_landing
+from pydory.pipeline.spark import spark_session
+from pydory.testing.kafka_broker import KafkaCluster
+
+HOST = "host-a"
+INCARNATION = "00000000000000aa"
+#: Spark's own words when a Python worker it started did not connect back in time.
+WORKER_TIMEOUT = (
+    "org.apache.spark.SparkException: Python worker failed to connect back.\n"
+    "Caused by: java.net.SocketTimeoutException: Timed out while waiting for the Python "
+    "worker to connect back"
+)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(master="local[2]", app_name="pydory-test-dedup")
+    yield session
+    session.stop()
+
+
+def identity(sequence: int, stream: int = 1) -> bytes:
+    return f"{HOST}/{INCARNATION}/{stream}/{sequence}".encode()
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes | None]]) -> None:
+    """Produce ``(partition, value, identity or None)`` records, in order."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition, value, name in records:
+        headers = None if name is None else [("pydory-id", name)]
+        producer.produce(topic, value=value, partition=partition, headers=headers)
+    assert producer.flush(30) == 0
+
+
+def land_once(bootstrap: str, topics: tuple[str, ...], root: Path, connector: str) -> str:
+    """An ``--available-now`` run on ROOT's lake and checkpoint; its output."""
+    out = io.StringIO()
+    settings = LandSettings(
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        lake=str(root / "lake"),
+        checkpoint=str(root / "checkpoint"),
+        available_now=True,
+        connector=connector,  # type: ignore[arg-type]
+        max_offsets_per_trigger=25,
+    )
+    assert run_landing(settings, out) == 0, out.getvalue()
+    return out.getvalue()
+
+
+def lake(spark: SparkSession, root: Path) -> list[Any]:
+    return spark.read.parquet(str(root / "lake")).collect()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.parametrize("connector", ["python", "native"])
+def test_second_copies_are_dropped_across_batches_and_a_restart_and_headerless_records_kept(
+    connector: str,
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    events, logs = unique_topic("dedup-events"), unique_topic("dedup-logs")
+    kafka_broker.create_topic(events, 3)
+    kafka_broker.create_topic(logs, 1)
+    # The first run: 30 named messages, and 6 records without the header, some alike.
+    first = [(i % 3, b"event-%d" % i, identity(i)) for i in range(30)]
+    first += [(0, b"same", None)] * 4 + [(1, b"other", None)] * 2
+    produce(bootstrap, events, first)
+    produce(bootstrap, logs, [(0, b"log-%d" % i, identity(i, stream=2)) for i in range(5)])
+    first_run = land_once(bootstrap, (events, logs), tmp_path, connector)
+    assert "; 0 second copies dropped" in first_run
+
+    # The job is stopped; the daemon crashes and replays: events 10-19 again (some into
+    # another partition, as AnyPartition does), log 3 again, then new messages, one of them
+    # sent twice before the job runs again; and more records without the header, alike.
+    replay = [((i + 1) % 3, b"event-%d" % i, identity(i)) for i in range(10, 20)]
+    replay += [(0, b"event-30", identity(30)), (2, b"event-30", identity(30))]
+    replay += [(i % 3, b"event-%d" % i, identity(i)) for i in range(31, 40)]
+    replay += [(0, b"same", None)] * 3
+    produce(bootstrap, events, replay)
+    produce(bootstrap, logs, [(0, b"log-3", identity(3, stream=2)), (0, b"log-5", identity(5, 2))])
+    second_run = land_once(bootstrap, (events, logs), tmp_path, connector)
+
+    rows = lake(spark, tmp_path)
+    named = Counter((row.topic, row[IDENTITY_COLUMN]) for row in rows if row[IDENTITY_COLUMN])
+    assert set(named.values()) == {1}, [name for name, n in named.items() if n > 1]
+    assert set(named) == {(events, identity(i).decode()) for i in range(40)} | {
+        (logs, identity(i, stream=2).decode()) for i in range(6)
+    }
+    for row in rows:  # each named row is the message its identity names
+        if row.topic == events and row[IDENTITY_COLUMN]:
+            assert row.value == b"event-%s" % row[IDENTITY_COLUMN].rsplit("/", 1)[1].encode()
+    headerless = Counter(row.value for row in rows if row[IDENTITY_COLUMN] is None)
+    assert headerless == {b"same": 7, b"other": 2}
+    assert f"; 12 second copies dropped ({events} 11, {logs} 1)" in second_run
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_checkpoint_landed_before_deduplication_keeps_landing_every_copy(
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = unique_topic("dedup-legacy")
+    kafka_broker.create_topic(topic, 1)
+    produce(bootstrap, topic, [(0, b"a", identity(0)), (0, b"b", identity(1))])
+    # The stateless query of before: its checkpoint has batches and no state.
+    with monkeypatch.context() as old:
+        old.setattr(land, "drops_second_copies", lambda _checkpoint: False)
+        land_once(bootstrap, (topic,), tmp_path, "python")
+    produce(bootstrap, topic, [(0, b"b", identity(1))])
+
+    output = land_once(bootstrap, (topic,), tmp_path, "python")
+
+    assert "second copies are not dropped: the checkpoint" in output
+    assert "second copies not dropped (the checkpoint predates it)" in output
+    assert sorted(row.value for row in lake(spark, tmp_path)) == [b"a", b"b", b"b"]
+
+
+def failing_query(spark: SparkSession, checkpoint: Path) -> Any:
+    """A real query that fails as Spark's Python worker timeout fails one."""
+
+    def worker_timeout(_value: Any) -> str:
+        raise RuntimeError(WORKER_TIMEOUT)
+
+    failing = F.udf(worker_timeout, "string", useArrow=False)
+    stream = spark.readStream.format("rate").load().select(failing("value"))
+    return stream.writeStream.format("noop").option("checkpointLocation", str(checkpoint)).start()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["at start", "mid-query"])
+def test_the_job_restarts_its_query_when_a_python_worker_did_not_connect_back(
+    when: str,
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = unique_topic("dedup-worker")
+    kafka_broker.create_topic(topic, 2)
+    produce(bootstrap, topic, [(i % 2, b"v%d" % i, identity(i)) for i in range(20)])
+    real_start = land.start_landing
+    calls: list[int] = []
+
+    def start_failing_once(session: SparkSession, settings: LandSettings) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            return real_start(session, settings)
+        if when == "at start":
+            raise PySparkException(message=WORKER_TIMEOUT)
+        return failing_query(session, tmp_path / "elsewhere")
+
+    monkeypatch.setattr(land, "start_landing", start_failing_once)
+
+    output = land_once(bootstrap, (topic,), tmp_path, "python")
+
+    assert "did not connect back within Spark's fixed 10 s" in output
+    assert "restarting it from its checkpoint (restart 1 of at most 3)" in output
+    assert len(calls) == 2
+    assert sorted(row.value for row in lake(spark, tmp_path)) == sorted(
+        b"v%d" % i for i in range(20)
+    )
+
+
+@pytest.mark.slow
+def test_other_failures_are_not_restarted(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def start_failing(session: SparkSession, settings: LandSettings) -> Any:
+        calls.append(1)
+        raise PySparkException(message="Python worker exited unexpectedly (crashed)")
+
+    monkeypatch.setattr(land, "start_landing", start_failing)
+    out = io.StringIO()
+    settings = LandSettings(
+        bootstrap_servers="127.0.0.1:9",
+        topics=("t",),
+        lake=str(tmp_path / "lake"),
+        checkpoint=str(tmp_path / "checkpoint"),
+        available_now=True,
+    )
+
+    assert run_landing(settings, out) == 1
+    assert calls == [1]
+    assert "cannot start: Python worker exited unexpectedly" in out.getvalue()
+
+
+def test_the_command_s_window_is_the_job_s_default() -> None:
+    from pydory.cli import build_parser
+
+    required = ["--bootstrap", "b:1", "--topics", "t", "--lake", "l", "--checkpoint", "c"]
+    args = build_parser().parse_args(["pipeline", "land", *required])
+    assert (
+        args.dedup_window
+        == DEFAULT_WINDOW_S
+        == LandSettings("b:1", ("t",), "l", "c").dedup_window_s
+    )
+    window = build_parser().parse_args(["pipeline", "land", *required, "--dedup-window", "90"])
+    assert window.dedup_window == 90
