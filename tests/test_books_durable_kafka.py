@@ -17,9 +17,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from daemon_process import DaemonProcess
+from helpers import wait_until
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.kafka_broker import KafkaCluster
-from test_spool_acks_kafka import Stream, delivered_at_least, read_topic, wait_for
+from test_spool_acks_kafka import Stream, delivered_at_least, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -68,14 +69,14 @@ def test_a_sigkilled_runs_books_are_rebuilt_and_published_with_the_next_ones(
     stream = Stream(config.stream_path, topic, 0)
     try:
         stream.start()
-        wait_for(delivered_at_least(killed, topic, 10_000), 120, "10,000 delivered")
+        wait_until(delivered_at_least(killed, topic, 10_000), 120, "10,000 delivered")
     finally:
         killed.kill()  # mid-stream: the client is still sending
         stream.stopped.set()
         stream.join(timeout=30)
     restarted = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "daemon.log")
     try:
-        wait_for(
+        wait_until(
             lambda: restarted.page("commit_point/json?after=now&timeout=30")["passed"],
             120,
             "the replayed messages to settle",
@@ -130,7 +131,9 @@ def test_with_topic_autocreate_the_daemon_creates_the_books_topic_compacted(
     daemon = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "daemon.log")
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     try:
-        wait_for(lambda: books_topic in admin.list_topics(timeout=10).topics, 60, "the books topic")
+        wait_until(
+            lambda: books_topic in admin.list_topics(timeout=10).topics, 60, "the books topic"
+        )
     finally:
         assert daemon.stop() == 0
     resource = ConfigResource(ConfigResource.Type.TOPIC, books_topic)

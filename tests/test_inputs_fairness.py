@@ -25,6 +25,7 @@ import uvloop
 from helpers import StreamIntake
 from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs.datagram import DatagramInput
+from pydory.daemon.inputs.sockets import unread_bytes_on
 from pydory.daemon.inputs.stream import StreamInput
 from pydory.daemon.inputs.turns import READ_BYTES, TURN_READ_BYTES
 from pydory.wire import encode_any_partition
@@ -44,6 +45,16 @@ class ReadOrder(StreamIntake):
         tag = "aaaa" if b"aaaa" in burst[0] else "bbbb"
         self.reads.append(tag)
         self.bytes_by_client[tag] = self.bytes_by_client.get(tag, 0) + sum(map(len, burst))
+
+
+async def backlogs_of(stream_input: StreamInput, connections: int, unread: int) -> None:
+    """Until ``connections`` connections each have at least ``unread`` bytes waiting in
+    the kernel (the input is paused: their clients have filled their socket buffers)."""
+    while not (
+        len(ready := stream_input.connections()) >= connections
+        and all(unread_bytes_on(connection.fd) >= unread for connection in ready)
+    ):
+        await asyncio.sleep(0.01)
 
 
 async def send_all(client: socket.socket, data: bytes) -> None:
@@ -67,7 +78,8 @@ async def two_clients_at_once(intake: ReadOrder) -> None:
             asyncio.ensure_future(send_all(client, message * count))
             for client, message in zip(clients, MESSAGES.values(), strict=True)
         ]
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(30):
+            await backlogs_of(stream_input, len(MESSAGES), READ_BYTES)
         stream_input.resume()
         async with asyncio.timeout(30):
             await asyncio.gather(*senders)
@@ -183,7 +195,7 @@ async def flood_beside_datagrams(intake: ReadsPerTurn, socket_dir: str) -> None:
         async with asyncio.timeout(60):
             while intake.opened < FLOODERS:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)
+            await backlogs_of(stream_input, FLOODERS, READ_BYTES)
             stream_input.resume()
             loop.call_soon(intake.tick)
             children.append(

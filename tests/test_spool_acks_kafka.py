@@ -29,6 +29,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from daemon_process import DaemonProcess
+from helpers import wait_until
 from pydory import wire
 from pydory.daemon.spool.records import HEADER_BYTES, decode_records
 from pydory.testing.daemon_config import DaemonConfig
@@ -41,14 +42,6 @@ IDENTITY_HEADER = "pydory-id"
 KILLS = int(os.environ.get("PYDORY_ACK_KILLS", "2"))
 PER_RUN = 15_000  # messages delivered in a run before its SIGKILL
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
-
-
-def wait_for(condition: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Stream(threading.Thread):
@@ -152,7 +145,7 @@ def test_a_sigkill_mid_stream_replays_few_and_each_under_its_first_identity(
         try:
             stream.start()
 
-            wait_for(
+            wait_until(
                 delivered_at_least(daemon, topic, PER_RUN),
                 120,
                 f"run {run}: {PER_RUN} delivered",
@@ -165,7 +158,7 @@ def test_a_sigkill_mid_stream_replays_few_and_each_under_its_first_identity(
         next_number = stream.next + 1_000_000  # a fresh range: no value sent twice
     restarted = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "daemon.log")
     try:
-        wait_for(
+        wait_until(
             lambda: restarted.page("commit_point/json?after=now&timeout=30")["passed"],
             120,
             "the replayed messages to settle",
