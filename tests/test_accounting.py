@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydory.daemon.books import counters as counter_names
-from pydory.daemon.books.accounting import OTHER_TOPICS, Books
+from pydory.daemon.books.accounting import OTHER_TOPICS, POSSIBLY_DELIVERED_IDS_KEPT, Books
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import (
     AFTER_ACCEPTANCE,
@@ -272,6 +272,22 @@ class RecordingSink:
 
     def possible_duplicate(self, topic: str, client_timestamp_ms: int) -> None:
         raise AssertionError("not expected here")
+
+
+def test_the_identities_of_possibly_delivered_messages_are_kept_up_to_a_bound_per_topic() -> None:
+    books, _ = make_books()
+    books.accepted("t", POSSIBLY_DELIVERED_IDS_KEPT + 3)
+    books.accepted("u", 1)
+    for i in range(POSSIBLY_DELIVERED_IDS_KEPT + 2):
+        books.possibly_delivered("t", 700, b"v", b"", "_MSG_TIMED_OUT", f"h/{i:016x}/1/{i}")
+    books.possibly_delivered("t", 700, b"v", b"", "_MSG_TIMED_OUT", None)  # headers off
+    books.possibly_delivered("u", 700, b"v", b"", "_TRANSPORT", "h/00000000000000ff/0/1")
+    per_topic = books.per_topic()
+    kept = per_topic["t"].possibly_delivered_ids
+    assert per_topic["t"].possibly_delivered == POSSIBLY_DELIVERED_IDS_KEPT + 3
+    assert len(kept) == POSSIBLY_DELIVERED_IDS_KEPT
+    assert kept[:2] == ("h/0000000000000000/1/0", "h/0000000000000001/1/1")
+    assert per_topic["u"].possibly_delivered_ids == ("h/00000000000000ff/0/1",)
 
 
 def test_possibly_delivered_is_its_own_outcome_not_a_discard() -> None:

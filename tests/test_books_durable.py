@@ -159,7 +159,8 @@ class Run:
             str(directory), segment_bytes=segment_bytes, max_bytes=1 << 30, fsync_interval_ms=None
         )
         self.spool.open()
-        self.books = DurableBooks(Books(0, 64), "host-a", self.spool.incarnation, str(directory))
+        self.live = Books(0, 64)
+        self.books = DurableBooks(self.live, "host-a", self.spool.incarnation, str(directory))
         self.ahead = WriteAhead(
             self.commit_point,
             self.spool,
@@ -300,6 +301,19 @@ def test_a_clean_stop_writes_final_books_that_are_not_rebuilt(tmp_path: Path) ->
     record = json.loads(Path(run.books.file.path).read_text())
     assert (record["final"], record["ended"], record["host"]) == (True, "clean", "host-a")
     assert rebuild_crashed(str(tmp_path), SpoolFindings({}, {}), current=1, host="host-a") == []
+
+
+def test_the_books_record_names_the_possibly_delivered_and_a_rebuild_keeps_them(
+    tmp_path: Path,
+) -> None:
+    run = Run(tmp_path)
+    run.live.accepted("a")
+    run.live.possibly_delivered("a", 1, b"v", b"", "_MSG_TIMED_OUT", "host-a/01/1/0")
+    run.books.write()
+    record = json.loads(Path(run.books.file.path).read_text())  # type: ignore[union-attr]
+    assert record["topics"]["a"]["possibly_delivered_ids"] == ["host-a/01/1/0"]
+    (rebuilt,) = rebuild_crashed(str(tmp_path), SpoolFindings({}, {}), current=2, host="host-a")
+    assert rebuilt.record()["topics"]["a"]["possibly_delivered_ids"] == ["host-a/01/1/0"]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -552,6 +552,7 @@ class RecordingLedger:
         self.tokens: Counter[int] = Counter()
         self.expected = 0
         self.all_delivered: asyncio.Event | None = None  # set at ``expected`` outcomes
+        self.possibly_delivered_headers: list[Any] = []
 
     def delivered(self, batch: Delivered) -> None:
         self.outcomes += ["delivered"] * sum(batch.by_topic.values())
@@ -574,9 +575,19 @@ class RecordingLedger:
         self.outcomes.append(str(reason))
 
     def possibly_delivered(
-        self, topic: str, timestamp_ms: int, message: Any, detail: str, cost: int, token: int
+        self,
+        topic: str,
+        timestamp_ms: int,
+        message: Any,
+        detail: str,
+        cost: int,
+        token: int,
+        headers: Any = None,
     ) -> None:
         self.outcomes.append("possibly_delivered")
+        self.possibly_delivered_headers.append(headers)
+        if self.all_delivered is not None and len(self.outcomes) >= self.expected:
+            self.all_delivered.set()
 
     def left_for_next_start(self, topic: str, cost: int, token: int) -> None:
         self.outcomes.append("left_for_next_start")
@@ -646,6 +657,45 @@ def test_the_shutdown_deadline_counts_from_when_shutdown_was_requested(
 
     asyncio.run(send_then_shut_down())
     assert ledger.outcomes == ["delivered", outcome]
+
+
+def test_a_possibly_delivered_message_reaches_the_ledger_with_the_identity_it_was_sent_with(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str]
+) -> None:
+    """A delivery report carries no headers: the identity the books list for the audit
+    to look up (issue 24) is the one the message was produced with."""
+    topic = unique_topic("maybe-id")
+    mock_cluster.create_topic(topic, 1)
+    ledger = RecordingLedger()
+    dispatcher = Dispatcher(
+        DeliverySettings(
+            mock_cluster.bootstrap_servers,
+            max_failed_delivery_attempts=1,
+            replication_timeout_ms=1000,
+            extra={"message.timeout.ms": "1500"},
+        ),
+        lambda topic: ProducerProfile(linger_ms=5, batch_messages=100, batch_bytes=100_000),
+        Router(MetadataSnapshot.build({1: "b1"}, {topic: {0: 1}})),
+        ledger,
+    )
+    identity = [("pydory-id", b"host-a/00000000000000aa/1/7")]
+
+    async def send_into_a_hung_broker() -> None:
+        dispatcher.start(asyncio.get_running_loop())
+        ledger.first_delivery = asyncio.Event()
+        dispatcher.send(topic, 0, b"warm-up", None, 0)
+        await asyncio.wait_for(ledger.first_delivery.wait(), 30)
+        ledger.expected, ledger.all_delivered = 2, asyncio.Event()
+        for broker in mock_cluster.broker_ids:
+            mock_cluster.set_rtt(broker, 5000)  # the request leaves; no answer in time
+        dispatcher.send(topic, 0, b"maybe", None, 0, headers=identity)
+        await asyncio.wait_for(ledger.all_delivered.wait(), 30)
+        await dispatcher.shutdown(max_delay_s=1.0)
+
+    asyncio.run(send_into_a_hung_broker())
+    settled = [outcome for outcome in ledger.outcomes if outcome != "possible_duplicate"]
+    assert settled == ["delivered", "possibly_delivered"]
+    assert ledger.possibly_delivered_headers == [identity]
 
 
 def test_delivery_reports_are_served_and_settled_on_the_loop_thread_in_batches(

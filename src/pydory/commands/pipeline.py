@@ -15,7 +15,7 @@ from typing import Any
 from pydory import wire
 from pydory.commands import summary
 from pydory.errors import BadTopic
-from pydory.pipeline import audit_command
+from pydory.pipeline import audit_command, fleet_audit_command
 
 DEFAULT_MASTER = "local[*]"
 #: pydory.pipeline.dedup.DEFAULT_WINDOW_S, spelt here so that --help needs no PySpark.
@@ -216,3 +216,4 @@ def _spark_conf(text: str) -> tuple[str, str]:
 SUBCOMMANDS: list[PipelineSubcommand] = []
 SUBCOMMANDS.append(register_land)
 SUBCOMMANDS.append(audit_command.register)
+SUBCOMMANDS.append(fleet_audit_command.register)

@@ -84,6 +84,9 @@ __all__ = ["DEFAULT_UNKNOWN_TOPIC_LIMIT", "OTHER_TOPICS", "Books", "TopicTotals"
 OTHER_TOPICS = "(other)"
 #: Topic names Kafka does not have that get records of their own (``<maxUnknownTopics>``).
 DEFAULT_UNKNOWN_TOPIC_LIMIT = 1000
+#: Per topic, the identities (``pydory-id``) of possibly delivered messages kept for the
+#: fleet audit to look up in the lake; beyond it they are only counted.
+POSSIBLY_DELIVERED_IDS_KEPT = 1000
 
 
 # --- per-topic totals ----------------------------------------------------------------------
@@ -101,6 +104,8 @@ class TopicTotals:
     possibly_delivered: int = 0
     #: Kept in the spool at shutdown: the next start replays them.
     left_for_next_start: int = 0
+    #: The identities of the first POSSIBLY_DELIVERED_IDS_KEPT possibly delivered ones.
+    possibly_delivered_ids: tuple[str, ...] = ()
 
     @property
     def discarded_after_acceptance(self) -> int:
@@ -118,6 +123,7 @@ class _TopicLedger:
     # Kept alongside ``discarded`` so that in_flight, checked on every delivery, is O(1).
     discarded_after_acceptance: int = 0
     possibly_delivered: int = 0
+    possibly_delivered_ids: list[str] = field(default_factory=list)
     left_for_next_start: int = 0
 
     @property
@@ -143,6 +149,7 @@ class _TopicLedger:
             in_flight=self.in_flight,
             possibly_delivered=self.possibly_delivered,
             left_for_next_start=self.left_for_next_start,
+            possibly_delivered_ids=tuple(self.possibly_delivered_ids),
         )
 
 
@@ -279,17 +286,28 @@ class Books:
             self._discard_sink.discarded(event)
 
     def possibly_delivered(
-        self, topic: str, client_timestamp_ms: int, value: bytes, key: bytes, detail: str
+        self,
+        topic: str,
+        client_timestamp_ms: int,
+        value: bytes,
+        key: bytes,
+        detail: str,
+        identity: str | None = None,
     ) -> None:
         """An accepted message's last attempt ended in an error after which it may be in
         Kafka or not (``detail``: librdkafka's error name). Not a discard: Dory's report
         lists it apart, and the discard log has it, with the client's bytes, as ``MAYBE``.
+        ``identity``: its ``pydory-id``, kept (a bounded number per topic) for the audit.
         """
         ledger = self._topics.get(topic)
         if ledger is None or ledger.in_flight < 1:
             self._require_in_flight(topic, 1, "possibly delivered")  # raises
         else:
             ledger.possibly_delivered += 1
+            if identity is not None and len(ledger.possibly_delivered_ids) < (
+                POSSIBLY_DELIVERED_IDS_KEPT
+            ):
+                ledger.possibly_delivered_ids.append(identity)
         self.counters.inc(counter_names.POSSIBLY_DELIVERED)
         self.maybe_roll()
         widen(self._current.possibly_delivered_topics, topic, client_timestamp_ms)

@@ -162,6 +162,7 @@ def topic_books(books: Books, replayed: Mapping[str, int]) -> dict[str, dict[str
             "accepted": totals.accepted,
             "delivered": totals.delivered,
             "possibly_delivered": totals.possibly_delivered,
+            "possibly_delivered_ids": list(totals.possibly_delivered_ids),
             "discarded": {r: n for r, n in discarded.items() if r in AFTER_ACCEPTANCE},
             "refused": {r: n for r, n in discarded.items() if r not in AFTER_ACCEPTANCE},
             "left_for_next_start": totals.left_for_next_start,
@@ -190,6 +191,8 @@ def rebuilt_topic_books(
             "accepted": delivered + possibly + sum(outcomes.values()) + handed,
             "delivered": delivered,
             "possibly_delivered": possibly,
+            # Best effort, like ``refused``: the marks count them, they do not name them.
+            "possibly_delivered_ids": list(last_live.get("possibly_delivered_ids", [])),
             "discarded": {r: n for r, n in sorted(outcomes.items()) if n},
             "refused": dict(last_live.get("refused", {})),
             "left_for_next_start": 0,

@@ -104,10 +104,9 @@ class Dispatcher:
         msg_debug: MsgDebug | None = None,
         kept_on_disk: Callable[[int], bool] = lambda token: False,
     ) -> None:
-        """``in_flight_by_topic`` (the books' count of accepted, unsettled messages per
-        topic) lets the statistics tell how many messages wait for a produce request;
-        ``kept_on_disk(token)``: the message is in the spool (the write-ahead's tokens
-        say), so a shutdown that cannot deliver it leaves it there for the next start."""
+        """``in_flight_by_topic`` (the books' accepted, unsettled messages per topic) lets
+        the statistics tell how many wait for a produce request; ``kept_on_disk(token)``:
+        in the spool, so a shutdown that cannot deliver it leaves it for the next start."""
         self._settings = settings
         self._profile_for = profile_for
         self._router = router
@@ -492,21 +491,23 @@ class Dispatcher:
         if not isinstance(outcome, Reroute):
             if renumbered and isinstance(outcome, PossiblyDelivered):
                 self._ledger.possible_duplicate(topic, timestamp_ms)
-            self._settle(msg, timestamp_ms, outcome, token)
+            self._settle(msg, timestamp_ms, outcome, token, headers)
             return
         if outcome.possible_duplicate or renumbered:
             self._ledger.possible_duplicate(topic, timestamp_ms)
         maybe_in_kafka = maybe_in_kafka or outcome.possible_duplicate
         self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token, maybe_in_kafka, headers)
 
-    def _settle(self, msg: Any, timestamp_ms: int, outcome: FinalOutcome, token: int) -> None:
+    def _settle(
+        self, msg: Any, timestamp_ms: int, outcome: FinalOutcome, token: int, headers: Any
+    ) -> None:
         topic = msg.topic()
-        cost = pool_cost(topic, msg.key(), msg.value())
-        ledger = self._ledger
+        cost, ledger = pool_cost(topic, msg.key(), msg.value()), self._ledger
+        why = outcome.detail if isinstance(outcome, Discard | PossiblyDelivered) else ""
         if isinstance(outcome, Discard):
-            ledger.discarded(outcome.reason, topic, timestamp_ms, outcome.detail, cost, token)
+            ledger.discarded(outcome.reason, topic, timestamp_ms, why, cost, token)
         elif isinstance(outcome, PossiblyDelivered):
-            ledger.possibly_delivered(topic, timestamp_ms, msg, outcome.detail, cost, token)
+            ledger.possibly_delivered(topic, timestamp_ms, msg, why, cost, token, headers)
         else:
             ledger.left_for_next_start(topic, cost, token)
 
@@ -547,7 +548,7 @@ class Dispatcher:
                 headers,
             )
         except EnqueueRefused as refusal:
-            self._settle(msg, timestamp_ms, resend_refused(refusal, maybe_in_kafka), token)
+            self._settle(msg, timestamp_ms, resend_refused(refusal, maybe_in_kafka), token, headers)
             return
         msg_debug = self._msg_debug
         if msg_debug.active and msg_debug.traces(topic):

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.events import DiscardReason
 from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.spool.identity import Headers, identity_in
 from pydory.daemon.spool.tallies import DELIVERED, POSSIBLY_DELIVERED
 from pydory.errors import PydoryError
 
@@ -216,7 +217,14 @@ class Ledger(Protocol):
     ) -> None: ...
 
     def possibly_delivered(
-        self, topic: str, timestamp_ms: int, message: Unsent, detail: str, cost: int, token: int
+        self,
+        topic: str,
+        timestamp_ms: int,
+        message: Unsent,
+        detail: str,
+        cost: int,
+        token: int,
+        headers: Headers | None = None,
     ) -> None: ...
 
     def left_for_next_start(self, topic: str, cost: int, token: int) -> None: ...
@@ -290,10 +298,20 @@ class DeliveryLedger:
         self._commit_point.close(token)
 
     def possibly_delivered(
-        self, topic: str, timestamp_ms: int, message: Unsent, detail: str, cost: int, token: int
+        self,
+        topic: str,
+        timestamp_ms: int,
+        message: Unsent,
+        detail: str,
+        cost: int,
+        token: int,
+        headers: Headers | None = None,
     ) -> None:
+        """``headers``: those it was produced with (a delivery report has none), whose
+        identity the books keep for the audit to look up."""
         value, key = message.value() or b"", message.key() or b""
-        self._books.possibly_delivered(topic, timestamp_ms, value, key, detail)
+        identity = identity_in(headers)
+        self._books.possibly_delivered(topic, timestamp_ms, value, key, detail, identity)
         self._pool.release(cost)
         if self._tallies is not None:
             self._tallies.settled_as(token, topic, POSSIBLY_DELIVERED)

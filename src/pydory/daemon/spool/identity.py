@@ -51,6 +51,14 @@ _ORIGIN = struct.Struct(">QII")  # incarnation, stream, sequence: a replayed fra
 Headers = list[tuple[str, str | bytes | None]]
 
 
+def identity_in(headers: Headers | None) -> str | None:
+    """The identity a message was produced with (its ``pydory-id`` header), if any."""
+    for name, value in headers or ():
+        if name == HEADER_NAME and value is not None:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return None
+
+
 def new_incarnation() -> int:
     """A run's incarnation: 64 random bits (never 0, which names nothing)."""
     return secrets.randbits(64) or 1
