@@ -1,9 +1,9 @@
 """The fleet audit's figure: a full read of the lake against an incremental one.
 
-Not a test. Fills a topic of a mock cluster (its own process, 3 brokers, 8 partitions)
+Not a test. Fills a topic of Apache Kafka (our launcher: one KRaft node, 8 partitions)
 with N records carrying ``pydory-id`` headers, as three hosts of two runs each would send
 them, and publishes those runs' books to a books topic; lands the topic with the landing
-job (``--connector python``, Trigger.AvailableNow); then, in one SparkSession:
+job (Spark's own connector, Trigger.AvailableNow); then, in one SparkSession:
 
 1. ``full``: the fleet audit with no state (reads every lake file and books record);
 2. ``first``: the same with ``--state`` (a first run reads everything too, and keeps it);
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,22 +27,14 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from pydory.bench.child import stop_process
 from pydory.daemon.books.durable import CLEAN, RunBooks
 from pydory.daemon.books.publisher import books_value
+from pydory.testing.kafka_broker import KafkaCluster
 
 TOPIC = "bench.fleet"
 BOOKS = "bench.books"
 PARTITIONS = 8
 HOSTS = ("host-1", "host-2", "host-3")
-
-
-def start_mock_cluster() -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "pydory.testing.mock_cluster", "--brokers", "3"]
-    command += ["--topic", f"{TOPIC}:{PARTITIONS}", "--topic", f"{BOOKS}:1"]
-    cluster = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert cluster.stdout is not None
-    return cluster, cluster.stdout.readline().strip()
 
 
 def send_run(bootstrap: str, host: str, incarnation: int, count: int) -> RunBooks:
@@ -86,14 +77,13 @@ def land(bootstrap: str, root: Path) -> None:
         lake=str(root / "lake"),
         checkpoint=str(root / "checkpoint"),
         available_now=True,
-        connector="python",
     )
     if run_landing(settings, out) != 0:
         raise RuntimeError(out.getvalue())
 
 
 def timed_audit(label: str, spark: object, bootstrap: str, root: Path, state: bool) -> None:
-    from pydory.pipeline.fleet_audit import fleet_audit
+    from pydory.pipeline.fleet_audit import STATE_FILE, FleetState, fleet_audit
 
     started = time.monotonic()
     report = fleet_audit(
@@ -102,7 +92,6 @@ def timed_audit(label: str, spark: object, bootstrap: str, root: Path, state: bo
         bootstrap_servers=bootstrap,
         books_topic=BOOKS,
         state_dir=str(root / "state") if state else None,
-        connector="python",
     )
     elapsed = time.monotonic() - started
     landed = sum(topic.landed for host in report.hosts for topic in host.topics)
@@ -112,38 +101,43 @@ def timed_audit(label: str, spark: object, bootstrap: str, root: Path, state: bo
         f"landed {landed}  balanced {report.balanced}",
         flush=True,
     )
+    if state:
+        kept = FleetState.load(str(root / "state"), str((root / "lake").resolve()), BOOKS)
+        ranges = sum(len(r) for r in kept.ranges.values())
+        size = (root / "state" / STATE_FILE).stat().st_size
+        print(f"{'':12s} state: {ranges} ranges over {len(kept.ranges)} streams, {size} bytes")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
     args = parser.parse_args()
-    cluster, bootstrap = start_mock_cluster()
-    try:
-        with tempfile.TemporaryDirectory(prefix="pydory-fleet-bench-") as directory:
-            root = Path(directory)
-            per_run = args.messages // (2 * len(HOSTS))
-            started = time.monotonic()
-            for index, host in enumerate(HOSTS):
-                for run in (1, 2):
-                    send_run(bootstrap, host, 16 * index + run, per_run)
-            print(f"produced {per_run * 6} records in {time.monotonic() - started:.1f} s")
-            from pydory.pipeline.spark import spark_session
+    with KafkaCluster(1) as kafka, tempfile.TemporaryDirectory(prefix="pydory-fleet-") as tmp:
+        bootstrap = kafka.bootstrap_servers
+        kafka.create_topic(TOPIC, PARTITIONS)
+        kafka.create_topic(BOOKS, 1, config={"cleanup.policy": "compact"})
+        root = Path(tmp)
+        per_run = args.messages // (2 * len(HOSTS))
+        started = time.monotonic()
+        for index, host in enumerate(HOSTS):
+            for run in (1, 2):
+                send_run(bootstrap, host, 16 * index + run, per_run)
+        print(f"produced {per_run * 6} records in {time.monotonic() - started:.1f} s")
+        from pydory.pipeline.spark import spark_session
 
-            started = time.monotonic()
-            spark = spark_session(app_name="pydory-fleet-audit-bench")
-            print(f"SparkSession started in {time.monotonic() - started:.1f} s")
-            started = time.monotonic()
-            land(bootstrap, root)
-            print(f"landed in {time.monotonic() - started:.1f} s")
-            timed_audit("full", spark, bootstrap, root, state=False)
-            timed_audit("first", spark, bootstrap, root, state=True)
-            send_run(bootstrap, HOSTS[0], 3, max(1, args.messages // 100))
-            land(bootstrap, root)
-            timed_audit("incremental", spark, bootstrap, root, state=True)
-            timed_audit("full again", spark, bootstrap, root, state=False)
-    finally:
-        stop_process(cluster)
+        started = time.monotonic()
+        spark = spark_session(app_name="pydory-fleet-audit-bench")
+        print(f"SparkSession started in {time.monotonic() - started:.1f} s")
+        started = time.monotonic()
+        land(bootstrap, root)
+        print(f"landed in {time.monotonic() - started:.1f} s")
+        timed_audit("full", spark, bootstrap, root, state=False)
+        timed_audit("first", spark, bootstrap, root, state=True)
+        send_run(bootstrap, HOSTS[0], 3, max(1, args.messages // 100))
+        land(bootstrap, root)
+        timed_audit("incremental", spark, bootstrap, root, state=True)
+        timed_audit("full again", spark, bootstrap, root, state=False)
+        spark.stop()
     return 0
 
 

@@ -259,6 +259,22 @@ def test_a_killed_runs_books_are_rebuilt_from_its_marks_folds_and_handed_over_fr
         )
 
 
+def test_a_killed_runs_replays_are_counted_from_its_own_replayed_from_not_its_last_write(
+    tmp_path: Path,
+) -> None:
+    """Killed within its first seconds, a run's last live write came before its replayed
+    messages were in the books: the rebuilt ``replayed`` must still count them (the fleet
+    audit counts a run's new messages as accepted - replayed)."""
+    run = Run(tmp_path)
+    run.books.run.replayed_from = {"00000000000000aa": {"a": 2}}
+    run.books.write()  # the write right after the replay: topic "a" not in the books yet
+    run.burst(["a", "a", "a"])  # the two replayed, written ahead again, and a new one
+    killed = run.spool.incarnation
+    run.kill()
+    books, _ = next_start(tmp_path, killed)
+    assert (books["a"]["accepted"], books["a"]["replayed"]) == (3, 2)
+
+
 def test_a_kill_between_a_fold_and_its_deletion_counts_the_segment_once(tmp_path: Path) -> None:
     run = Run(tmp_path, segment_bytes=4096)
     bursts = [run.burst(["a"] * 20) for _ in range(6)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,46 @@ def test_the_demo_refuses_a_work_directory_in_use(
 
     assert status == 1
     assert f"--workdir {tmp_path} is not empty" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_the_demo_with_sigkills_lands_every_accepted_message_once_and_says_so(
+    tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "work"
+
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "pydory", "demo", "--sigkill", "2", "--seed", "24",
+            "--count", str(COUNT), "--workdir", str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.rstrip().splitlines()
+    stages = [line.split()[1] for line in lines if line.startswith("[")]
+    assert stages == ["kafka", "daemon", "clients", "settle", "land", "audit"]
+    assert "the daemon SIGKILLed 2 times" in next(line for line in lines if "[3/6]" in line)
+    assert re.fullmatch(
+        r"demo: 2 SIGKILLs while the clients sent, [\d,]+ messages replayed from the spool, "
+        r"[\d,]+ second copies dropped by the landing job, 0 left in the lake",
+        lines[-2],
+    ), lines[-2]
+    assert lines[-1].startswith("demo: OK, the fleet audit balanced"), lines[-1]
+    report = json.loads((workdir / "audit.json").read_text())
+    assert report["balanced"] is True
+    assert report["second_copies_in_lake"] == 0
+    assert [host["host"] for host in report["hosts"]] == ["demo-host"]
+    assert len(report["hosts"][0]["runs"]) == 3  # two killed, the last stopped cleanly
+
+
+def test_the_demo_refuses_sigkill_on_the_mock_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["demo", "--sigkill", "1", "--kafka", "mock"])
+
+    assert status == 1
+    assert "--sigkill needs Apache Kafka" in capsys.readouterr().err

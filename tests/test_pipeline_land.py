@@ -43,6 +43,7 @@ from pydory.pipeline.land import (
 from pydory.pipeline.spark import spark_session
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import admin_create_topic
+from pydory.testing.kill_loop import jvm_child_of
 from pydory.testing.mock_cluster import MockCluster
 
 # 2024-03-01 23:59:59.500 UTC and half a second later, the next UTC day.
@@ -485,20 +486,6 @@ def test_a_new_checkpoint_on_a_landed_lake_is_refused_until_its_offsets_are_chos
     assert "(10 offsets skipped that the lake already holds)" in out.getvalue()
     assert "landing finished: 5 records" in out.getvalue()
     assert landed_offsets(spark, lake) == {(topic, 0): list(range(8)), (topic, 1): list(range(7))}
-
-
-def jvm_child_of(pid: int) -> int | None:
-    """The pid of a ``java`` process whose parent is ``pid``, if there is one yet."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        parent = int(text[text.rindex(")") + 2 :].split()[1])
-        if parent == pid and name == "java":
-            return int(stat.parent.name)
-    return None
 
 
 @pytest.mark.kafka

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from confluent_kafka import KafkaException
 
@@ -48,6 +48,9 @@ from pydory.testing.kafka_broker import KafkaBrokerError, KafkaCluster
 from pydory.testing.kafka_util import admin_create_topic
 from pydory.testing.mock_cluster import MockCluster
 from pydory.testing.tansu import TansuBroker
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
 
 STAGES = 7
 #: Every wait in the demo is bounded; the whole demo takes well under this.
@@ -82,6 +85,11 @@ class DemoTopics:
     def partitions(self) -> dict[str, int]:
         """The topics to create, with their partition counts."""
         return {self.events: 4, self.keyed: 4, self.limited: 2}
+
+    @property
+    def books(self) -> str:
+        """The books topic of ``--sigkill``: the daemon's runs' books, beside its data."""
+        return self.events.removesuffix("events") + "books"
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,8 @@ class DemoFailed(PydoryError):
 class Progress:
     """Prints one line per stage: its number and name when it starts, result and time when done."""
 
-    def __init__(self) -> None:
+    def __init__(self, stages: int = STAGES) -> None:
+        self._stages = stages
         self._number = 0
         self.started = time.monotonic()
 
@@ -137,7 +146,7 @@ class Progress:
     def stage(self, name: str) -> Iterator[list[str]]:
         """Yield a list to put the stage's one-line result in."""
         self._number += 1
-        print(f"[{self._number}/{STAGES}] {name:<8}", end=" ", flush=True)
+        print(f"[{self._number}/{self._stages}] {name:<8}", end=" ", flush=True)
         result: list[str] = []
         began = time.monotonic()
         try:
@@ -421,17 +430,34 @@ def stderr_to(path: Path) -> Iterator[None]:
 
 def land(bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str) -> str:
     """Run the landing job with Trigger.AvailableNow to its end; describe what landed."""
+    query = landed_query(bootstrap, topics, paths, master, kafka)
+    batches = [p for p in query.recentProgress if p.numInputRows]
+    records = sum(p.numInputRows for p in batches)
+    return f"Spark AvailableNow query: {records} records in {len(batches)} batch(es)"
+
+
+def landing_connector(kafka: str) -> Literal["native", "python"]:
+    """The Kafka connector the demo's Spark jobs read with.
+
+    Spark's own (the default) needs a Kafka its Java admin client can talk to, and its
+    jars (an installed pydory has none unless the user points PYDORY_SPARK_KAFKA_JARS at
+    them); librdkafka's mock cluster and Tansu are read with pydory's, and so is any
+    Kafka when those jars are missing.
+    """
+    from pydory.pipeline.spark import find_spark_kafka_jars
+
+    return "native" if kafka not in ("mock", "tansu") and find_spark_kafka_jars() else "python"
+
+
+def landed_query(
+    bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str
+) -> StreamingQuery:
+    """The landing query (Trigger.AvailableNow, second copies dropped), run to its end."""
     from pydory.pipeline.land import LandSettings, start_landing
-    from pydory.pipeline.spark import find_spark_kafka_jars, spark_session
+    from pydory.pipeline.spark import spark_session
 
     settings = LandSettings(
-        # Spark's own connector (the default) needs a Kafka its Java admin client can
-        # talk to, and its jars (an installed pydory has none unless the user points
-        # PYDORY_SPARK_KAFKA_JARS at them); librdkafka's mock cluster and Tansu are read
-        # with pydory's, and so is any Kafka when those jars are missing.
-        connector="native"
-        if kafka not in ("mock", "tansu") and find_spark_kafka_jars()
-        else "python",
+        connector=landing_connector(kafka),
         bootstrap_servers=bootstrap,
         topics=tuple(topics.partitions),
         lake=str(paths.lake),
@@ -447,9 +473,7 @@ def land(bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafk
     error = query.exception()
     if error is not None:
         raise DemoFailed(f"the landing job failed: {error}; see {paths.spark_log}")
-    batches = [p for p in query.recentProgress if p.numInputRows]
-    records = sum(p.numInputRows for p in batches)
-    return f"Spark AvailableNow query: {records} records in {len(batches)} batch(es)"
+    return query
 
 
 def audit(topics: DemoTopics, paths: DemoPaths, master: str) -> AuditReport:

@@ -58,14 +58,52 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_MASTER,
         help=f"Spark master for the landing job and the audit (default: {DEFAULT_MASTER})",
     )
+    parser.add_argument(
+        "--sigkill",
+        type=_kills,
+        default=0,
+        metavar="N",
+        help="SIGKILL the daemon N times at random moments while the clients send, "
+        "restarting it on the same spool each time; then land (second copies dropped) and "
+        "run the fleet audit on the books topic. Apache Kafka or your cluster only",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="with --sigkill: seed the random moments of the kills (default: a fresh draw)",
+    )
     parser.set_defaults(handler=run)
+
+
+def _kills(text: str) -> int:
+    kills = int(text)
+    if kills < 0:
+        raise argparse.ArgumentTypeError(f"--sigkill takes a count of 0 or more, not {text}")
+    return kills
 
 
 def run(args: argparse.Namespace) -> int:
     problem = missing_prerequisite(args.kafka)
+    if args.sigkill and args.kafka in ("mock", "tansu"):
+        problem = (
+            f"--sigkill needs Apache Kafka (--kafka kafka, the default) or your cluster, not "
+            f"{args.kafka}: it creates the compacted books topic through Kafka's admin API"
+        )
     if problem:
         print(f"pydory demo: {problem}", file=sys.stderr)
         return 1
+    if args.sigkill:
+        from pydory.demo_kills import run_sigkill_demo  # Spark, the brokers, the kill loop
+
+        return run_sigkill_demo(
+            args.sigkill,
+            kafka=args.kafka,
+            brokers=args.brokers,
+            count=args.count,
+            workdir=args.workdir,
+            master=args.master,
+            seed=args.seed,
+        )
     from pydory.demo import run_demo  # the demo pulls in Spark and the test brokers
 
     return run_demo(

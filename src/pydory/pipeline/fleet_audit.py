@@ -282,6 +282,9 @@ def _read_books(
     read = 0
     for row in latest.collect():
         read += row["n"]
+        if row["key"] is None:  # not a run's record (the daemon always keys them)
+            state.unreadable_books += 1
+            continue
         try:
             state.books[row["key"]] = json.loads(row["value"])
             RunRecord.from_json(state.books[row["key"]])

@@ -176,10 +176,13 @@ def rebuilt_topic_books(
     tally: Mapping[str, Mapping[str, int]],
     handed_over: Mapping[str, int],
     live: Mapping[str, Mapping[str, Any]],
+    replayed: Mapping[str, int],
 ) -> dict[str, dict[str, Any]]:
     """Per topic, a crashed run's books: outcomes from its marks and folds (``tally``),
-    what the next start replayed (``handed_over``), discards before acceptance and
-    replays from its last live write (best effort)."""
+    what the next start replayed (``handed_over``), what it replayed itself at its start
+    (``replayed``: its own ``replayed_from``, summed per topic; its last live write may
+    predate the replayed messages' admission), and discards before acceptance from its
+    last live write (best effort)."""
     topics: dict[str, dict[str, Any]] = {}
     for topic in sorted({*tally, *handed_over, *live}):
         outcomes = dict(tally.get(topic, {}))
@@ -198,9 +201,18 @@ def rebuilt_topic_books(
             "left_for_next_start": 0,
             "handed_over": handed,
             "in_flight": 0,
-            "replayed": int(last_live.get("replayed", 0)),
+            "replayed": replayed.get(topic, 0),
         }
     return topics
+
+
+def replayed_per_topic(books: RunBooks) -> dict[str, int]:
+    """Per topic, the messages ``books``' run replayed from earlier runs' spools."""
+    replayed: dict[str, int] = {}
+    for topics in books.replayed_from.values():
+        for topic, n in topics.items():
+            replayed[topic] = replayed.get(topic, 0) + n
+    return replayed
 
 
 class BooksFile:
@@ -318,7 +330,7 @@ def rebuild_crashed(
                 for outcome, n in outcomes.items():
                     into[outcome] = into.get(outcome, 0) + n
         books.rebuilt = rebuilt_topic_books(
-            tally, findings.handed_over.get(incarnation, {}), books.live
+            tally, findings.handed_over.get(incarnation, {}), books.live, replayed_per_topic(books)
         )
         books.final, books.ended = True, REBUILT
         books.updated_ms = int(time.time() * 1000)

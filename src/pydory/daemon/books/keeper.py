@@ -29,6 +29,7 @@ from pydory.daemon.books.durable import (
     incarnation_name,
     read_books_files,
     rebuild_crashed,
+    replayed_per_topic,
     topic_books,
 )
 from pydory.daemon.books.publisher import BOOKS_PUBLISH_INTERVAL_S, BooksPublisher
@@ -120,11 +121,7 @@ class DurableBooks:
 
     def write(self) -> None:
         """Write this run's record (file and topic) from the live books now."""
-        replayed: dict[str, int] = {}
-        for topics in self.run.replayed_from.values():
-            for topic, n in topics.items():
-                replayed[topic] = replayed.get(topic, 0) + n
-        self.run.live = topic_books(self._books, replayed)
+        self.run.live = topic_books(self._books, replayed_per_topic(self.run))
         self.run.unprotected = self._unprotected()
         if self.file is not None:
             self.file.write()

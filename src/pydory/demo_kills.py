@@ -1,0 +1,275 @@
+"""``pydory demo --sigkill N``: the demo with the daemon SIGKILLed N times while its clients
+send, then landed once and audited from the books topic, as a fleet would be.
+
+What it runs, in order, each stage timed on one line (:mod:`pydory.demo` has the rest):
+
+1. Apache Kafka (or your cluster), the demo topics and the books topic (compacted);
+2. the daemon (``pydory serve``) with its spool on and a host id, publishing each run's
+   books to the books topic;
+3. client threads on all three transports, each value unique (``<client>/<n>``), that
+   survive the daemon's restarts (:class:`pydory.testing.kill_loop.SurvivingClient`);
+   meanwhile the daemon is SIGKILLed N times, each after a random number of messages
+   accepted since its start, and started again on the same config and spool: each start
+   rebuilds the killed run's books from the spool and replays what was not acknowledged;
+4. the last run settles every message and stops cleanly (its final books published);
+5. the landing job (Trigger.AvailableNow), dropping second copies by their ``pydory-id``;
+6. the fleet audit: the books topic against the lake, no daemon's HTTP port.
+
+Its last lines say whether the audit balanced, with the kills, the messages replayed and
+the second copies the landing job dropped; it returns 0 only if the audit balances.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydory.demo import (
+    CLIENT_TIMEOUT_S,
+    DAEMON_START_TIMEOUT_S,
+    SETTLE_TIMEOUT_S,
+    SHUTDOWN_MAX_DELAY_MS,
+    DemoFailed,
+    DemoPaths,
+    DemoTopics,
+    Progress,
+    embedded_kafka,
+    landed_query,
+    landing_connector,
+    prepare_workdir,
+    stderr_to,
+)
+from pydory.testing.daemon_config import DaemonConfig
+from pydory.testing.daemon_process import DaemonDidNotStart
+from pydory.testing.kafka_util import admin_create_topic
+from pydory.testing.kill_loop import (
+    KilledDaemon,
+    KillLoopError,
+    SurvivingClient,
+    Transport,
+    endpoints,
+    kill_thresholds,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from pydory.pipeline.fleet_reconcile import FleetReport
+
+STAGES = 6
+#: The daemon's host id: the first part of every identity it gives out.
+HOST_ID = "demo-host"
+#: Messages a second each client sends while the daemon is up.
+CLIENT_RATE = 1_000
+
+
+@dataclass(frozen=True)
+class KillRun:
+    """What the kill loop did: the kills, the messages sent and replayed."""
+
+    kills: int
+    thresholds: tuple[int, ...]
+    sent: int
+    replayed: int
+
+
+def sigkill_clients(config: DaemonConfig, topics: DemoTopics, count: int) -> list[SurvivingClient]:
+    """The client threads: AnyPartition on each transport, PartitionKey on two."""
+    to = endpoints(config)
+
+    def client(
+        label: str, transport: Transport, topic: str, key: int | None = None
+    ) -> SurvivingClient:
+        return SurvivingClient(
+            label, to[transport], topic, limit=count, rate=CLIENT_RATE, partition_key=key
+        )
+
+    return [
+        client("datagram-events", "datagram", topics.events),
+        client("stream-events", "stream", topics.events),
+        client("tcp-events", "tcp", topics.events),
+        client("tcp-keyed-7", "tcp", topics.keyed, 7),
+        client("stream-keyed-2", "stream", topics.keyed, 2),
+    ]
+
+
+def send_while_killing(
+    daemon: KilledDaemon, clients: Sequence[SurvivingClient], kills: int, seed: int | None
+) -> KillRun:
+    """Start the clients; SIGKILL the daemon ``kills`` times while they send, each after
+    a random number of messages accepted since its start; wait for the clients."""
+    total = sum(client.limit for client in clients)
+    # The kills fall within the first half of the traffic, whatever the draw: the last
+    # run takes messages too, and what the kills lose in socket buffers is covered.
+    low, high = total // (3 * (kills + 1)), total // (2 * (kills + 1))
+    thresholds = kill_thresholds(random.Random(seed), kills, max(1, low), max(1, high))
+    try:
+        for client in clients:
+            client.start()
+        daemon.kill_at(thresholds)
+        for client in clients:
+            client.finish(CLIENT_TIMEOUT_S)
+    finally:  # after a failure, no client outlives the demo
+        for client in clients:
+            client.stop()
+    sent = sum(client.sent for client in clients)
+    return KillRun(daemon.kills, tuple(thresholds), sent, daemon.replayed)
+
+
+def second_copies_dropped(query: StreamingQuery, topics: Sequence[str]) -> int:
+    """The rows the landing query read and did not land (its observed metrics)."""
+    from pydory.pipeline.dedup import dropped_per_topic
+
+    return sum(
+        sum(dropped_per_topic(progress.observedMetrics or {}, topics).values())
+        for progress in query.recentProgress
+    )
+
+
+def fleet_audit(
+    bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str
+) -> FleetReport:
+    """The fleet audit over the books topic and the lake; the report written in text and JSON."""
+    from pydory.pipeline.errors import PipelineError
+    from pydory.pipeline.fleet_audit import fleet_audit as audit_fleet
+    from pydory.pipeline.spark import spark_session
+
+    spark = spark_session(master=master, app_name="pydory-demo")
+    try:
+        report = audit_fleet(
+            spark,
+            str(paths.lake),
+            bootstrap_servers=bootstrap,
+            books_topic=topics.books,
+            connector=landing_connector(kafka),
+        )
+    except PipelineError as error:
+        raise DemoFailed(f"the fleet audit could not run: {error}") from None
+    paths.report_text.write_text(report.render(), encoding="utf-8")
+    paths.report_json.write_text(json.dumps(report.as_dict(), indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def run_sigkill_demo(
+    kills: int,
+    kafka: str = "kafka",
+    brokers: int | None = None,
+    count: int = 2000,
+    workdir: str | None = None,
+    master: str = "local[2]",
+    seed: int | None = None,
+) -> int:
+    """Run the demo with ``kills`` SIGKILLs; returns 0 when the fleet audit balances."""
+    progress = Progress(STAGES)
+    try:
+        paths = prepare_workdir(workdir)
+        print(f"pydory demo --sigkill {kills}: work directory {paths.workdir} (kept)", flush=True)
+        report, run, dropped = _run_stages(
+            progress, paths, kafka, brokers, count, master, kills, seed
+        )
+    except DemoFailed as error:
+        print(f"demo: FAILED: {error}", flush=True)
+        return 1
+    print()
+    print(report.render().rstrip("\n"))
+    print()
+    print(f"lake:    {paths.lake}  (Parquet, partitioned by topic and date)")
+    print(f"reports: {paths.report_text}, {paths.report_json}")
+    print(f"daemon:  {paths.daemon_log}, {paths.config}, spool {paths.workdir / 'spool'}")
+    print(f"spark:   {paths.spark_log}")
+    copies = report.as_dict()["second_copies_in_lake"]
+    print(
+        f"demo: {run.kills} SIGKILLs while the clients sent, {run.replayed:,} messages replayed "
+        f"from the spool, {dropped:,} second copies dropped by the landing job, "
+        f"{copies:,} left in the lake"
+    )
+    if report.balanced:
+        outcome = "OK, the fleet audit balanced: every accepted message is in the lake exactly once"
+    else:
+        outcome = "FAILED, the fleet audit does not balance"
+    print(f"demo: {outcome} ({progress.elapsed():.0f} s)", flush=True)
+    return 0 if report.balanced else 1
+
+
+def _run_stages(
+    progress: Progress,
+    paths: DemoPaths,
+    kafka: str,
+    brokers: int | None,
+    count: int,
+    master: str,
+    kills: int,
+    seed: int | None,
+) -> tuple[FleetReport, KillRun, int]:
+    with contextlib.ExitStack() as running:
+        with progress.stage("kafka") as result:
+            bootstrap, described, topics = running.enter_context(
+                embedded_kafka(kafka, brokers, paths.workdir)
+            )
+            # Compacted: the latest record of each run is kept (docs/accounting.md).
+            admin_create_topic(bootstrap, topics.books, 1, config={"cleanup.policy": "compact"})
+            listed = ", ".join(f"{name}:{n}" for name, n in topics.partitions.items())
+            result.append(f"{described} at {bootstrap}; topics {listed}; books {topics.books}")
+        with progress.stage("daemon") as result:
+            config = DaemonConfig(
+                bootstrap,
+                str(paths.workdir),
+                shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
+                spool_path=str(paths.workdir / "spool"),
+                host_id=HOST_ID,
+                books_topic=topics.books,
+            )
+            daemon = _start_daemon(config, paths)
+            running.callback(daemon.stop)
+            url = f"http://127.0.0.1:{config.http_port}"
+            pid = daemon.process.process.pid
+            result.append(f"pydory serve (pid {pid}), status {url}, spool on, host id {HOST_ID}")
+        with progress.stage("clients") as result:
+            clients = sigkill_clients(config, topics, count)
+            try:
+                run = send_while_killing(daemon, clients, kills, seed)
+            except (KillLoopError, DaemonDidNotStart) as error:
+                raise DemoFailed(f"{error}; see {paths.daemon_log}") from None
+            moments = ", ".join(f"{k:,}" for k in run.thresholds)
+            result.append(
+                f"{len(clients)} client threads sent {run.sent:,} messages over unix datagram, "
+                f"unix stream and tcp; the daemon SIGKILLed {run.kills} times (after {moments} "
+                "more accepted) and restarted on its spool"
+            )
+        with progress.stage("settle") as result:
+            try:
+                daemon.settle(SETTLE_TIMEOUT_S)
+            except KillLoopError as error:
+                raise DemoFailed(str(error)) from None
+            status = daemon.stop()
+            if status != 0:
+                raise DemoFailed(f"the daemon exited with status {status}; see {paths.daemon_log}")
+            result.append(
+                f"the last run settled every message and stopped cleanly (exit 0); "
+                f"{run.replayed:,} messages replayed from the spool in all"
+            )
+        with stderr_to(paths.spark_log):
+            with progress.stage("land") as result:
+                query = landed_query(bootstrap, topics, paths, master, kafka)
+                records = sum(p.numInputRows for p in query.recentProgress)
+                dropped = second_copies_dropped(query, tuple(topics.partitions))
+                result.append(
+                    f"Spark AvailableNow query: {records:,} records read, {dropped:,} second "
+                    "copies dropped by pydory-id"
+                )
+            with progress.stage("audit") as result:
+                report = fleet_audit(bootstrap, topics, paths, master, kafka)
+                verdict = "balanced" if report.balanced else "DOES NOT BALANCE"
+                result.append(f"books topic {topics.books} against the lake: {verdict}")
+    return report, run, dropped
+
+
+def _start_daemon(config: DaemonConfig, paths: DemoPaths) -> KilledDaemon:
+    try:
+        return KilledDaemon(config, paths.workdir, start_timeout_s=DAEMON_START_TIMEOUT_S)
+    except DaemonDidNotStart:
+        raise DemoFailed(f"the daemon did not start; see {paths.daemon_log}") from None
