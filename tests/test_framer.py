@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hotpaths import module_fixture
 from pydory import wire
 from pydory.errors import (
     BadTopic,
@@ -17,6 +18,9 @@ from pydory.errors import (
     UnsupportedApiKey,
     UnsupportedApiVersion,
 )
+
+# Every test here runs on the compiled hot path and on the pure-Python one (issue 25).
+implementation = module_fixture()
 
 VALID = [
     wire.encode_any_partition("orders", b"o" * 100, b"k", 1),

@@ -23,12 +23,16 @@ import pytest
 import uvloop
 
 from helpers import StreamIntake
+from hotpaths import module_fixture
 from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs.datagram import DatagramInput
 from pydory.daemon.inputs.sockets import unread_bytes_on
 from pydory.daemon.inputs.stream import StreamInput
 from pydory.daemon.inputs.turns import READ_BYTES, TURN_READ_BYTES
 from pydory.wire import encode_any_partition
+
+# Every test here runs on the compiled hot path and on the pure-Python one (issue 25).
+implementation = module_fixture()
 
 PER_CLIENT_BYTES = 6 * 1024 * 1024
 MESSAGES = {tag: encode_any_partition(tag, b"x" * 90) for tag in ("aaaa", "bbbb")}

@@ -10,6 +10,7 @@ from typing import Any, cast
 import pytest
 
 from helpers import RecordingDispatcher
+from hotpaths import module_fixture
 from pydory.daemon.admission.intake import Intake
 from pydory.daemon.admission.ratelimit import RateLimit, TopicRateLimiter
 from pydory.daemon.books import counters as counter_names
@@ -25,6 +26,9 @@ from pydory.daemon.spool.tallies import Tally
 from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.status.discards import discard_report_json
 from pydory.wire import encode_any_partition, encode_partition_key
+
+# Every test here runs on the compiled hot path and on the pure-Python one (issue 25).
+implementation = module_fixture()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import pytest
 
 from daemon_process import DaemonProcess
 from helpers import wait_until
+from hotpaths import module_fixture
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import Transport
 from pydory.daemon.books.pool import partial_frame_cost
@@ -36,6 +37,9 @@ from pydory.daemon.inputs.stream_connection import PARTIAL_FRAME_WAIT_S
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+
+# Every test here runs on the compiled hot path and on the pure-Python one (issue 25).
+implementation = module_fixture()
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,12 +63,14 @@ def lean_venv() -> Iterator[Path]:
     """A clean venv holding the built wheel and the daemon's locked dependencies only."""
     with tempfile.TemporaryDirectory(prefix="pydory-wheel-") as scratch:
         dist, venv = Path(scratch) / "dist", Path(scratch) / "venv"
+        # With a compiler here, a wheel without the extension is a failure, not a fallback.
+        require = {"PYDORY_BUILD_REQUIRE_COMPILED": "1"} if has_c_compiler() else {}
         checked(
             [
                 *(str(UV), "build", "--wheel", "--no-build-isolation"),
                 *("--python", sys.executable, "--out-dir", str(dist), str(ROOT)),
             ],
-            env=offline_env(),
+            env=offline_env(**require),
         )
         (wheel,) = dist.glob("pydory-*.whl")
         base_python = os.path.realpath(sys.executable)  # the interpreter .venv was made from
@@ -92,6 +96,41 @@ def lean_venv() -> Iterator[Path]:
         )
         checked([str(UV), "pip", "check", "--python", python], env=offline_env())
         yield venv
+
+
+def has_c_compiler() -> bool:
+    return shutil.which("cc") is not None or shutil.which("gcc") is not None
+
+
+def test_the_wheel_carries_the_compiled_hot_path(lean_venv: Path, tmp_path: Path) -> None:
+    """Issue 25: the package's own build compiles the C extension into the wheel (tagged
+    for this interpreter), and the installed daemon runs it."""
+    if not has_c_compiler():
+        pytest.skip("no C compiler here: the wheel is pure Python (the next test)")
+    (extension,) = lean_venv.glob("lib/python3.*/site-packages/pydory/_cwire.*.so")
+    python = str(lean_venv / "bin" / "python")
+    probe = "import pydory.hotpath as h; print(h.IMPLEMENTATION, h.__file__)"
+    implementation, path = checked([python, "-c", probe], cwd=tmp_path).split()
+    assert implementation == "compiled"
+    assert Path(path).parent == extension.parent  # the wheel's, not the checkout's
+
+
+def test_without_a_c_compiler_the_wheel_is_pure_python(tmp_path: Path) -> None:
+    """A host with no compiler still gets a working wheel: the build says why and goes on
+    without the extension (pydory.hotpath then runs wire.py's code)."""
+    result = run(
+        [
+            *(str(UV), "build", "--wheel", "--no-build-isolation"),
+            *("--python", sys.executable, "--out-dir", str(tmp_path), str(ROOT)),
+        ],
+        env=offline_env(CC="/nonexistent/cc"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "building pure Python: the C extension did not compile" in result.stderr
+    (wheel,) = tmp_path.glob("pydory-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert not [name for name in archive.namelist() if name.endswith(".so")]
 
 
 def test_the_wheel_requires_only_the_daemons_dependencies(lean_venv: Path) -> None:

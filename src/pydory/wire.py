@@ -534,6 +534,27 @@ class StreamFramer:
             return data  # the chunk was exactly one frame
         return bytes(data[start:end])
 
+    @property
+    def error(self) -> OversizedFrame | MalformedMessage | None:
+        """The fatal framing error met, or None while the stream can be framed."""
+        return self._error
+
+    def drain(self) -> list[bytes]:
+        """Every whole frame held, in order, in one call (the daemon's way: one call per
+        read). A fatal framing error ends the list: the frames before it are returned and
+        the error is kept in ``error`` (sticky: ``next_frame`` raises it, and from then on
+        ``drain`` returns no frames)."""
+        frames: list[bytes] = []
+        if self._error is not None:
+            return frames
+        keep = frames.append
+        try:
+            while (frame := self.next_frame()) is not NEED_DATA:
+                keep(frame)
+        except (OversizedFrame, MalformedMessage):
+            pass  # kept in self._error, to be read after the frames before it
+        return frames
+
     def unclean_remainder(self) -> bytes:
         """At end of stream: the first ``prefix_size`` bytes of the partial frame held.
 

@@ -58,6 +58,7 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
     # Imported here, not at the top: `pydory --help` and the other commands need none of it.
     import uvloop
 
+    from pydory import hotpath
     from pydory.commands.daemon_url import config_failure
     from pydory.config import load_config
     from pydory.daemon.logsetup import configure_logging, destinations
@@ -86,6 +87,8 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
     log_files = configure_logging(config.logging, force_stderr=log_stderr and not daemon)
     for warning in config.warnings:  # what Dory accepts and pydory ignores
         log.warning("%s", warning)
+    # Which codec reads the clients' bytes: the compiled one is faster, the same rules.
+    log.info("hot path: %s (%s)", hotpath.IMPLEMENTATION, hotpath.WHY)
     server = Server(config, log_files, config_path=config_path)
     if not daemon:
         # A first run in a terminal must not look hung: say where the log goes, and when

@@ -7,16 +7,15 @@ as the tests.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp
 from pydory.testing.daemon_config import DaemonConfig
 
 START_TIMEOUT_S = 60.0
@@ -64,7 +63,7 @@ class DaemonProcess:
         """Whether the status pages answer (the daemon has replayed its spool and opened)."""
         try:
             self.books()
-        except OSError:
+        except (DaemonUnreachable, NotAStatusPage):
             return False
         return True
 
@@ -76,8 +75,7 @@ class DaemonProcess:
         raise AssertionError("no VmHWM in /proc/PID/status")
 
     def page(self, name: str) -> Any:
-        with urllib.request.urlopen(f"{self.url}/{name}", timeout=30) as response:
-            return json.load(response)
+        return StatusHttp(self.url, timeout_s=30).get_json(name)
 
     def books(self) -> dict[str, Any]:
         books: dict[str, Any] = self.page("books/json")

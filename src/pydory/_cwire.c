@@ -1,0 +1,594 @@
+/*
+ * pydory._cwire: the compiled twin of the hot part of pydory/wire.py (issue 25, step 1).
+ *
+ * Two things, each the same rule as its pure-Python reference, one call per read burst
+ * instead of several Python calls per message:
+ *
+ *   StreamFramer   wire.StreamFramer's rule (cut a byte stream into frames by Size; an
+ *                  oversized Size or a Size < 4 is a sticky fatal error), plus drain():
+ *                  every whole frame held, as a list, in one call.
+ *   DatagramReader recvmmsg(2): up to 64 datagrams per system call (Python's socket
+ *                  module has none), each copied out as bytes, an oversized one as
+ *                  (size, its first 64 bytes), as inputs/datagram.py's loop does.
+ *   parse_any_partition_burst(frames, topic_cache)
+ *                  [wire.parse_any_partition(f) for f in frames], the topic looked up in
+ *                  wire's cache of legal topics (the same dict), None for anything the
+ *                  pure decode must judge.
+ *
+ * The bytes parsed here come from clients: every length is checked against what is held
+ * before it is read (the fuzzer, ./dev fuzz, holds it to "parse, or our protocol error,
+ * never a crash"). The errors are pydory.errors' classes, made by calling them, so they
+ * carry the same detail, prefix and size as the pure framer's.
+ */
+#define _GNU_SOURCE /* recvmmsg */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define SIZE_FIELD 4
+#define HEADER_SIZE 8
+#define ANY_PARTITION_OVERHEAD 28
+#define ANY_PARTITION_TOPIC_OFFSET 12
+#define AFTER_TOPIC_SIZE 12
+#define ANY_PARTITION_API_KEY 256
+#define DEFAULT_PREFIX_SIZE 256
+/* Above this capacity, a buffer holding little is shrunk when it waits for data, so an
+ * idle connection keeps no more than wire.StreamFramer would. */
+#define SHRINK_ABOVE (64 * 1024)
+
+static PyObject *OversizedFrame;   /* pydory.errors.OversizedFrame */
+static PyObject *MalformedMessage; /* pydory.errors.MalformedMessage */
+static PyObject *NEED_DATA;        /* pydory.wire.NEED_DATA */
+static PyObject *str_prefix, *str_size;
+
+static inline int32_t read_i32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+
+static inline int16_t read_i16(const unsigned char *p) {
+    return (int16_t)(((uint16_t)p[0] << 8) | (uint16_t)p[1]);
+}
+
+static inline int64_t read_i64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+/* --- StreamFramer ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    unsigned char *data; /* held bytes are data[start:end] */
+    Py_ssize_t start, end, capacity;
+    Py_ssize_t max_message_size;
+    Py_ssize_t prefix_size;
+    PyObject *error; /* the sticky fatal error, or NULL */
+} Framer;
+
+static int Framer_init(Framer *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"max_message_size", "prefix_size", NULL};
+    Py_ssize_t max_message_size, prefix_size = DEFAULT_PREFIX_SIZE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|n", names, &max_message_size,
+                                     &prefix_size))
+        return -1;
+    if (max_message_size < SIZE_FIELD) {
+        PyErr_Format(PyExc_ValueError, "max_message_size must be at least 4, got %zd",
+                     max_message_size);
+        return -1;
+    }
+    if (prefix_size < 0) {
+        PyErr_Format(PyExc_ValueError, "prefix_size must not be negative, got %zd", prefix_size);
+        return -1;
+    }
+    self->max_message_size = max_message_size;
+    self->prefix_size = prefix_size;
+    self->start = self->end = 0;
+    Py_CLEAR(self->error);
+    return 0;
+}
+
+/* The stored error may hold a traceback whose frames hold this framer: a cycle the
+ * garbage collector must be able to see and break. */
+static int Framer_traverse(Framer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->error);
+    return 0;
+}
+
+static int Framer_clear(Framer *self) {
+    Py_CLEAR(self->error);
+    return 0;
+}
+
+static void Framer_dealloc(Framer *self) {
+    PyObject_GC_UnTrack(self);
+    Framer_clear(self);
+    PyMem_Free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t held(Framer *self) { return self->end - self->start; }
+
+static PyObject *held_prefix(Framer *self) {
+    Py_ssize_t n = held(self) < self->prefix_size ? held(self) : self->prefix_size;
+    return PyBytes_FromStringAndSize((const char *)self->data + self->start, n);
+}
+
+/* Make room for `extra` more bytes after end: move the held bytes to the front, grow. */
+static int reserve(Framer *self, Py_ssize_t extra) {
+    Py_ssize_t have = held(self);
+    if (self->start > 0) {
+        if (have) memmove(self->data, self->data + self->start, (size_t)have);
+        self->start = 0;
+        self->end = have;
+    }
+    if (have > PY_SSIZE_T_MAX - extra) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t need = have + extra;
+    if (need <= self->capacity) return 0;
+    Py_ssize_t capacity = self->capacity ? self->capacity : 4096;
+    while (capacity < need) capacity = capacity > PY_SSIZE_T_MAX / 2 ? need : capacity * 2;
+    unsigned char *data = PyMem_Realloc(self->data, (size_t)capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->data = data;
+    self->capacity = capacity;
+    return 0;
+}
+
+/* Waiting for data: the consumed bytes go (and a large buffer holding little shrinks). */
+static void settle_held(Framer *self) {
+    Py_ssize_t have = held(self);
+    if (have == 0) {
+        self->start = self->end = 0;
+    }
+    if (self->capacity > SHRINK_ABOVE && have < self->capacity / 4) {
+        if (self->start && have) memmove(self->data, self->data + self->start, (size_t)have);
+        self->start = 0;
+        self->end = have;
+        Py_ssize_t capacity = have > 4096 ? have : 4096;
+        unsigned char *data = PyMem_Realloc(self->data, (size_t)capacity);
+        if (data != NULL) { /* if not, keep the larger buffer: still correct */
+            self->data = data;
+            self->capacity = capacity;
+        }
+    }
+}
+
+static PyObject *Framer_feed(Framer *self, PyObject *arg) {
+    if (self->error != NULL) Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (view.len > 0) {
+        if (reserve(self, view.len) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        memcpy(self->data + self->end, view.buf, (size_t)view.len);
+        self->end += view.len;
+    }
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+/* The fatal error of a frame announcing `size`, made by pydory.errors' classes. */
+static PyObject *framing_error(Framer *self, int32_t size) {
+    PyObject *prefix = held_prefix(self);
+    if (prefix == NULL) return NULL;
+    PyObject *error = NULL, *detail = NULL, *kwargs = NULL, *args = NULL;
+    if (size > self->max_message_size) {
+        detail = PyUnicode_FromFormat("Size %d exceeds the stream limit of %zd bytes", (int)size,
+                                      self->max_message_size);
+        kwargs = Py_BuildValue("{OOOi}", str_prefix, prefix, str_size, (int)size);
+    } else {
+        detail = PyUnicode_FromFormat(
+            "Size %d is less than 4; the stream cannot be resynchronised", (int)size);
+        kwargs = Py_BuildValue("{OO}", str_prefix, prefix);
+    }
+    if (detail != NULL && kwargs != NULL) args = PyTuple_Pack(1, detail);
+    if (args != NULL)
+        error = PyObject_Call(size > self->max_message_size ? OversizedFrame : MalformedMessage,
+                              args, kwargs);
+    Py_DECREF(prefix);
+    Py_XDECREF(detail);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(args);
+    return error;
+}
+
+/* The next whole frame (a new reference), NEED_DATA (borrowed, not increfed: compare it),
+ * or NULL with the error stored (sticky) and raised. */
+static PyObject *cut_frame(Framer *self) {
+    Py_ssize_t available = held(self);
+    if (available < SIZE_FIELD) return NEED_DATA;
+    int32_t size = read_i32(self->data + self->start);
+    if (size > self->max_message_size || size < SIZE_FIELD) {
+        PyObject *error = framing_error(self, size);
+        if (error == NULL) return NULL;
+        self->error = error;
+        PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+        return NULL;
+    }
+    if (available < size) return NEED_DATA;
+    PyObject *frame = PyBytes_FromStringAndSize((const char *)self->data + self->start, size);
+    if (frame != NULL) self->start += size;
+    return frame;
+}
+
+static PyObject *raise_sticky(Framer *self) {
+    PyObject *error = self->error;
+    /* Raised again without its old traceback (as error.with_traceback(None) does). */
+    PyException_SetTraceback(error, Py_None);
+    PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+    return NULL;
+}
+
+static PyObject *Framer_next_frame(Framer *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->error != NULL) return raise_sticky(self);
+    PyObject *frame = cut_frame(self);
+    if (frame == NEED_DATA) {
+        settle_held(self);
+        return Py_NewRef(NEED_DATA);
+    }
+    return frame;
+}
+
+static PyObject *Framer_drain(Framer *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *frames = PyList_New(0);
+    if (frames == NULL || self->error != NULL) return frames;
+    for (;;) {
+        PyObject *frame = cut_frame(self);
+        if (frame == NEED_DATA) {
+            settle_held(self);
+            return frames;
+        }
+        if (frame == NULL) {
+            if (self->error == NULL) { /* not a framing error: out of memory */
+                Py_DECREF(frames);
+                return NULL;
+            }
+            PyErr_Clear(); /* the framing error is kept in .error, after these frames */
+            return frames;
+        }
+        int failed = PyList_Append(frames, frame);
+        Py_DECREF(frame);
+        if (failed) {
+            Py_DECREF(frames);
+            return NULL;
+        }
+    }
+}
+
+static PyObject *Framer_unclean_remainder(Framer *self, PyObject *Py_UNUSED(ignored)) {
+    return held_prefix(self);
+}
+
+static PyObject *Framer_get_buffered(Framer *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromSsize_t(held(self));
+}
+
+static PyObject *Framer_get_error(Framer *self, void *Py_UNUSED(closure)) {
+    return Py_NewRef(self->error != NULL ? self->error : Py_None);
+}
+
+static PyObject *Framer_get_max(Framer *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromSsize_t(self->max_message_size);
+}
+
+static PyObject *Framer_get_prefix_size(Framer *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromSsize_t(self->prefix_size);
+}
+
+static PyMethodDef Framer_methods[] = {
+    {"feed", (PyCFunction)Framer_feed, METH_O, "Append bytes received from the stream."},
+    {"next_frame", (PyCFunction)Framer_next_frame, METH_NOARGS,
+     "The next whole frame, or NEED_DATA; raises a fatal framing error (sticky)."},
+    {"drain", (PyCFunction)Framer_drain, METH_NOARGS,
+     "Every whole frame held, in order, up to a fatal framing error (then kept in .error)."},
+    {"unclean_remainder", (PyCFunction)Framer_unclean_remainder, METH_NOARGS,
+     "At end of stream: the first prefix_size bytes of the partial frame held."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Framer_getset[] = {
+    {"buffered", (getter)Framer_get_buffered, NULL, "Bytes received, not yet a frame.", NULL},
+    {"error", (getter)Framer_get_error, NULL, "The fatal framing error, or None.", NULL},
+    {"max_message_size", (getter)Framer_get_max, NULL, "The stream's largest Size.", NULL},
+    {"prefix_size", (getter)Framer_get_prefix_size, NULL, "Bytes of prefix in errors.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject FramerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pydory._cwire.StreamFramer",
+    .tp_basicsize = sizeof(Framer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Framer_traverse,
+    .tp_clear = (inquiry)Framer_clear,
+    .tp_doc = "wire.StreamFramer's rule in C: cuts a client byte stream into frames by Size.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Framer_init,
+    .tp_dealloc = (destructor)Framer_dealloc,
+    .tp_methods = Framer_methods,
+    .tp_getset = Framer_getset,
+};
+
+/* --- DatagramReader ---------------------------------------------------------------------- */
+
+/* Datagrams per recvmmsg call. Each slot has a buffer of max_size + 1 bytes (one more
+ * tells an oversized datagram apart, as recv_into's does); the memory is reserved, and
+ * only the pages datagrams reach become resident. */
+#define DATAGRAM_SLOTS 64
+#define OVERSIZED_PREFIX 64
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    Py_ssize_t max_size;
+    unsigned char *buffers; /* DATAGRAM_SLOTS * (max_size + 1) */
+    struct mmsghdr messages[DATAGRAM_SLOTS];
+    struct iovec vectors[DATAGRAM_SLOTS];
+} DatagramReader;
+
+static int Reader_init(DatagramReader *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"fd", "max_size", NULL};
+    int fd;
+    Py_ssize_t max_size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "in", names, &fd, &max_size)) return -1;
+    if (max_size < 1 || max_size > (1 << 26)) {
+        PyErr_Format(PyExc_ValueError, "max_size must be 1..%d, got %zd", 1 << 26, max_size);
+        return -1;
+    }
+    PyMem_Free(self->buffers);
+    self->buffers = PyMem_Malloc((size_t)DATAGRAM_SLOTS * (size_t)(max_size + 1));
+    if (self->buffers == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->fd = fd;
+    self->max_size = max_size;
+    for (int i = 0; i < DATAGRAM_SLOTS; i++) {
+        self->vectors[i].iov_base = self->buffers + (size_t)i * (size_t)(max_size + 1);
+        self->vectors[i].iov_len = (size_t)(max_size + 1);
+    }
+    return 0;
+}
+
+static void Reader_dealloc(DatagramReader *self) {
+    PyMem_Free(self->buffers);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* One datagram as the reader hands it on: bytes, or (size, prefix) when oversized. */
+static PyObject *datagram_item(DatagramReader *self, int slot) {
+    const char *data = self->vectors[slot].iov_base;
+    Py_ssize_t size = (Py_ssize_t)self->messages[slot].msg_len; /* MSG_TRUNC: the true size */
+    if (size <= self->max_size) return PyBytes_FromStringAndSize(data, size);
+    /* What the slot holds of it (max_size + 1 bytes), at most OVERSIZED_PREFIX. */
+    Py_ssize_t kept = self->max_size + 1 < OVERSIZED_PREFIX ? self->max_size + 1
+                                                            : OVERSIZED_PREFIX;
+    return Py_BuildValue("(ny#)", size, data, kept);
+}
+
+/* read(limit) -> (items, oversized, drained): up to `limit` datagrams in arrival order;
+ * `oversized`: whether any item is a (size, prefix) tuple; `drained`: a read found the
+ * queue empty (EAGAIN). An error other than EAGAIN/EINTR raises OSError if nothing was
+ * read, else ends the burst (the next read meets it again). */
+static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
+    Py_ssize_t limit = PyLong_AsSsize_t(arg);
+    if (limit < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "limit must not be negative");
+        return NULL;
+    }
+    if (self->buffers == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "DatagramReader was not initialised");
+        return NULL;
+    }
+    PyObject *items = PyList_New(0);
+    if (items == NULL) return NULL;
+    int oversized = 0, drained = 0;
+    Py_ssize_t read = 0;
+    while (read < limit) {
+        unsigned int want = (unsigned int)(limit - read < DATAGRAM_SLOTS ? limit - read
+                                                                          : DATAGRAM_SLOTS);
+        for (unsigned int i = 0; i < want; i++) {
+            memset(&self->messages[i].msg_hdr, 0, sizeof(struct msghdr));
+            self->messages[i].msg_hdr.msg_iov = &self->vectors[i];
+            self->messages[i].msg_hdr.msg_iovlen = 1;
+        }
+        int got = recvmmsg(self->fd, self->messages, want, MSG_DONTWAIT | MSG_TRUNC, NULL);
+        if (got < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                drained = 1;
+                break;
+            }
+            if (errno == EINTR) { /* as Python's socket calls do (PEP 475): retry */
+                if (PyErr_CheckSignals() < 0) goto fail;
+                continue;
+            }
+            if (read > 0) break; /* what was read goes on; the error comes back next time */
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto fail;
+        }
+        for (int i = 0; i < got; i++) {
+            PyObject *item = datagram_item(self, i);
+            if (item == NULL || PyList_Append(items, item) < 0) {
+                Py_XDECREF(item);
+                goto fail;
+            }
+            oversized |= !PyBytes_CheckExact(item);
+            Py_DECREF(item);
+        }
+        /* Fewer than asked means the queue is likely empty, but only EAGAIN says so: the
+         * commit point counts a datagram input read when a read found it empty
+         * (times_drained), as the recv_into loop does. */
+        read += got;
+    }
+    return Py_BuildValue("(NOO)", items, oversized ? Py_True : Py_False,
+                         drained ? Py_True : Py_False);
+fail:
+    Py_DECREF(items);
+    return NULL;
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"read", (PyCFunction)Reader_read, METH_O,
+     "read(limit) -> (items, oversized, drained): up to limit datagrams, recvmmsg(2)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pydory._cwire.DatagramReader",
+    .tp_basicsize = sizeof(DatagramReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reads a non-blocking datagram socket many datagrams per system call.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Reader_init,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_methods = Reader_methods,
+};
+
+/* --- parse_any_partition_burst ----------------------------------------------------------- */
+
+/* The last topic seen in a burst: most bursts carry one topic, so a memcmp replaces the
+ * dict lookup (and the bytes object it needs) for every message after the first. */
+typedef struct {
+    const unsigned char *bytes; /* points into a frame the burst's tuple keeps alive */
+    Py_ssize_t length;
+    PyObject *name; /* a strong reference: a finalizer run by an allocation could change
+                       the cache meanwhile */
+} LastTopic;
+
+/* (topic, key, value, timestamp_ms) of one well-formed AnyPartition message whose topic
+ * is in the cache; Py_None (new reference) for any other bytes; NULL on an error. */
+static PyObject *parse_one(PyObject *frame, PyObject *cache, LastTopic *last) {
+    if (!PyBytes_CheckExact(frame)) Py_RETURN_NONE; /* decode judges it */
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(frame);
+    Py_ssize_t length = PyBytes_GET_SIZE(frame);
+    if (length < ANY_PARTITION_OVERHEAD) Py_RETURN_NONE;
+    int32_t size = read_i32(p);
+    int16_t api_key = read_i16(p + 4), api_version = read_i16(p + 6), flags = read_i16(p + 8);
+    int16_t topic_size = read_i16(p + 10);
+    if (size != length || api_key != ANY_PARTITION_API_KEY || api_version != 0 || flags != 0 ||
+        topic_size <= 0)
+        Py_RETURN_NONE;
+    /* All in Py_ssize_t (64-bit): no sum below can overflow from int32 fields. */
+    Py_ssize_t topic_end = ANY_PARTITION_TOPIC_OFFSET + (Py_ssize_t)topic_size;
+    Py_ssize_t key_start = topic_end + AFTER_TOPIC_SIZE;
+    if (key_start > length) Py_RETURN_NONE;
+    int64_t timestamp_ms = read_i64(p + topic_end);
+    int32_t key_size = read_i32(p + topic_end + 8);
+    Py_ssize_t key_end = key_start + (Py_ssize_t)key_size;
+    if (key_size < 0 || key_end + 4 > length) Py_RETURN_NONE;
+    int32_t value_size = read_i32(p + key_end);
+    if (key_end + 4 + (Py_ssize_t)value_size != length) Py_RETURN_NONE;
+
+    const unsigned char *topic_bytes = p + ANY_PARTITION_TOPIC_OFFSET;
+    PyObject *topic; /* borrowed: last->name holds it from here on */
+    if (last->name != NULL && last->length == topic_size &&
+        memcmp(last->bytes, topic_bytes, (size_t)topic_size) == 0) {
+        topic = last->name;
+    } else {
+        PyObject *raw = PyBytes_FromStringAndSize((const char *)topic_bytes, topic_size);
+        if (raw == NULL) return NULL;
+        topic = PyDict_GetItemWithError(cache, raw);
+        Py_DECREF(raw);
+        if (topic == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE; /* not known legal yet: decode judges (and remembers) it */
+        }
+        last->bytes = topic_bytes;
+        last->length = topic_size;
+        Py_XSETREF(last->name, Py_NewRef(topic));
+    }
+    PyObject *key = PyBytes_FromStringAndSize((const char *)p + key_start, key_size);
+    PyObject *value = PyBytes_FromStringAndSize((const char *)p + key_end + 4, value_size);
+    PyObject *timestamp = PyLong_FromLongLong(timestamp_ms);
+    PyObject *fields = NULL;
+    if (key != NULL && value != NULL && timestamp != NULL)
+        fields = PyTuple_Pack(4, topic, key, value, timestamp);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_XDECREF(timestamp);
+    return fields;
+}
+
+static PyObject *parse_any_partition_burst(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                           Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "parse_any_partition_burst(frames, topic_cache) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *cache = args[1];
+    if (!PyDict_CheckExact(cache)) {
+        PyErr_SetString(PyExc_TypeError, "topic_cache must be a dict");
+        return NULL;
+    }
+    /* A tuple copy (pointers only): no finalizer can change what is being parsed. */
+    PyObject *frames = PySequence_Tuple(args[0]);
+    if (frames == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(frames);
+    PyObject *parsed = PyList_New(n);
+    LastTopic last = {NULL, 0, NULL};
+    for (Py_ssize_t i = 0; parsed != NULL && i < n; i++) {
+        PyObject *fields = parse_one(PyTuple_GET_ITEM(frames, i), cache, &last);
+        if (fields == NULL) Py_CLEAR(parsed);
+        else PyList_SET_ITEM(parsed, i, fields);
+    }
+    Py_XDECREF(last.name);
+    Py_DECREF(frames);
+    return parsed;
+}
+
+/* --- the module -------------------------------------------------------------------------- */
+
+static PyMethodDef module_methods[] = {
+    {"parse_any_partition_burst", (PyCFunction)(void (*)(void))parse_any_partition_burst,
+     METH_FASTCALL,
+     "parse_any_partition_burst(frames, topic_cache) -> list: wire.parse_any_partition of "
+     "each frame, in one call."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pydory._cwire",
+    .m_doc = "The compiled twin of pydory.wire's hot path (see pydory.hotpath).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+static PyObject *attribute_of(const char *module_name, const char *name) {
+    PyObject *module = PyImport_ImportModule(module_name);
+    if (module == NULL) return NULL;
+    PyObject *value = PyObject_GetAttrString(module, name);
+    Py_DECREF(module);
+    return value;
+}
+
+PyMODINIT_FUNC PyInit__cwire(void) {
+    if (PyType_Ready(&FramerType) < 0 || PyType_Ready(&ReaderType) < 0) return NULL;
+    OversizedFrame = attribute_of("pydory.errors", "OversizedFrame");
+    MalformedMessage = attribute_of("pydory.errors", "MalformedMessage");
+    NEED_DATA = attribute_of("pydory.wire", "NEED_DATA");
+    str_prefix = PyUnicode_InternFromString("prefix");
+    str_size = PyUnicode_InternFromString("size");
+    if (!OversizedFrame || !MalformedMessage || !NEED_DATA || !str_prefix || !str_size)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    if (PyModule_AddObjectRef(module, "StreamFramer", (PyObject *)&FramerType) < 0 ||
+        PyModule_AddObjectRef(module, "DatagramReader", (PyObject *)&ReaderType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

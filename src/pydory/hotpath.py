@@ -1,0 +1,77 @@
+"""Which implementation of the hot path's codec runs: the compiled one (``pydory._cwire``,
+built from ``_cwire.c`` by the package's build, hatch_build.py) when it is there, else
+pure Python (pydory.wire, the reference: same rules, same results, same errors).
+
+``PYDORY_PURE_PYTHON=1`` in the environment forces pure Python (read once, at import: set
+it before the daemon starts); docs/operations.md says when to. What runs is
+``IMPLEMENTATION``: ``"compiled"`` or ``"pure"``, and ``WHY`` says why.
+
+What differs by implementation, each a drop-in for the other:
+
+- ``StreamFramer(max_message_size, prefix_size)``: wire.StreamFramer's rule, with
+  ``drain()`` (every whole frame held, in one call) and ``error``;
+- ``parse_burst(frames)``: ``wire.parse_any_partition`` of each frame, in order (the
+  compiled one: a list made in one call, reading ``bytes`` only, anything else parsed as
+  None, which ``decode`` then judges; the pure one: lazily, a frame at a time);
+- ``DatagramReader(fd, max_size).read(limit)``: up to 64 datagrams per system call
+  (recvmmsg), or None: inputs/datagram.py reads one per ``recv_into``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Final
+
+from pydory import wire
+
+if TYPE_CHECKING:
+    from pydory import _cwire
+
+__all__ = ["IMPLEMENTATION", "WHY", "DatagramReader", "StreamFramer", "parse_burst"]
+
+#: The environment variable that forces pure Python.
+PURE_PYTHON_VARIABLE: Final = "PYDORY_PURE_PYTHON"
+
+Fields = tuple[str, bytes, bytes, int]
+
+
+def _pure_parse_burst(frames: Sequence[bytes]) -> Iterable[Fields | None]:
+    # Lazily, one frame at a time as the intake reaches it: exactly the reference's order
+    # of work (a topic decode finds legal mid-burst parses on the short path after it).
+    return map(wire.parse_any_partition, frames)
+
+
+def _compiled_parse_burst(
+    parse_with_cache: Callable[[Sequence[bytes], dict[bytes, str]], list[Fields | None]],
+) -> Callable[[Sequence[bytes]], list[Fields | None]]:
+    cache = wire._topic_by_bytes  # the same dict the pure code reads and fills (never rebound)
+
+    def parse_burst(frames: Sequence[bytes]) -> list[Fields | None]:
+        return parse_with_cache(frames, cache)
+
+    return parse_burst
+
+
+StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
+#: recvmmsg(2) for the datagram input, or None (inputs/datagram.py then reads one
+#: datagram per recv_into, the reference).
+DatagramReader: type[_cwire.DatagramReader] | None
+parse_burst: Callable[[Sequence[bytes]], Iterable[Fields | None]]
+
+if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
+    IMPLEMENTATION, WHY = "pure", f"{PURE_PYTHON_VARIABLE} is set"
+    StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
+    DatagramReader = None
+else:
+    try:
+        from pydory import _cwire
+    except ImportError as error:
+        IMPLEMENTATION, WHY = "pure", f"the C extension is not built here ({error})"
+        StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
+        DatagramReader = None
+    else:
+        IMPLEMENTATION, WHY = "compiled", "pydory._cwire"
+        StreamFramer = _cwire.StreamFramer
+        DatagramReader = _cwire.DatagramReader
+        parse_burst = _compiled_parse_burst(_cwire.parse_any_partition_burst)

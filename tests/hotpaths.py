@@ -1,0 +1,69 @@
+"""Run tests against each implementation of the hot path (pydory.hotpath): the compiled
+one (pydory._cwire) and the pure-Python reference.
+
+A test module takes both with one module-scoped autouse fixture::
+
+    implementation = hotpaths.module_fixture()
+
+which patches the names the daemon's modules bound at import (the intake's
+``parse_burst``, the stream connection's ``StreamFramer``, the datagram input's
+``DatagramReader``, and ``wire.StreamFramer`` for tests that build one themselves), and
+sets ``PYDORY_PURE_PYTHON`` for a daemon started as a process of its own. The compiled
+variant is skipped where the extension is not built (test_cwire.py requires it to be
+wherever a C compiler is).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from pydory import hotpath, wire
+from pydory.daemon.admission import intake
+from pydory.daemon.inputs import datagram, stream_connection
+
+IMPLEMENTATIONS = ("pure", "compiled")
+
+
+def compiled_module() -> Any:
+    """pydory._cwire, or None where it is not built."""
+    try:
+        return importlib.import_module("pydory._cwire")
+    except ImportError:
+        return None
+
+
+@contextmanager
+def using(name: str) -> Iterator[None]:
+    """Run the daemon's hot path on implementation ``name`` ("pure" or "compiled")."""
+    cwire = compiled_module()
+    with pytest.MonkeyPatch.context() as patch:
+        if name == "compiled":
+            if cwire is None:
+                pytest.skip("the C extension pydory._cwire is not built here")
+            parse_burst = hotpath._compiled_parse_burst(cwire.parse_any_partition_burst)
+            framer, reader = cwire.StreamFramer, cwire.DatagramReader
+            patch.delenv(hotpath.PURE_PYTHON_VARIABLE, raising=False)
+        else:
+            parse_burst, framer, reader = hotpath._pure_parse_burst, wire.StreamFramer, None
+            patch.setenv(hotpath.PURE_PYTHON_VARIABLE, "1")
+        patch.setattr(intake, "parse_burst", parse_burst)
+        patch.setattr(stream_connection, "StreamFramer", framer)
+        patch.setattr(wire, "StreamFramer", framer)
+        patch.setattr(datagram, "DatagramReader", reader)
+        yield
+
+
+def module_fixture() -> Any:
+    """A module-scoped autouse fixture running every test of the module on each one."""
+
+    @pytest.fixture(autouse=True, scope="module", params=IMPLEMENTATIONS)
+    def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+        with using(request.param):
+            yield request.param
+
+    return implementation

@@ -1,0 +1,299 @@
+"""The compiled hot path (pydory._cwire, issue 25) against its pure-Python reference
+(pydory.wire): the same bytes, fed whole, byte by byte, in random splits and with trailing
+data, give the same frames, the same parses and the same errors. And how it is built and
+chosen: with a C compiler the extension is there, PYDORY_PURE_PYTHON=1 refuses it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hotpaths import compiled_module
+from pydory import hotpath, wire
+from pydory.errors import ClientProtocolError
+
+ROOT = Path(__file__).parents[1]
+cwire = compiled_module()
+needs_compiled = pytest.mark.skipif(cwire is None, reason="pydory._cwire is not built here")
+
+topics = st.sampled_from(["t", "orders", "a.b-c_9", "x" * 249]) | st.text(
+    "abcXYZ019._-", min_size=1, max_size=12
+).filter(lambda name: name not in (".", ".."))
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> bytes:
+    """A valid message of either ApiKey, maybe damaged: a byte or a fixed field changed, cut
+    short, lengthened, or replaced by garbage."""
+    topic, value, key = draw(topics), draw(st.binary(max_size=40)), draw(st.binary(max_size=8))
+    timestamp = draw(st.integers(-(2**63), 2**63 - 1))
+    if draw(st.booleans()):
+        data = wire.encode_any_partition(topic, value, key, timestamp)
+    else:
+        data = wire.encode_partition_key(topic, value, draw(st.integers(0, 2**32 - 1)), key)
+    damage = draw(st.sampled_from(["none", "byte", "field", "cut", "extend", "garbage"]))
+    if damage == "field":  # a fixed field (Size, ApiKey, ApiVersion, Flags, TopicSize) at a bound
+        at, width = draw(st.sampled_from([(0, 4), (4, 2), (6, 2), (8, 2), (10, 2)]))
+        bound = draw(st.sampled_from([0, 1, -1, 255, 256, 257, 2**15 - 1, -(2**15)]))
+        field = bound.to_bytes(4, "big", signed=True)[4 - width :]
+        data = data[:at] + field + data[at + width :]
+    elif damage == "byte":
+        at = draw(st.integers(0, len(data) - 1))
+        data = data[:at] + bytes([draw(st.integers(0, 255))]) + data[at + 1 :]
+    elif damage == "cut":
+        data = data[: draw(st.integers(0, len(data)))]
+    elif damage == "extend":
+        data += draw(st.binary(min_size=1, max_size=8))
+    elif damage == "garbage":
+        data = draw(st.binary(max_size=64))
+    return data
+
+
+def framed(data: bytes) -> bytes:
+    """``data`` as a stream frame whose Size is right even if ``data`` is damaged inside."""
+    return len(data).to_bytes(4, "big", signed=True) + data[4:] if len(data) >= 4 else data
+
+
+def error_facts(error: BaseException | None) -> Any:
+    if error is None:
+        return None
+    return (type(error), str(error), vars(error))
+
+
+def run_framer(framer: Any, chunks: list[bytes]) -> list[Any]:
+    """Everything a reader sees: per chunk, the frames drained and the error, the bytes
+    held; at the end, the unclean remainder and what next_frame says."""
+    seen: list[Any] = []
+    for chunk in chunks:
+        framer.feed(chunk)
+        seen.append((framer.drain(), error_facts(framer.error), framer.buffered))
+    seen.append(framer.unclean_remainder())
+    try:
+        seen.append(framer.next_frame())
+    except ClientProtocolError as error:
+        seen.append(("raised", error_facts(error), error is framer.error))
+    return seen
+
+
+def splits(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [data[a:b] for a, b in itertools.pairwise(points)]
+
+
+@needs_compiled
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(messages(), max_size=8),
+    st.sampled_from(["whole", "byte by byte", "random"]),
+    st.lists(st.integers(0, 10_000), max_size=12),
+    st.binary(max_size=12),
+    st.sampled_from([4, 40, 300, 1 << 20]),
+    st.integers(0, 300),
+)
+def test_the_compiled_framer_sees_what_the_pure_one_sees(
+    burst: list[bytes],
+    how: str,
+    cuts: list[int],
+    trailing: bytes,
+    max_size: int,
+    prefix_size: int,
+) -> None:
+    # Mostly frames with a right Size (so damage inside reaches the parse), some raw.
+    stream = b"".join(framed(m) if i % 3 else m for i, m in enumerate(burst)) + trailing
+    if how == "whole":
+        chunks = [stream]
+    elif how == "byte by byte":
+        chunks = [stream[i : i + 1] for i in range(len(stream))]
+    else:
+        chunks = splits(stream, cuts)
+    pure = run_framer(wire.StreamFramer(max_size, prefix_size), chunks)
+    compiled = run_framer(cwire.StreamFramer(max_size, prefix_size), chunks)
+    assert compiled == pure
+
+
+@needs_compiled
+def test_a_framing_error_after_frames_keeps_the_frames_and_is_sticky() -> None:
+    good = wire.encode_any_partition("t", b"v")
+    for framer in (wire.StreamFramer(100, 6), cwire.StreamFramer(100, 6)):
+        framer.feed(good + good + b"\x00\x00\x10\x00rest")
+        assert framer.drain() == [good, good]
+        error = framer.error
+        assert (type(error).__name__, error.size, error.prefix) == (
+            "OversizedFrame",
+            4096,
+            b"\x00\x00\x10\x00re",
+        )
+        framer.feed(good)  # dropped: the stream cannot be framed any more
+        assert framer.drain() == []
+        with pytest.raises(type(error)) as raised:
+            framer.next_frame()
+        assert raised.value is error
+
+
+@needs_compiled
+@settings(max_examples=400)
+@given(st.lists(messages(), max_size=16), st.lists(topics, max_size=4))
+def test_the_compiled_burst_parse_gives_the_pure_parses(
+    burst: list[bytes], known: list[str]
+) -> None:
+    cache: dict[bytes, str] = {name.encode(): name for name in known}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wire, "_topic_by_bytes", cache)
+        pure = [wire.parse_any_partition(data) for data in burst]
+    assert cwire.parse_any_partition_burst(burst, cache) == pure
+    # A topic the cache holds parses to the very str the cache holds (no copy per message).
+    for fields in cwire.parse_any_partition_burst(burst, cache):
+        if fields is not None:
+            assert fields[0] is cache[fields[0].encode()]
+
+
+@needs_compiled
+def test_whatever_the_burst_parse_answers_decode_agrees_with() -> None:
+    value, key = b"v" * 100, b"k"
+    data = wire.encode_any_partition("agree", value, key, -5)
+    wire.validate_topic(b"agree")
+    (fields,) = cwire.parse_any_partition_burst([data], wire._topic_by_bytes)
+    message = wire.decode(data)
+    assert fields == (message.topic, message.key, message.value, message.timestamp_ms)
+    # Not bytes, or not a sequence of bytes: None (decode judges) or a TypeError.
+    assert cwire.parse_any_partition_burst([bytearray(data), memoryview(data)], {}) == [
+        None,
+        None,
+    ]
+    with pytest.raises(TypeError):
+        cwire.parse_any_partition_burst(5, {})
+    with pytest.raises(TypeError):
+        cwire.parse_any_partition_burst([data], [])
+
+
+def test_the_extension_is_built_wherever_a_c_compiler_is() -> None:
+    """./dev setup's editable install compiles it (hatch_build.py); a missing one would
+    otherwise only show as a slower daemon."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the pure-Python install is the expected one")
+    assert cwire is not None, "pydory._cwire is not importable: run ./dev setup"
+    if os.environ.get(hotpath.PURE_PYTHON_VARIABLE) in (None, "", "0"):
+        assert hotpath.IMPLEMENTATION == "compiled", hotpath.WHY
+
+
+def test_the_c_source_compiles_without_a_warning(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        import hatch_build
+    finally:
+        sys.path.remove(str(ROOT))
+    try:
+        built = hatch_build.compile_extension(ROOT, tmp_path, ["-Werror"])
+    except hatch_build.CompileError as error:
+        if "no C compiler" in str(error) or "no Python.h" in str(error):
+            pytest.skip(str(error))
+        raise
+    assert built.is_file()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", "pure"), ("0", None), ("", None)])
+def test_pydory_pure_python_forces_the_reference(value: str, expected: str | None) -> None:
+    env = {**os.environ, hotpath.PURE_PYTHON_VARIABLE: value}
+    result = subprocess.run(
+        [sys.executable, "-c", "import pydory.hotpath as h; print(h.IMPLEMENTATION, h.WHY)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    implementation = result.stdout.split()[0]
+    assert implementation == (expected or ("compiled" if cwire is not None else "pure"))
+
+
+@needs_compiled
+def test_a_short_fuzzing_run_finds_nothing(tmp_path: Path) -> None:
+    """CI's share of ./dev fuzz (10**6 inputs, clang + AddressSanitizer): 20,000 inputs on
+    the installed extension, the harness's invariant checked on each (fuzz/cwire.py)."""
+    pytest.importorskip("atheris")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "fuzz" / "cwire.py"), "-runs=20000", "-seed=25"],
+        cwd=tmp_path,  # a failing input is written to the current directory
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Done 20000 runs" in result.stderr
+
+
+def test_without_the_extension_the_pure_reference_runs() -> None:
+    """The import is guarded: an install without pydory._cwire (no compiler at build time)
+    runs the same rules in Python."""
+    probe = (
+        "import sys\n"
+        "class NoExtension:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pydory._cwire':\n"
+        "            raise ImportError('not built')\n"
+        "sys.meta_path.insert(0, NoExtension())\n"
+        "import pydory.hotpath as h, pydory.wire as w\n"
+        "assert h.StreamFramer is w.StreamFramer\n"
+        "print(h.IMPLEMENTATION, '|', h.WHY)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != hotpath.PURE_PYTHON_VARIABLE}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "pure | the C extension is not built here (not built)"
+
+
+def read_reference(sock: socket.socket, limit: int, max_size: int) -> tuple[list[Any], bool]:
+    """inputs/datagram.py's recv_into loop, as items: bytes, or (size, prefix)."""
+    buffer = bytearray(max_size + 1)
+    items: list[Any] = []
+    while len(items) < limit:
+        try:
+            size = sock.recv_into(buffer, len(buffer), socket.MSG_TRUNC)
+        except BlockingIOError:
+            return items, True
+        if size <= max_size:
+            items.append(bytes(buffer[:size]))
+        else:
+            items.append((size, bytes(buffer[: min(size, 64)])))
+    return items, False
+
+
+@needs_compiled
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 300), max_size=150),
+    st.integers(1, 200),
+    st.sampled_from([1, 10, 63, 100, 200]),
+)
+def test_recvmmsg_reads_what_recv_into_reads(sizes: list[int], limit: int, max_size: int) -> None:
+    datagrams = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    results = []
+    for read in ("reference", "compiled"):
+        receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with receiver, sender:
+            receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            sender.setblocking(False)
+            for data in datagrams:
+                sender.send(data)
+            receiver.setblocking(False)
+            if read == "reference":
+                results.append(read_reference(receiver, limit, max_size))
+            else:
+                items, oversized, drained = cwire.DatagramReader(receiver.fileno(), max_size).read(
+                    limit
+                )
+                assert oversized == any(not isinstance(item, bytes) for item in items)
+                results.append((items, drained))
+    assert results[0] == results[1]
