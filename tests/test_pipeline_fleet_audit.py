@@ -197,14 +197,20 @@ def test_the_fleet_audit_proves_each_hosts_books_from_the_books_topic_and_reads_
     assert third.as_dict()["rows_without_identity"] == {events: 1}
 
 
-def test_a_books_topic_that_does_not_exist_stops_the_audit_naming_it(
-    spark: SparkSession, kafka_broker: KafkaCluster, tmp_path: Path
+def test_a_books_topic_that_does_not_exist_stops_the_audit_naming_it_and_is_not_created(
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
 ) -> None:
+    """The broker auto-creates topics (Kafka's default): looking must not create it."""
     (tmp_path / "lake" / "_spark_metadata").mkdir(parents=True)
-    with pytest.raises(BooksTopicUnavailable, match=r"no-such-books.*no such topic"):
-        fleet_audit(
-            spark,
-            tmp_path / "lake",
-            bootstrap_servers=kafka_broker.bootstrap_servers,
-            books_topic="no-such-books",
-        )
+    missing = unique_topic("no-such-books")
+    for _ in range(2):  # the second look would find a topic the first one created
+        with pytest.raises(BooksTopicUnavailable, match=rf"{missing}.*no such topic"):
+            fleet_audit(
+                spark,
+                tmp_path / "lake",
+                bootstrap_servers=kafka_broker.bootstrap_servers,
+                books_topic=missing,
+            )

@@ -302,7 +302,10 @@ def _books_partitions(bootstrap: str, topic: str, options: Mapping[str, str]) ->
     from confluent_kafka.admin import AdminClient
 
     properties = {k[len("kafka.") :]: v for k, v in options.items() if k.startswith("kafka.")}
-    admin = AdminClient({**properties, "bootstrap.servers": bootstrap})
+    # Never created by looking: a metadata request may ask the broker to auto-create it.
+    admin = AdminClient(
+        {**properties, "bootstrap.servers": bootstrap, "allow.auto.create.topics": False}
+    )
     try:
         metadata = admin.list_topics(topic, timeout=30).topics.get(topic)
     except KafkaException as error:
