@@ -7,7 +7,8 @@ A test module takes both with one module-scoped autouse fixture::
 
 which patches the names the daemon's modules bound at import (the intake's
 ``parse_burst``, the stream connection's ``StreamFramer``, the datagram input's
-``DatagramReader``, and ``wire.StreamFramer`` for tests that build one themselves), and
+``DatagramReader``, identity's ``identity_headers``, and ``wire.StreamFramer`` for tests
+that build one themselves), and
 sets ``PYDORY_PURE_PYTHON`` for a daemon started as a process of its own. The compiled
 variant is skipped where the extension is not built (test_cwire.py requires it to be
 wherever a C compiler is).
@@ -25,6 +26,7 @@ import pytest
 from pydory import hotpath, wire
 from pydory.daemon.admission import intake
 from pydory.daemon.inputs import datagram, stream_connection
+from pydory.daemon.spool import identity
 
 IMPLEMENTATIONS = ("pure", "compiled")
 
@@ -47,14 +49,17 @@ def using(name: str) -> Iterator[None]:
                 pytest.skip("the C extension pydory._cwire is not built here")
             parse_burst = hotpath._compiled_parse_burst(cwire.parse_any_partition_burst)
             framer, reader = cwire.StreamFramer, cwire.DatagramReader
+            headers = cwire.identity_headers
             patch.delenv(hotpath.PURE_PYTHON_VARIABLE, raising=False)
         else:
             parse_burst, framer, reader = hotpath._pure_parse_burst, wire.StreamFramer, None
+            headers = hotpath._pure_identity_headers
             patch.setenv(hotpath.PURE_PYTHON_VARIABLE, "1")
         patch.setattr(intake, "parse_burst", parse_burst)
         patch.setattr(stream_connection, "StreamFramer", framer)
         patch.setattr(wire, "StreamFramer", framer)
         patch.setattr(datagram, "DatagramReader", reader)
+        patch.setattr(identity, "identity_headers", headers)
         yield
 
 

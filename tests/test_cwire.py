@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hotpaths import compiled_module
+from hotpaths import IMPLEMENTATIONS, compiled_module, using
 from pydory import hotpath, wire
+from pydory.daemon.spool import identity
 from pydory.errors import ClientProtocolError
 
 ROOT = Path(__file__).parents[1]
@@ -297,3 +299,76 @@ def test_recvmmsg_reads_what_recv_into_reads(sizes: list[int], limit: int, max_s
                 assert oversized == any(not isinstance(item, bytes) for item in items)
                 results.append((items, drained))
     assert results[0] == results[1]
+
+
+# --- the identity header (issue 25, step 2) -----------------------------------------------
+
+#: First sequences: any frame number, around the odometer's carries (9 -> 10, 99..9 -> 10..0),
+#: and far beyond 64 bits (stream 0's counter is a Python int).
+first_sequences = (
+    st.integers(0, 2**32)
+    | st.tuples(st.integers(1, 40), st.integers(0, 2100)).map(lambda t: max(0, 10 ** t[0] - t[1]))
+    | st.integers(2**63 - 2100, 2**64 + 2100)
+    | st.integers(0, 10**60)
+)
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=80), first_sequences, st.integers(0, 2000), st.text(max_size=12))
+def test_the_compiled_identity_headers_are_the_pure_ones(
+    prefix: bytes, first: int, count: int, name: str
+) -> None:
+    compiled = cwire.identity_headers(name, prefix, first, count)
+    assert compiled == hotpath._pure_identity_headers(name, prefix, first, count)
+    # The same kinds of objects, not just equal ones (a tuple equals no list, but bytes
+    # would equal a bytes subclass), and the name itself, not a copy.
+    assert {(type(h), type(h[0]), type(h[0][1])) for h in compiled} <= {(list, tuple, bytes)}
+    assert all(headers[0][0] is name for headers in compiled)
+
+
+@needs_compiled
+@pytest.mark.parametrize(("first", "count"), [(-3, 7), (-(10**30), 3), (5, -2), (0, 0)])
+def test_identity_headers_agree_off_the_daemons_range_too(first: int, count: int) -> None:
+    compiled = cwire.identity_headers("n", b"p/", first, count)
+    assert compiled == hotpath._pure_identity_headers("n", b"p/", first, count)
+
+
+@needs_compiled
+def test_identity_headers_keep_no_reference_and_no_memory() -> None:
+    name, prefix = "".join(["pydory-", "id"]), b"host/0000000000000001/4/"  # refs of our own
+    held = sys.getrefcount(name), sys.getrefcount(prefix)
+    headers = cwire.identity_headers(name, prefix, 9, 100)
+    assert sys.getrefcount(name) == held[0] + 100  # one per message's tuple, as in Python
+    del headers
+    for first in (-50, 2**70):  # the negative path; a number no machine word holds
+        cwire.identity_headers(name, prefix, first, 100)
+    for bad in (("x", 0, 1), (prefix, 0.5, 1), (prefix, 0, "1")):
+        with pytest.raises(TypeError):
+            cwire.identity_headers(name, *bad)
+    del bad  # it holds prefix
+    assert (sys.getrefcount(name), sys.getrefcount(prefix)) == held
+    tracemalloc.start()
+    try:
+        cwire.identity_headers(name, prefix, 0, 64)  # warm any cache first
+        before = tracemalloc.get_traced_memory()[0]
+        for first in range(0, 64 * 2000, 64):
+            cwire.identity_headers(name, prefix, first, 64)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 100_000  # a leaked burst would be ~15 KB a call, 30 MB in all
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_message_ids_render_each_spooled_identity_on_either_path(implementation: str) -> None:
+    """The header ``spooled`` gives is the identity ``render`` forms (identity.py's Rule),
+    whichever implementation builds the burst."""
+    with using(implementation):
+        ids = identity.MessageIds("web-7", 0x9B2D4C0E7A1F3355)
+        burst = ids.spooled(4, 99_998, 3)
+    assert burst == [
+        [(identity.HEADER_NAME, ids.render(ids.incarnation, 4, sequence))]
+        for sequence in (99_998, 99_999, 100_000)
+    ]
+    assert burst[2] == [("pydory-id", b"web-7/9b2d4c0e7a1f3355/4/100000")]

@@ -1,7 +1,7 @@
 /*
  * pydory._cwire: the compiled twin of the hot part of pydory/wire.py (issue 25, step 1).
  *
- * Two things, each the same rule as its pure-Python reference, one call per read burst
+ * Each piece has the same rule as its pure-Python reference, one call per read burst
  * instead of several Python calls per message:
  *
  *   StreamFramer   wire.StreamFramer's rule (cut a byte stream into frames by Size; an
@@ -14,6 +14,9 @@
  *                  [wire.parse_any_partition(f) for f in frames], the topic looked up in
  *                  wire's cache of legal topics (the same dict), None for anything the
  *                  pure decode must judge.
+ *   identity_headers(name, prefix, first, count)
+ *                  a burst's pydory-id headers (daemon/spool/identity.py forms the prefix):
+ *                  [[(name, prefix + b"%d" % s)] for s in range(first, first + count)].
  *
  * The bytes parsed here come from clients: every length is checked against what is held
  * before it is read (the fuzzer, ./dev fuzz, holds it to "parse, or our protocol error,
@@ -548,6 +551,118 @@ static PyObject *parse_any_partition_burst(PyObject *Py_UNUSED(module), PyObject
     return parsed;
 }
 
+/* --- identity_headers -------------------------------------------------------------------- */
+
+/* One message's produce() headers, [(name, prefix + digits)]: a new list, tuple and bytes,
+ * as the pure code's list comprehension makes them. */
+static PyObject *one_header(PyObject *name, PyObject *prefix, const char *digits,
+                            Py_ssize_t digit_count) {
+    Py_ssize_t prefix_size = PyBytes_GET_SIZE(prefix);
+    PyObject *value = PyBytes_FromStringAndSize(NULL, prefix_size + digit_count);
+    if (value == NULL) return NULL;
+    memcpy(PyBytes_AS_STRING(value), PyBytes_AS_STRING(prefix), (size_t)prefix_size);
+    memcpy(PyBytes_AS_STRING(value) + prefix_size, digits, (size_t)digit_count);
+    PyObject *pair = PyTuple_New(2);
+    if (pair == NULL) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    Py_INCREF(name);
+    PyTuple_SET_ITEM(pair, 0, name);
+    PyTuple_SET_ITEM(pair, 1, value);
+    PyObject *headers = PyList_New(1);
+    if (headers == NULL) {
+        Py_DECREF(pair);
+        return NULL;
+    }
+    PyList_SET_ITEM(headers, 0, pair);
+    return headers;
+}
+
+/* A negative first sequence (never given out; kept equal to the pure code all the same):
+ * each number formatted by Python, as b"%d" does. */
+static int fill_from_negative(PyObject *list, PyObject *name, PyObject *prefix,
+                              PyObject *first) {
+    PyObject *number = Py_NewRef(first), *one = PyLong_FromLong(1);
+    int status = one == NULL ? -1 : 0;
+    for (Py_ssize_t i = 0; status == 0 && i < PyList_GET_SIZE(list); i++) {
+        PyObject *text = PyObject_Str(number), *headers = NULL;
+        Py_ssize_t size;
+        const char *digits = text == NULL ? NULL : PyUnicode_AsUTF8AndSize(text, &size);
+        if (digits != NULL) headers = one_header(name, prefix, digits, size);
+        Py_XDECREF(text);
+        if (headers == NULL) {
+            status = -1;
+            break;
+        }
+        PyList_SET_ITEM(list, i, headers);
+        Py_SETREF(number, PyNumber_Add(number, one));
+        if (number == NULL) status = -1;
+    }
+    Py_XDECREF(number);
+    Py_XDECREF(one);
+    return status;
+}
+
+/* [[(name, prefix + b"%d" % s)] for s in range(first, first + count)] in one call: the
+ * decimal digits of the first sequence are Python's (any size), then incremented in place
+ * like an odometer, so no number is formatted per message. */
+static PyObject *identity_headers(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                  Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "identity_headers(name, prefix, first, count) takes 4 arguments");
+        return NULL;
+    }
+    PyObject *name = args[0], *prefix = args[1];
+    if (!PyUnicode_Check(name) || !PyBytes_Check(prefix)) {
+        PyErr_SetString(PyExc_TypeError, "identity_headers: name must be str, prefix bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    PyObject *first = PyNumber_Index(args[2]);
+    if (first == NULL) return NULL;
+    PyObject *list = PyList_New(count > 0 ? count : 0), *text = NULL;
+    const char *first_digits = NULL;
+    char *buffer = NULL;
+    Py_ssize_t size = 0;
+    if (list != NULL && count > 0) {
+        text = PyObject_Str(first); /* b"%d" % first, as text: any size */
+        if (text != NULL) first_digits = PyUnicode_AsUTF8AndSize(text, &size);
+        if (first_digits == NULL) Py_CLEAR(list);
+    }
+    if (first_digits != NULL && first_digits[0] == '-') {
+        if (fill_from_negative(list, name, prefix, first) < 0) Py_CLEAR(list);
+    } else if (first_digits != NULL) {
+        /* first + count - 1 has at most max(size, 19) + 1 digits: 24 spare are enough. */
+        buffer = PyMem_Malloc((size_t)size + 24);
+        if (buffer == NULL) {
+            PyErr_NoMemory();
+            Py_CLEAR(list);
+        } else {
+            char *end = buffer + size + 24, *start = end - size;
+            memcpy(start, first_digits, (size_t)size);
+            for (Py_ssize_t i = 0; i < count; i++) {
+                PyObject *headers = one_header(name, prefix, start, end - start);
+                if (headers == NULL) {
+                    Py_CLEAR(list);
+                    break;
+                }
+                PyList_SET_ITEM(list, i, headers);
+                char *digit = end - 1;
+                while (digit >= start && *digit == '9') *digit-- = '0';
+                if (digit >= start) ++*digit;
+                else *--start = '1';
+            }
+        }
+    }
+    PyMem_Free(buffer);
+    Py_XDECREF(text);
+    Py_DECREF(first);
+    return list;
+}
+
 /* --- the module -------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -555,6 +670,9 @@ static PyMethodDef module_methods[] = {
      METH_FASTCALL,
      "parse_any_partition_burst(frames, topic_cache) -> list: wire.parse_any_partition of "
      "each frame, in one call."},
+    {"identity_headers", (PyCFunction)(void (*)(void))identity_headers, METH_FASTCALL,
+     "identity_headers(name, prefix, first, count) -> list: [[(name, prefix + b'%d' % s)] "
+     "for s in range(first, first + count)], in one call."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,3 +26,9 @@ class DatagramReader:
 def parse_any_partition_burst(
     frames: Sequence[bytes], topic_cache: dict[bytes, str]
 ) -> list[tuple[str, bytes, bytes, int] | None]: ...
+
+# Each message's headers are [(name, bytes)]; typed as the caller keeps them
+# (identity.Headers | None per message), which a fresh list may hold.
+def identity_headers(
+    name: str, prefix: bytes, first: int, count: int
+) -> list[list[tuple[str, str | bytes | None]] | None]: ...

@@ -14,7 +14,10 @@ What differs by implementation, each a drop-in for the other:
   compiled one: a list made in one call, reading ``bytes`` only, anything else parsed as
   None, which ``decode`` then judges; the pure one: lazily, a frame at a time);
 - ``DatagramReader(fd, max_size).read(limit)``: up to 64 datagrams per system call
-  (recvmmsg), or None: inputs/datagram.py reads one per ``recv_into``.
+  (recvmmsg), or None: inputs/datagram.py reads one per ``recv_into``;
+- ``identity_headers(name, prefix, first, count)``: a burst's ``produce()`` headers,
+  ``[[(name, prefix + b"%d" % s)] for s in range(first, first + count)]`` (what the
+  prefix holds is daemon/spool/identity.py's business, not this one's).
 """
 
 from __future__ import annotations
@@ -28,12 +31,21 @@ from pydory import wire
 if TYPE_CHECKING:
     from pydory import _cwire
 
-__all__ = ["IMPLEMENTATION", "WHY", "DatagramReader", "StreamFramer", "parse_burst"]
+__all__ = [
+    "IMPLEMENTATION",
+    "WHY",
+    "DatagramReader",
+    "StreamFramer",
+    "identity_headers",
+    "parse_burst",
+]
 
 #: The environment variable that forces pure Python.
 PURE_PYTHON_VARIABLE: Final = "PYDORY_PURE_PYTHON"
 
 Fields = tuple[str, bytes, bytes, int]
+#: A burst's headers as the caller keeps them (identity.Headers, or None, per message).
+HeaderLists = list[list[tuple[str, str | bytes | None]] | None]
 
 
 def _pure_parse_burst(frames: Sequence[bytes]) -> Iterable[Fields | None]:
@@ -53,25 +65,31 @@ def _compiled_parse_burst(
     return parse_burst
 
 
+def _pure_identity_headers(name: str, prefix: bytes, first: int, count: int) -> HeaderLists:
+    return [[(name, prefix + b"%d" % sequence)] for sequence in range(first, first + count)]
+
+
 StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
 #: recvmmsg(2) for the datagram input, or None (inputs/datagram.py then reads one
 #: datagram per recv_into, the reference).
 DatagramReader: type[_cwire.DatagramReader] | None
 parse_burst: Callable[[Sequence[bytes]], Iterable[Fields | None]]
+identity_headers: Callable[[str, bytes, int, int], HeaderLists]
 
 if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
     IMPLEMENTATION, WHY = "pure", f"{PURE_PYTHON_VARIABLE} is set"
     StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
-    DatagramReader = None
+    DatagramReader, identity_headers = None, _pure_identity_headers
 else:
     try:
         from pydory import _cwire
     except ImportError as error:
         IMPLEMENTATION, WHY = "pure", f"the C extension is not built here ({error})"
         StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
-        DatagramReader = None
+        DatagramReader, identity_headers = None, _pure_identity_headers
     else:
         IMPLEMENTATION, WHY = "compiled", "pydory._cwire"
         StreamFramer = _cwire.StreamFramer
         DatagramReader = _cwire.DatagramReader
         parse_burst = _compiled_parse_burst(_cwire.parse_any_partition_burst)
+        identity_headers = _cwire.identity_headers

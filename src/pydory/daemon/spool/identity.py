@@ -24,7 +24,8 @@ ASCII ``<host>/<incarnation: 16 hex digits>/<stream>/<sequence>``, e.g.
 The header is on by default; ``<messageIdentity enable="false">`` sends no header (for
 consumers that cannot take record headers); identities are still given and spooled.
 
-Rule: the only code that knows how an identity is formed and rendered.
+Rule: the only code that knows how an identity is formed and rendered (pydory.hotpath's
+``identity_headers``, compiled where built, only appends the sequence to the prefix made here).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import re
 import secrets
 import struct
 from collections.abc import Sequence
+
+from pydory.hotpath import identity_headers
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +145,8 @@ class MessageIds:
         """The messages of frames ``first..first+count-1`` of ``stream`` of this run."""
         if not self.headers:
             return [None] * count
-        prefix, name = self._prefix + b"%d/" % stream, HEADER_NAME
-        return [[(name, prefix + b"%d" % sequence)] for sequence in range(first, first + count)]
+        # One call per burst (compiled where built: pydory.hotpath), not Python per message.
+        return identity_headers(HEADER_NAME, self._prefix + b"%d/" % stream, first, count)
 
     def unspooled(self, count: int) -> list[Headers | None]:
         """Messages that no spool frame holds: stream 0 of this run."""
