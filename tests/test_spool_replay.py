@@ -24,14 +24,16 @@ pytestmark = pytest.mark.slow
 
 MIB = 1024 * 1024
 VALUE_BYTES = 4096
-MESSAGES = 40_000  # 160 MiB of values: twenty times the pool
+MESSAGES = 60_000  # 240 MiB of values: thirty times the pool
 MAX_BUFFER = "8m"
 #: Measured (2026-11-25, this 2-core machine, the mock cluster): VmHWM 77-79 MiB after
-#: replaying this 159 MiB spool through an 8 MiB pool, and 79 MiB for twice as many
-#: messages (318 MiB): the peak does not follow the spool. The floor, a daemon replaying a
-#: 4 MiB spool, is 69 MiB (the interpreter with librdkafka, uvloop, aiohttp loaded).
-#: The bound: that floor, the pool and a replay burst (4 MiB here) twice over, for noise.
-RSS_BOUND_BYTES = 70 * MIB + 2 * (8 + 4) * MIB
+#: replaying a 159 MiB spool through an 8 MiB pool, and 79 MiB for twice as many messages
+#: (318 MiB): the peak does not follow the spool. Re-measured later that day (issue 24's
+#: books, issue 25's extension loaded; the same at 78356ef, so it is the machine's state,
+#: not the code): 90-91 MiB for 159 MiB, 91-95 MiB for 239 MiB, one CI run at 94.2 MiB beside
+#: other work. The bound: 80 MiB, the pool and a replay burst (4 MiB here) twice over,
+#: kept well below the spool (the last assertion).
+RSS_BOUND_BYTES = 80 * MIB + 2 * (8 + 4) * MIB
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
