@@ -145,3 +145,18 @@ def test_a_socket_path_in_use_is_one_line_naming_the_element(
 
     assert line.startswith(f"Error in config file: /doryConfig/inputSources/{element}/path: ")
     assert path in line
+
+
+def test_the_daemon_freezes_start_up_objects_and_widens_the_young_generation() -> None:
+    """Run in a child: it changes the collector of the whole process."""
+    probe = (
+        "import gc; from pydory.commands.serve import GC_YOUNG_THRESHOLD, "
+        "tune_garbage_collector as tune; before = gc.get_threshold(); tune(); "
+        "after = gc.get_threshold(); "
+        "assert after == (GC_YOUNG_THRESHOLD, *before[1:]), (before, after); "
+        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count(); print('ok')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr
