@@ -25,6 +25,7 @@ from pydory.pipeline.fleet_audit import BooksTopicUnavailable, fleet_audit
 from pydory.pipeline.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory.testing.kafka_broker import KafkaCluster
+from test_pipeline_dedup import produce as produce_records
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -43,12 +44,10 @@ def name(host: str, incarnation: int, sequence: int) -> str:
 
 
 def produce(bootstrap: str, topic: str, identities: list[str]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for n, identity in enumerate(identities):
-        producer.produce(
-            topic, value=identity.encode(), partition=n % 3, headers=[("pydory-id", identity)]
-        )
-    assert producer.flush(30) == 0
+    """Each identity as its message's value and header, spread over 3 partitions."""
+    produce_records(
+        bootstrap, topic, [(n % 3, i.encode(), i.encode()) for n, i in enumerate(identities)]
+    )
 
 
 def publish(bootstrap: str, books_topic: str, runs: list[RunBooks]) -> None:
