@@ -133,8 +133,14 @@ def run_traffic(
         expected = 3 * len(traffic) + 2 * 3 + 1
 
         def settled() -> bool:
+            # Messages held for metadata are in no topic yet: every topic must be there.
             page = daemon.books()
-            return received(daemon) == expected and all(t["in_flight"] == 0 for t in page["topics"])
+            return (
+                received(daemon) == expected
+                and page.get("waiting_for_metadata", 0) == 0
+                and {topic, limited} <= {t["topic"] for t in page["topics"]}
+                and all(t["in_flight"] == 0 for t in page["topics"])
+            )
 
         try:
             wait_until(settled, timeout_s=60, what=f"{expected} messages received and settled")
