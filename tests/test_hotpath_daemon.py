@@ -77,8 +77,8 @@ def send_datagrams(path: str, traffic: list[bytes]) -> None:
                 client.sendto(traffic[0] + b"o" * MAX_DATAGRAM_BYTES, path)
 
 
-def received(daemon: DaemonProcess) -> int:
-    return sum(daemon.counters().get(counter_names.RECEIVED[t], 0) for t in Transport)
+def received(counters: dict[str, int]) -> int:
+    return sum(counters.get(counter_names.RECEIVED[t], 0) for t in Transport)
 
 
 def comparable(page: dict[str, Any]) -> Any:
@@ -132,22 +132,31 @@ def run_traffic(
         # then what cannot be framed) and every datagram (one too large).
         expected = 3 * len(traffic) + 2 * 3 + 1
 
+        seen: dict[str, Any] = {}
+
         def settled() -> bool:
-            # Messages held for metadata are in no topic yet: every topic must be there.
-            page = daemon.books()
+            # The status server reuses a page rendered in the last 0.1 s, so the two pages
+            # can be of different instants: keep the pair that showed every message settled
+            # and agreed with each other. Messages held for metadata are in no topic yet:
+            # every topic must be there.
+            page, counters = daemon.books(), daemon.counters()
+            seen.update(books=page, counters=counters)
+            topics = page["topics"]
             return (
-                received(daemon) == expected
+                received(counters) == expected
                 and page.get("waiting_for_metadata", 0) == 0
-                and {topic, limited} <= {t["topic"] for t in page["topics"]}
-                and all(t["in_flight"] == 0 for t in page["topics"])
+                and {topic, limited} <= {t["topic"] for t in topics}
+                and all(t["in_flight"] == 0 for t in topics)
+                and counters["delivered"] == sum(t["delivered"] for t in topics)
+                and counters["accepted"] == sum(t["accepted"] for t in topics)
             )
 
         try:
             wait_until(settled, timeout_s=60, what=f"{expected} messages received and settled")
         except AssertionError:
-            print(received(daemon), daemon.counters(), daemon.books())
+            print(seen)
             raise
-        books, counters = comparable(daemon.books()), daemon.counters()
+        books, counters = comparable(seen["books"]), seen["counters"]
     return books, counters, (where / "pydory.log").read_text()
 
 
