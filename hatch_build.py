@@ -1,16 +1,21 @@
-"""The package's build hook: compiles pydory's C extension (``src/pydory/_cwire.c``, the
-compiled hot path of issue 25) with the system C compiler and this Python's headers.
+"""The package's build hook: compiles pydory's C extensions (the compiled hot path of
+issue 25) with the system C compiler and this Python's headers:
+
+- ``src/pydory/_cwire.c``: framing, parsing and batched datagram reads;
+- ``src/pydory/_cproducer.c``: a librdkafka producer driven from C. It also needs
+  librdkafka's header (Debian's librdkafka-dev) but links no librdkafka: at run time it
+  takes the functions from the copy confluent-kafka loaded.
 
 Hatchling runs it for every wheel, the editable install ``uv sync`` makes included:
 
-- a wheel: the extension is built in a scratch directory and put into the wheel as
-  ``pydory/_cwire<EXT_SUFFIX>``; the wheel is then tagged for this interpreter and platform;
-- an editable install: the extension is built next to its source in ``src/pydory/``
-  (ignored by git), where the editable install imports the package from.
+- a wheel: the extensions are built in a scratch directory and put into the wheel as
+  ``pydory/<name><EXT_SUFFIX>``; the wheel is then tagged for this interpreter and platform;
+- an editable install: they are built next to their source in ``src/pydory/`` (ignored
+  by git), where the editable install imports the package from.
 
-The extension is optional. Without a C compiler or Python.h (or with
-``PYDORY_BUILD_PURE=1``) the hook says so on stderr and the build goes on pure Python:
-``pydory.hotpath`` then runs wire.py's reference code, the same rules, slower.
+Each extension is optional. Without a C compiler, Python.h or rdkafka.h (or with
+``PYDORY_BUILD_PURE=1``) the hook says so on stderr and the build goes on without it:
+``pydory.hotpath`` then runs the pure-Python reference, the same rules, slower.
 ``PYDORY_BUILD_REQUIRE_COMPILED=1`` makes a failed compile fail the build instead (CI, and
 tests/test_wheel.py's builds).
 """
@@ -28,7 +33,14 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = Path("src/pydory/_cwire.c")
+#: Each extension: its module name and its source.
+EXTENSIONS = {
+    "_cwire": Path("src/pydory/_cwire.c"),
+    "_cproducer": Path("src/pydory/_cproducer.c"),
+}
+#: What an extension needs besides Python.h, and where Debian has it.
+NEEDS = {"_cproducer": ("librdkafka/rdkafka.h", "librdkafka-dev")}
+SOURCE = EXTENSIONS["_cwire"]
 MODULE = "_cwire"
 #: Not -Werror here: a newer Python's headers may warn where ours do not, and a user's
 #: build must not fail for that; tests/test_cwire.py compiles with -Werror instead.
@@ -39,19 +51,26 @@ class CompileError(Exception):
     """The extension could not be compiled here (no compiler, no headers, an error)."""
 
 
-def extension_filename() -> str:
-    return MODULE + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+def extension_filename(module: str = MODULE) -> str:
+    return module + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 
 
-def compile_extension(root: Path, out_dir: Path, extra_flags: list[str] | None = None) -> Path:
-    """Compile ``SOURCE`` into ``out_dir``; the path of the shared object made."""
+def compile_extension(
+    root: Path, out_dir: Path, extra_flags: list[str] | None = None, module: str = MODULE
+) -> Path:
+    """Compile extension ``module`` into ``out_dir``; the path of the shared object made."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise CompileError("no C compiler (cc or gcc) on PATH")
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").is_file():
         raise CompileError(f"no Python.h in {include} (Debian: apt-get install python3-dev)")
-    target = out_dir / extension_filename()
+    needed = NEEDS.get(module)
+    if needed is not None and not any(
+        (Path(d) / needed[0]).is_file() for d in ("/usr/include", "/usr/local/include")
+    ):
+        raise CompileError(f"no {needed[0]} (Debian: apt-get install {needed[1]})")
+    target = out_dir / extension_filename(module)
     partial = target.with_name(target.name + ".partial")
     command = [
         *compiler.split(),
@@ -59,7 +78,7 @@ def compile_extension(root: Path, out_dir: Path, extra_flags: list[str] | None =
         *(extra_flags or []),
         "-shared",
         f"-I{include}",
-        str(root / SOURCE),
+        str(root / EXTENSIONS[module]),
         "-o",
         str(partial),
     ]
@@ -81,20 +100,21 @@ class CompiledCoreHook(BuildHookInterface):  # type: ignore[type-arg]
             self._say("PYDORY_BUILD_PURE=1: building pure Python (no compiled hot path)")
             return
         root = Path(self.root)
-        try:
-            if version == "editable":
-                compile_extension(root, root / SOURCE.parent)
-                return
+        if version != "editable":
             self._scratch = tempfile.TemporaryDirectory(prefix="pydory-build-")
-            built = compile_extension(root, Path(self._scratch.name))
-        except CompileError as error:
-            if os.environ.get("PYDORY_BUILD_REQUIRE_COMPILED") == "1":
-                raise
-            self._say(f"building pure Python: the C extension did not compile ({error})")
-            return
-        build_data["force_include"][str(built)] = f"pydory/{built.name}"
-        build_data["pure_python"] = False
-        build_data["infer_tag"] = True
+        for module, source in EXTENSIONS.items():
+            out_dir = root / source.parent if version == "editable" else Path(self._scratch.name)
+            try:
+                built = compile_extension(root, out_dir, module=module)
+            except CompileError as error:
+                if os.environ.get("PYDORY_BUILD_REQUIRE_COMPILED") == "1":
+                    raise
+                self._say(f"building without {module}: it did not compile ({error})")
+                continue
+            if version != "editable":
+                build_data["force_include"][str(built)] = f"pydory/{built.name}"
+                build_data["pure_python"] = False
+                build_data["infer_tag"] = True
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         scratch = getattr(self, "_scratch", None)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import KafkaError
+
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transport
 from pydory.daemon.delivery.outcomes import EnqueueRefused
 from pydory.errors import ClientProtocolError
@@ -81,6 +83,33 @@ class RecordingDispatcher:
         if topic == self.refused_topic:
             raise EnqueueRefused(DiscardReason.KAFKA_ERROR, "TOPIC_AUTHORIZATION_FAILED")
         self.sent.append((topic, partition, value, key, timestamp_ms, partition_key, attempt))
+
+    def burst_sender(self, topic: str) -> Callable[..., list[tuple[int, int]]]:
+        """The compiled producer's ``produce_burst``, recorded as ``send`` records."""
+
+        def produce_burst(
+            parsed: list[Any], headers: Any, topic: str, max_data: int, runs: Any, token: int
+        ) -> list[tuple[int, int]]:
+            partitions = iter([p for p, n in runs for _ in range(n)])
+            refused = []
+            for index, fields in enumerate(parsed):
+                if fields is None or fields[0] != topic or len(fields[1] + fields[2]) > max_data:
+                    continue
+                _, key, value, timestamp_ms = fields
+                partition = next(partitions)
+                if topic == self.refused_topic:
+                    refused.append((index, KafkaError.TOPIC_AUTHORIZATION_FAILED))
+                    continue
+                self.sent.append(
+                    (topic, partition, value, key or None, max(timestamp_ms, 0), None, 1)
+                )
+            assert next(partitions, None) is None, "as many partitions as messages"
+            return refused
+
+        return produce_burst
+
+    def note_sent(self, token: int) -> None:
+        pass
 
 
 @dataclass

@@ -4,7 +4,7 @@ one error class at a time, on the pure functions of pydory.daemon.delivery.outco
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -218,17 +218,17 @@ def test_a_message_that_may_be_in_kafka_is_never_a_plain_discard(
 
 
 def test_librdkafka_queue_full_at_produce_is_no_memory() -> None:
-    refusal = produce_refusal(BufferError("Local: Queue full"))
+    refusal = produce_refusal(KafkaError._QUEUE_FULL)
     assert (refusal.reason, refusal.detail) == (DiscardReason.NO_MEMORY, "librdkafka queue full")
 
 
 def test_a_message_too_large_at_produce_is_too_long() -> None:
-    refusal = produce_refusal(KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
+    refusal = produce_refusal(KafkaError.MSG_SIZE_TOO_LARGE)
     assert (refusal.reason, refusal.detail) == (DiscardReason.TOO_LONG, "MSG_SIZE_TOO_LARGE")
 
 
 def test_any_other_refusal_at_produce_is_a_kafka_error() -> None:
-    refusal = produce_refusal(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+    refusal = produce_refusal(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     assert (refusal.reason, refusal.detail) == (
         DiscardReason.KAFKA_ERROR,
         "TOPIC_AUTHORIZATION_FAILED",

@@ -220,3 +220,22 @@ def test_a_partial_frame_costs_every_byte_beyond_its_allowance() -> None:
     assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES) == 0
     assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES + 1) == 1
     assert partial_frame_cost(1024 * 1024 - 1) == 1024 * 1024 - 1 - PARTIAL_FRAME_FREE_BYTES
+
+
+@pytest.mark.parametrize(
+    ("used", "size", "granted"),
+    [(0, 99, True), (0, 100, False), (50, 49, True), (50, 50, False), (100, 1, False)],
+)
+def test_allocating_a_burst_at_once_needs_room_for_all_of_it_below_the_budget(
+    used: int, size: int, granted: bool
+) -> None:
+    """The burst path's charge: granted only if every message of it would have been, one
+    by one, without reaching the budget; else nothing is charged."""
+    pool = MemoryPool(100)
+    if used:
+        assert pool.try_allocate(used)
+    grants = pool.granted_count
+    assert pool.try_allocate_all(size, 3) is granted
+    assert pool.used == used + (size if granted else 0)
+    assert pool.granted_count == grants + (3 if granted else 0)
+    assert not pool.is_depleted or used >= 100

@@ -211,3 +211,23 @@ def test_same_layout_compares_brokers_and_leaders() -> None:
     before = MetadataSnapshot.build(BROKERS, {TOPIC: {0: 1, 1: 2}})
     assert before.same_layout(MetadataSnapshot.build(BROKERS, {TOPIC: {0: 1, 1: 2}}))
     assert not before.same_layout(MetadataSnapshot.build(BROKERS, {TOPIC: {0: 1, 1: 3}}))
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=12),
+    st.sets(st.integers(min_value=0, max_value=5)),
+)
+def test_any_partition_runs_are_the_partitions_any_partition_gives_one_by_one(
+    bursts: list[int], unavailable: set[int]
+) -> None:
+    """The burst path's runs (admission/burst_path.py) name the very partitions, in order,
+    that as many any_partition calls would, whatever came before."""
+    leaders = {p: 1 + p % 3 for p in range(6)}
+    one_by_one, in_runs = router_for(leaders), router_for(leaders)
+    for router in (one_by_one, in_runs):
+        router.set_unavailable(set(), {(TOPIC, p) for p in unavailable})
+    for count in bursts:
+        expected = [one_by_one.any_partition(TOPIC) for _ in range(count)]
+        runs = in_runs.any_partition_runs(TOPIC, count)
+        assert [p for p, n in runs for _ in range(n)] == expected
+        assert all(n >= 1 for _, n in runs)

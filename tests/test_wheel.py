@@ -103,8 +103,8 @@ def has_c_compiler() -> bool:
 
 
 def test_the_wheel_carries_the_compiled_hot_path(lean_venv: Path, tmp_path: Path) -> None:
-    """Issue 25: the package's own build compiles the C extension into the wheel (tagged
-    for this interpreter), and the installed daemon runs it."""
+    """Issue 25: the package's own build compiles the C extensions into the wheel (tagged
+    for this interpreter), and the installed daemon runs them."""
     if not has_c_compiler():
         pytest.skip("no C compiler here: the wheel is pure Python (the next test)")
     (extension,) = lean_venv.glob("lib/python3.*/site-packages/pydory/_cwire.*.so")
@@ -113,11 +113,18 @@ def test_the_wheel_carries_the_compiled_hot_path(lean_venv: Path, tmp_path: Path
     implementation, path = checked([python, "-c", probe], cwd=tmp_path).split()
     assert implementation == "compiled"
     assert Path(path).parent == extension.parent  # the wheel's, not the checkout's
+    # The compiled producer too, bound to the librdkafka of the venv's confluent-kafka.
+    (producer,) = lean_venv.glob("lib/python3.*/site-packages/pydory/_cproducer.*.so")
+    probe = "from pydory.daemon.delivery import compiled_producer as c; print(c.why)"
+    why = checked([python, "-c", probe], cwd=tmp_path)
+    assert why.startswith("pydory._cproducer on librdkafka "), why
+    assert producer.parent == extension.parent
 
 
 def test_without_a_c_compiler_the_wheel_is_pure_python(tmp_path: Path) -> None:
     """A host with no compiler still gets a working wheel: the build says why and goes on
-    without the extension (pydory.hotpath then runs wire.py's code)."""
+    without the extensions (pydory.hotpath then runs wire.py's code, the producer is
+    confluent-kafka's)."""
     result = run(
         [
             *(str(UV), "build", "--wheel", "--no-build-isolation"),
@@ -126,7 +133,8 @@ def test_without_a_c_compiler_the_wheel_is_pure_python(tmp_path: Path) -> None:
         env=offline_env(CC="/nonexistent/cc"),
     )
     assert result.returncode == 0, result.stderr
-    assert "building pure Python: the C extension did not compile" in result.stderr
+    for module in ("_cwire", "_cproducer"):
+        assert f"building without {module}: it did not compile" in result.stderr
     (wheel,) = tmp_path.glob("pydory-*.whl")
     assert wheel.name.endswith("-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as archive:

@@ -37,6 +37,7 @@ from itertools import repeat
 
 from confluent_kafka import KafkaError
 
+from pydory.daemon.admission.burst_path import BurstPath
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.accounting import DEFAULT_UNKNOWN_TOPIC_LIMIT, Books
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 
 #: Kafka's per-record overhead in a v2 record batch, and the batch header: a message whose
 #: key + value + this exceeds messageMaxBytes can never be accepted by the broker.
-KAFKA_RECORD_OVERHEAD = 61 + 21
+KAFKA_RECORD_OVERHEAD, _NONE_TAKEN = 61 + 21, frozenset[str]()
 
 
 @dataclass
@@ -127,6 +128,8 @@ class Intake:
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._write_ahead = write_ahead
         self._ids = ids
+        self._burst_path = BurstPath.where_compiled(pool, router, limiter.is_unlimited,
+            commit_point.open, dispatcher, self._msg_debug, self._refused)  # fmt: skip
         #: When the pool is short, hold on to a message read (charging it anyway) instead
         #: of discarding it: the backpressure policy pauses the inputs meanwhile, and a
         #: spool replay waits for room between bursts. Either way the overshoot is one burst.
@@ -148,22 +151,17 @@ class Intake:
         """The datagrams of one read burst, one whole message each (see :meth:`messages`)."""
         self.messages(burst, Transport.UNIX_DGRAM)
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
-        """The frames one read of a stream connection completed (see :meth:`messages`)."""
-        self.messages(burst, transport)
-
     def messages(self, burst: Sequence[bytes], transport: Transport) -> None:
-        """Whole messages read in one burst from ``transport``.
-
-        The common case takes a short path: a well-formed AnyPartition message of a topic
-        the router knows and no rate limit restricts, of an acceptable size, while the
-        pool has room. It makes the same decisions as :meth:`admit` (the reference, which
-        every other message goes through), with fewer steps, and books the acceptances
-        once per topic per burst. A topic traced by message debugging takes the reference
-        path (which traces it); whether any is traced is checked once per burst.
-        """
+        """Whole messages read in one burst from ``transport``. Well-formed AnyPartition
+        messages of a known, unlimited, untraced topic of an acceptable size, while the pool
+        has room, take a short path (the burst path, or ``_admit_each``'s): the same
+        decisions as :meth:`admit` (the reference), fewer steps, acceptances booked once
+        per topic per burst."""
         self._books.received(transport, len(burst))
         self._admit_burst(burst)
+
+    #: The frames one read of a stream connection completed.
+    frames = messages
 
     def replayed(
         self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
@@ -183,9 +181,8 @@ class Intake:
     def _admit_burst(
         self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
     ) -> None:
-        """Write ``burst`` ahead to the spool (if any), then admit it, or, under the spool
-        overload policy while memory is short, keep it on disk for later. ``origins``:
-        a replayed burst's first identities."""
+        """Write ``burst`` ahead to the spool (if any), then admit it, or (the spool
+        overload policy, memory short) keep it on disk. ``origins``: a replay's identities."""
         write_ahead = self._write_ahead
         if write_ahead is None:
             self._admit_messages(burst, True, self._unspooled_headers(burst, origins))
@@ -231,72 +228,80 @@ class Intake:
     ) -> None:
         """Admit each message of ``burst``, with its headers (``identities``: None for
         none); ``hold=False`` forbids holding messages when memory is short (see
-        ``hold_when_memory_short``) for this burst."""
-        if identities is None:
-            identities = repeat(None)
-        books = self._books
+        ``hold_when_memory_short``) for this burst. The compiled producer's burst path
+        takes what it can first (admission/burst_path.py); the rest goes one by one."""
         held = self.hold_when_memory_short
         self.hold_when_memory_short = held and hold
         parsed = parse_burst(burst)  # pydory.hotpath: compiled, one call per burst
+        accepted: dict[str, int] = {}
+        try:
+            taken, count = _NONE_TAKEN, 0
+            if self._burst_path is not None:
+                taken, count = self._burst_path.admit(
+                    burst, parsed, identities, accepted, self._max_data
+                )
+            if count < len(burst):
+                each = repeat(None) if identities is None else identities
+                self._admit_each(burst, parsed, each, taken, accepted)
+        finally:
+            for topic, n in accepted.items():
+                self._books.accepted(topic, n)
+            self.hold_when_memory_short = held
+
+    def _admit_each(
+        self,
+        burst: Sequence[bytes],
+        parsed: Iterable[tuple[str, bytes, bytes, int] | None],
+        identities: Iterable[Headers | None],
+        taken: frozenset[str],
+        accepted: dict[str, int],
+    ) -> None:
+        """The reference, a message at a time (but the ``taken`` topics' that fit: the
+        burst path sent them); ``accepted`` counts per topic."""
+        books = self._books
         knows, is_unlimited = self._router.knows, self._limiter.is_unlimited
         pool, max_data, cost_of = self._pool, self._max_data, message_cost
         any_partition, send = self._router.any_partition, self._dispatcher.send
         open_token = self._commit_point.open
-        accepted: dict[str, int] = {}
         # Per topic: known and unlimited? Neither changes during a burst, except that the
         # reference path may learn a topic's limit (then this burst keeps using it).
         short_path: dict[str, bool] = {}
         msg_debug = self._msg_debug
         tracing = msg_debug.active
-        try:
-            for data, fields, headers in zip(burst, parsed, identities, strict=False):
-                if fields is None:
-                    self._decode_and_admit(data, headers)
-                    continue
-                topic, key, value, timestamp_ms = fields
-                eligible = short_path.get(topic)
-                if eligible is None:
-                    eligible = short_path[topic] = (
-                        knows(topic)
-                        and is_unlimited(topic)
-                        and not (tracing and msg_debug.traces(topic))
-                    )
-                size = len(key) + len(value)
-                if not eligible or size > max_data:
-                    self._decode_and_admit(data, headers)
-                    continue
-                cost = cost_of(topic, size)
-                if not pool.try_allocate(cost) and not self._held_anyway(cost):
-                    # The message goes to the discard log (if enabled); the report ignores it.
-                    books.discarded(
-                        DiscardReason.NO_MEMORY, topic, timestamp_ms, prefix=value, key=key
-                    )
-                    continue
-                token = open_token()
-                try:
-                    send(
-                        topic,
-                        any_partition(topic),
-                        value,
-                        key or None,
-                        timestamp_ms if timestamp_ms > 0 else 0,
-                        None,  # AnyPartition
-                        1,  # the first attempt
-                        token,
-                        headers=headers,
-                    )
-                except EnqueueRefused as refusal:
-                    self._refused(refusal, topic, value, timestamp_ms, cost, token)
-                else:
-                    accepted[topic] = accepted.get(topic, 0) + 1
-        finally:
-            for topic, n in accepted.items():
-                books.accepted(topic, n)
-            self.hold_when_memory_short = held
+        for data, fields, headers in zip(burst, parsed, identities, strict=False):
+            if fields is None:
+                self._decode_and_admit(data, headers)
+                continue
+            topic, key, value, timestamp_ms = fields
+            size = len(key) + len(value)
+            if topic in taken and size <= max_data:
+                continue  # sent by the burst path
+            eligible = short_path.get(topic)
+            if eligible is None:
+                eligible = short_path[topic] = (
+                    knows(topic)
+                    and is_unlimited(topic)
+                    and not (tracing and msg_debug.traces(topic))
+                )
+            if not eligible or size > max_data:
+                self._decode_and_admit(data, headers)
+                continue
+            cost = cost_of(topic, size)
+            if not pool.try_allocate(cost) and not self._held_anyway(cost):
+                # The message goes to the discard log (if enabled); the report ignores it.
+                books.discarded(DiscardReason.NO_MEMORY, topic, timestamp_ms, prefix=value, key=key)
+                continue
+            token = open_token()
+            try:  # AnyPartition (no PartitionKey), the first attempt
+                send(topic, any_partition(topic), value, key or None,
+                     max(timestamp_ms, 0), None, 1, token, headers=headers)  # fmt: skip
+            except EnqueueRefused as refusal:
+                self._refused(refusal, topic, value, timestamp_ms, cost, token)
+            else:
+                accepted[topic] = accepted.get(topic, 0) + 1
 
     def _held_anyway(self, cost: int) -> bool:
-        """The pool refused ``cost``: charge it all the same if messages must not be
-        discarded for memory now (see ``hold_when_memory_short``)."""
+        """The pool refused ``cost``: charged anyway if ``hold_when_memory_short``."""
         if self.hold_when_memory_short:
             self._pool.force_allocate(cost)
             self._counters.inc(counter_names.HELD_WHEN_MEMORY_SHORT)

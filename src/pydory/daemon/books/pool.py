@@ -52,6 +52,7 @@ __all__ = [
     "MemoryPool",
     "PoolReleaseError",
     "message_cost",
+    "messages_cost",
     "partial_frame_cost",
     "pool_cost",
 ]
@@ -68,6 +69,12 @@ def message_cost(topic: str, data_bytes: int) -> int:
     """Bytes a message holds in the memory pool from acceptance to its final outcome:
     its topic, ``data_bytes`` (its key and value), and a fixed overhead."""
     return len(topic) + data_bytes + POOL_OVERHEAD_BYTES
+
+
+def messages_cost(topic: str, count: int, data_bytes: int) -> int:
+    """:func:`message_cost` of ``count`` messages of ``topic`` holding ``data_bytes`` (their
+    keys and values) in all."""
+    return count * message_cost(topic, 0) + data_bytes
 
 
 def partial_frame_cost(held_bytes: int) -> int:
@@ -165,6 +172,18 @@ class MemoryPool:
         self._granted_count += 1
         if used >= self._budget:  # on the hot path: the depletion check, inlined
             self._note_depletion_state()
+        return True
+
+    def try_allocate_all(self, size: int, count: int) -> bool:
+        """Charge ``count`` allocations of ``size`` bytes in all at once, only if every one
+        of them would be granted without reaching the budget (else nothing is charged and
+        the caller goes one by one); whether it was granted."""
+        if size <= 0 or count <= 0:
+            raise ValueError(f"allocation of {count} messages, {size} bytes: must be positive")
+        if self._used + size >= self._budget:
+            return False
+        self._used += size
+        self._granted_count += count
         return True
 
     def release(self, size: int) -> None:

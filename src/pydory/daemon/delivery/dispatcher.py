@@ -39,7 +39,7 @@ from confluent_kafka import KafkaException
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.msg_debug import MsgDebug
-from pydory.daemon.books.pool import message_cost, pool_cost
+from pydory.daemon.books.pool import message_cost, messages_cost, pool_cost
 from pydory.daemon.delivery.broker_trouble import count_broker_trouble
 from pydory.daemon.delivery.kafka_stats import (
     STATS_INTERVAL_MS,
@@ -66,7 +66,7 @@ from pydory.daemon.delivery.outcomes import (
     produce_refusal,
     resend_refused,
 )
-from pydory.daemon.delivery.producer import AckReport, DeliveryReports, ProducerHandle
+from pydory.daemon.delivery.producer import AckReport, AckSum, DeliveryReports, ProducerHandle
 from pydory.daemon.delivery.router import NO_LEADER, Router
 from pydory.errors import ConfigError
 
@@ -165,39 +165,39 @@ class Dispatcher:
     ) -> None:
         """Hand one message to librdkafka; its outcome reaches the ledger later, with
         ``token``. ``maybe_in_kafka``: an earlier attempt may have reached the log.
-        ``headers`` (its identity): kept by its callback too, for a resend (a report has none).
-        Tokens never decrease from one first attempt to the next (the commit point's
-        generations do not): the possible-duplicate window relies on it.
-
-        Raises ``EnqueueRefused`` when librdkafka refuses it at once (queue full, too
-        large): the caller decides what that refusal means for its books.
-        """
+        ``headers`` (its identity) come back with a failure, for a resend. Tokens never
+        decrease from one first attempt to the next (the commit point's generations do
+        not): the possible-duplicate window relies on it. Raises ``EnqueueRefused`` when
+        librdkafka refuses it at once (queue full, too large): the caller books it."""
         handle = self._by_topic.get(topic) or self._handle_for(topic)
         if handle is not None and handle.fatal_error is not None:
             # A poll saw a fatal error that the loop has not handled yet.
             self._replace(handle)
             handle = self._by_topic.get(topic) or self._handle_for(topic)
-        producer = handle.producer if handle is not None else None
-        if handle is None or producer is None:
+        if handle is None or handle.closed:
             raise no_producer_refusal()
-        try:
-            if partition_key is not None or attempt > 1:
-                callback = handle.identified_callback(
-                    partition_key, attempt, token, timestamp_ms, maybe_in_kafka, headers
-                )
-            elif headers is not None:  # a callback per message: the identity, for a resend
-                callback = functools.partial(handle.first_identified, token, timestamp_ms, headers)
-            else:
-                callback = handle.first_attempt_callbacks.get(
-                    (token, timestamp_ms)
-                ) or handle.first_attempt_callback(token, timestamp_ms)
-            producer.produce(  # headers=None costs nothing measurable
-                topic, value, key, partition, callback, timestamp=timestamp_ms, headers=headers
-            )
-        except (BufferError, KafkaException) as exc:
-            raise produce_refusal(exc) from None
+        refused = handle.send_message(topic, partition, value, key, timestamp_ms, headers,
+                                      token, partition_key, attempt, maybe_in_kafka)  # fmt: skip
+        if refused:
+            raise produce_refusal(refused)
         if attempt == 1:
-            self._newest_token = token
+            self.note_sent(token)
+        elif not self._poll_scheduled:
+            self.note_sent(self._newest_token)
+
+    def burst_sender(self, topic: str) -> Callable[..., list[tuple[int, int]]] | None:
+        """``produce_burst`` of ``topic``'s compiled producer (admission/burst_path.py),
+        or None if its producer is not one (then ``send`` each message)."""
+        handle = self._by_topic.get(topic) or self._handle_for(topic)
+        if handle is not None and handle.fatal_error is not None:
+            self._replace(handle)  # as send() does
+            handle = self._by_topic.get(topic) or self._handle_for(topic)
+        compiled = handle and handle.compiled
+        return compiled.produce_burst if compiled else None
+
+    def note_sent(self, token: int) -> None:
+        """First attempts under ``token`` were handed to librdkafka: poll soon."""
+        self._newest_token = token
         if not self._poll_scheduled:
             self._poll_scheduled = True
             assert self._loop is not None, "Dispatcher.start() was not called"
@@ -378,7 +378,9 @@ class Dispatcher:
         """Serve every running producer's ready callbacks, settle the reports, and come
         back soon if librdkafka still holds messages (else at the idle pace)."""
         self._poll_scheduled = False
+        each_ack = self._msg_debug.active or self._suspect_through is not None
         for handle in list(self._by_profile.values()):
+            handle.report_each_ack = each_ack
             handle.serve()
         self._drain_reports()
         busy = self.in_librdkafka() > 0
@@ -419,11 +421,13 @@ class Dispatcher:
         failures = self._reports.failures
         while failures:
             self._settle_failure(*failures.popleft())
-        acks = self._reports.acks
-        if acks:
-            self._settle_acks(acks)
+        acks, sums = self._reports.acks, self._reports.ack_sums
+        if acks or sums:
+            self._settle_acks(acks, sums)
 
-    def _settle_acks(self, acks: collections.deque[AckReport]) -> None:
+    def _settle_acks(
+        self, acks: collections.deque[AckReport], sums: collections.deque[AckSum]
+    ) -> None:
         if self._msg_debug.active:  # one check per batch
             self._trace_acks(acks)
         if self._suspect_through is not None:  # one check per batch
@@ -440,6 +444,11 @@ class Dispatcher:
             topics[topic] = topics.get(topic, 0) + 1
             # len(msg) is the value's length, without copying it out.
             cost += cost_of(topic, len(msg) + (len(key) if key else 0))
+        while sums:  # the compiled producer's: summed per (token, topic) already
+            token, topic, n, data_bytes = sums.popleft()
+            topics = per_token.get(token) or per_token.setdefault(token, {})
+            topics[topic] = topics.get(topic, 0) + n
+            cost += messages_cost(topic, n, data_bytes)
         self._ledger.delivered(Delivered.of(per_token, cost))
 
     def _flag_suspects(self, acks: collections.deque[AckReport], through: int) -> None:
@@ -535,18 +544,8 @@ class Dispatcher:
             partition = self._router.partition_key_partition(topic, partition_key)
         self.rerouted += 1
         try:
-            self.send(
-                topic,
-                partition,
-                msg.value(),
-                msg.key(),
-                timestamp_ms,
-                partition_key,
-                attempt,
-                token,
-                maybe_in_kafka,
-                headers,
-            )
+            self.send(topic, partition, msg.value(), msg.key(), timestamp_ms, partition_key,
+                      attempt, token, maybe_in_kafka, headers)  # fmt: skip
         except EnqueueRefused as refusal:
             self._settle(msg, timestamp_ms, resend_refused(refusal, maybe_in_kafka), token, headers)
             return

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 
 from pydory.daemon.books.accounting import Books
 from pydory.daemon.books.events import DiscardReason
@@ -153,14 +153,15 @@ class EnqueueRefused(PydoryError):
         self.detail = detail
 
 
-def produce_refusal(error: BufferError | KafkaException) -> EnqueueRefused:
-    """What librdkafka raising ``error`` at ``produce()`` means for the message."""
-    if isinstance(error, BufferError):
+def produce_refusal(code: int) -> EnqueueRefused:
+    """What librdkafka refusing a message at ``produce()`` with error ``code`` means
+    for it (confluent-kafka raises BufferError for _QUEUE_FULL: the producer maps it)."""
+    if code == KafkaError._QUEUE_FULL:
         return EnqueueRefused(DiscardReason.NO_MEMORY, "librdkafka queue full")
-    err = error.args[0]
-    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-        return EnqueueRefused(DiscardReason.TOO_LONG, err.name())
-    return EnqueueRefused(DiscardReason.KAFKA_ERROR, err.name())
+    name = KafkaError(code).name()
+    if code == KafkaError.MSG_SIZE_TOO_LARGE:
+        return EnqueueRefused(DiscardReason.TOO_LONG, name)
+    return EnqueueRefused(DiscardReason.KAFKA_ERROR, name)
 
 
 def no_producer_refusal() -> EnqueueRefused:
@@ -243,7 +244,7 @@ class Tokens(Protocol):
     """Counts accepted messages until they settle: the commit point, or the write-ahead
     standing in for it (which settles the spool too)."""
 
-    def open(self) -> int: ...
+    def open(self, n: int = 1) -> int: ...
     def close(self, token: int, n: int = 1) -> None: ...
     def keep(self, token: int, n: int = 1) -> None:
         """Shutdown: the messages stay in the spool for the next start; this run's commit

@@ -1,15 +1,18 @@
 """The producer: one librdkafka producer instance and the delivery reports it hands back.
 
 librdkafka (seed 003) does the network work: its broker threads batch, compress, send and
-retry. A :class:`ProducerHandle` owns one instance. While the daemon runs, the dispatcher
-serves its callbacks on the loop thread (``poll(0)``, which never blocks); once it is
-stopped, a closing thread of its own flushes it until a deadline, purges what is left and
-destroys it, so several producers tear down in parallel and the loop never waits for one.
-A delivery callback only appends a report to :class:`DeliveryReports`; every decision is
-taken later, on the loop, by the dispatcher (and :mod:`outcomes`).
+retry. A :class:`ProducerHandle` owns one instance: the compiled producer
+(``compiled_producer``: no Python object per message or per report) where it is built,
+else confluent-kafka's ``Producer`` (the reference; ``PYDORY_PURE_PYTHON=1`` forces it).
+While the daemon runs, the dispatcher serves its callbacks on the loop thread
+(``poll(0)``, which never blocks); once it is stopped, a closing thread of its own
+flushes it until a deadline, purges what is left and destroys it, so several producers
+tear down in parallel and the loop never waits for one. A delivery callback (or a
+compiled poll) only appends reports to :class:`DeliveryReports`; every decision is taken
+later, on the loop, by the dispatcher (and :mod:`outcomes`).
 
 Rule: a sending producer is polled, flushed, purged and destroyed here alone, each on
-its proper thread (``produce`` itself is the dispatcher's call), and its delivery
+its proper thread (``send_message`` itself is the dispatcher's call), and its delivery
 callback only records the report.
 """
 
@@ -24,8 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
+from pydory.daemon.delivery.compiled_producer import (
+    CompiledProducer,
+    PollSinks,
+    compiled_producer_class,
+)
 from pydory.daemon.delivery.kafka_stats import ProducerStats, parse_statistics
 from pydory.daemon.delivery.librdkafka_settings import ProducerProfile
 
@@ -47,6 +55,9 @@ FailureReport = tuple[Any, Any, int, "int | None", int, int, "ProducerHandle", b
 # A successful delivery report: the message, its token, and the client's timestamp it was
 # sent with (the report's own is the broker's append time on a LogAppendTime topic).
 AckReport = tuple[Any, int, int]
+# Acknowledged messages summed (the compiled producer's reports): their token, topic, how
+# many, and their keys' and values' bytes.
+AckSum = tuple[int, str, int, int]
 
 
 class DeliveryReports:
@@ -57,14 +68,17 @@ class DeliveryReports:
     atomic, and every decision is taken later, on the loop, a batch at a time.
     """
 
-    __slots__ = ("acks", "failures")
+    __slots__ = ("ack_sums", "acks", "failures")
 
     def __init__(self) -> None:
         self.acks: collections.deque[AckReport] = collections.deque()
+        self.ack_sums: collections.deque[AckSum] = collections.deque()
         self.failures: collections.deque[FailureReport] = collections.deque()
 
     def __len__(self) -> int:
-        return len(self.acks) + len(self.failures)
+        """Messages reported, not yet settled."""
+        summed = sum(count for _, _, count, _ in list(self.ack_sums))
+        return len(self.acks) + len(self.failures) + summed
 
 
 class ProducerHandle:
@@ -100,9 +114,32 @@ class ProducerHandle:
         if on_statistics is not None:
             properties = {**properties, "stats_cb": self._statistics}
         self._on_broker_error = on_broker_error
-        if on_broker_error is not None:
-            properties = {**properties, "error_cb": self._broker_error}
-        self.producer: Producer | None = Producer(properties)
+        self.producer: Producer | None = None
+        self.compiled: CompiledProducer | None = None
+        #: The dispatcher's call per message: ``send_message(topic, partition, value, key,
+        #: timestamp_ms, headers, token, partition_key, attempt, maybe_in_kafka)`` -> 0, or
+        #: librdkafka's error code when it refused the message (it holds nothing then).
+        self.send_message: Callable[..., int]
+        #: Report each acknowledged message on its own (message debugging, the
+        #: possible-duplicate window), not summed: set by the dispatcher before a poll.
+        self.report_each_ack = False
+        compiled = compiled_producer_class()
+        if compiled is not None:
+            self.compiled = compiled(properties)
+            self.send_message = self.compiled.produce
+            self._sinks = PollSinks(
+                reports,
+                self,
+                self._statistics if on_statistics is not None else None,
+                self._broker_error if on_broker_error is not None else None,
+                self._fatal,
+                self.compiled.logger,
+            )
+        else:
+            if on_broker_error is not None:
+                properties = {**properties, "error_cb": self._broker_error}
+            self.producer = Producer(properties)
+            self.send_message = self._produce_through_confluent
         # Set (once) when librdkafka reports a fatal error: the instance is unusable and
         # everything it still holds fails.
         self.fatal_error: str | None = None
@@ -123,6 +160,50 @@ class ProducerHandle:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.finished = loop.create_future()
         self._loop = loop
+
+    @property
+    def closed(self) -> bool:
+        """Destroyed: nothing can be sent through it any more."""
+        return self.producer is None and self.compiled is None
+
+    def _produce_through_confluent(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes,
+        key: bytes | None,
+        timestamp_ms: int,
+        headers: Any,
+        token: int,
+        partition_key: int | None,
+        attempt: int,
+        maybe_in_kafka: bool,
+    ) -> int:
+        """``send_message`` on confluent-kafka: a delivery callback carrying what the
+        report must give back (cached for first-attempt AnyPartition messages)."""
+        producer = self.producer
+        if producer is None:
+            return KafkaError._DESTROY
+        if partition_key is not None or attempt > 1:
+            callback = self.identified_callback(
+                partition_key, attempt, token, timestamp_ms, maybe_in_kafka, headers
+            )
+        elif headers is not None:  # a callback per message: the identity, for a resend
+            callback = functools.partial(self.first_identified, token, timestamp_ms, headers)
+        else:
+            callback = self.first_attempt_callbacks.get(
+                (token, timestamp_ms)
+            ) or self.first_attempt_callback(token, timestamp_ms)
+        try:
+            producer.produce(  # headers=None costs nothing measurable
+                topic, value, key, partition, callback, timestamp=timestamp_ms, headers=headers
+            )
+        except BufferError:
+            return KafkaError._QUEUE_FULL
+        except KafkaException as exc:
+            code: int = exc.args[0].code()
+            return code
+        return 0
 
     def first_attempt_callback(self, token: int, timestamp_ms: int) -> Callable[[Any, Any], None]:
         """The delivery callback of a first-attempt AnyPartition message under ``token``
@@ -212,8 +293,21 @@ class ProducerHandle:
 
     def serve(self) -> None:
         """Loop thread: serve the callbacks librdkafka has ready, without waiting."""
-        if not self.stopping and self.producer is not None:
+        if self.stopping:
+            return
+        if self.compiled is not None:
+            self.compiled.serve(0, self.report_each_ack, self._sinks)
+        elif self.producer is not None:
             self._serve_callbacks(self.producer.poll, 0)
+
+    def _serve_for(self, timeout_s: float, flush: bool) -> None:
+        """Any thread: serve reports, waiting up to ``timeout_s`` (``flush``: until
+        nothing is held, or that long)."""
+        if self.compiled is not None:
+            self.compiled.serve(timeout_s, self.report_each_ack, self._sinks)
+        elif self.producer is not None:
+            producer = self.producer
+            self._serve_callbacks(producer.flush if flush else producer.poll, timeout_s)
 
     def _serve_callbacks(self, serve: Callable[[float], object], timeout_s: float) -> None:
         """``producer.poll`` or ``producer.flush``: both serve callbacks, and both raise
@@ -226,7 +320,12 @@ class ProducerHandle:
             return
         if not error.fatal():
             log.warning("producer %s: %s", self.name, error.str())
-        elif self.fatal_error is None:
+        else:
+            self._fatal(error)
+
+    def _fatal(self, error: Any) -> None:
+        """librdkafka reported a fatal error: the instance is unusable."""
+        if self.fatal_error is None:
             self.fatal_error = error.name()
             log.error("producer %s: fatal librdkafka error: %s", self.name, error.str())
             self._loop.call_soon_threadsafe(self._on_fatal, self)
@@ -249,33 +348,35 @@ class ProducerHandle:
 
     def _close(self) -> None:
         try:
-            if self.producer is not None:
-                self._drain(self.producer)
+            if not self.closed:
+                self._drain()
         finally:
             self._destroy_producer()
             self._on_reports()
             self._loop.call_soon_threadsafe(self._set_finished)
 
-    def _drain(self, producer: Producer) -> None:
+    def _drain(self) -> None:
         """Deliver what can be delivered until the flush deadline, then purge the rest
         (their reports come back as _PURGE_QUEUE / _PURGE_INFLIGHT and become discards)."""
-        while len(producer) and (left := self._flush_until() - time.monotonic()) > 0:
-            self._serve_callbacks(producer.flush, min(left, FLUSH_STEP_S))
+        held = self.queue_length
+        while held() and (left := self._flush_until() - time.monotonic()) > 0:
+            self._serve_for(min(left, FLUSH_STEP_S), flush=True)
             self._on_reports()
-        if not len(producer):
+        if not held():
             return
-        log.warning("producer %s: %d messages undelivered at shutdown", self.name, len(producer))
+        log.warning("producer %s: %d messages undelivered at shutdown", self.name, held())
         # Non-blocking: purged messages are reported at once; blocking would also wait for
         # every broker thread to take note of the purge.
-        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        if self.compiled is not None:
+            self.compiled.purge()
+        elif self.producer is not None:
+            self.producer.purge(in_queue=True, in_flight=True, blocking=False)
         give_up = time.monotonic() + PURGE_REPORTS_WAIT_S
-        while len(producer) and time.monotonic() < give_up:
-            self._serve_callbacks(producer.poll, 0.05)  # collects the purge reports
-        if len(producer):
+        while held() and time.monotonic() < give_up:
+            self._serve_for(0.05, flush=False)  # collects the purge reports
+        if held():
             log.error(
-                "producer %s: %d messages still unreported after the purge",
-                self.name,
-                len(producer),
+                "producer %s: %d messages still unreported after the purge", self.name, held()
             )
 
     def _destroy_producer(self) -> None:
@@ -283,6 +384,9 @@ class ProducerHandle:
         producers tear down in parallel and the event loop never waits for one."""
         started = time.monotonic()
         self.producer = None  # the last reference: rd_kafka_destroy() runs now
+        compiled, self.compiled = self.compiled, None
+        if compiled is not None:
+            compiled.close()
         log.debug("producer %s destroyed in %.3f s", self.name, time.monotonic() - started)
 
     def _set_finished(self) -> None:
@@ -292,5 +396,5 @@ class ProducerHandle:
     # -- any thread -----------------------------------------------------------------------
 
     def queue_length(self) -> int:
-        producer = self.producer
-        return len(producer) if producer is not None else 0
+        held = self.compiled if self.compiled is not None else self.producer
+        return len(held) if held is not None else 0

@@ -214,6 +214,19 @@ class Router:
                     return candidate
         return partitions[start]  # nothing has a leader: librdkafka holds it until one appears
 
+    def any_partition_runs(self, topic: str, count: int) -> list[tuple[int, int]]:
+        """The partitions of ``count`` AnyPartition messages, as ``(partition, n)`` runs:
+        the very ones ``count`` calls of :meth:`any_partition` would give, in order."""
+        runs = []
+        while count > 0:
+            partition = self.any_partition(topic)  # the first of a run, or one of the run
+            cursor = self._cursor[topic]
+            more = min(cursor[1], count - 1)  # the run goes on for these
+            cursor[1] -= more
+            runs.append((partition, 1 + more))
+            count -= 1 + more
+        return runs
+
     def any_partition(self, topic: str, avoid: int | None = None) -> int:
         """Next partition for an AnyPartition message; ``avoid`` skips one partition (a
         reroute away from a partition that just failed) when another is available."""

@@ -256,13 +256,14 @@ class WriteAhead:
 
     # -- the commit point's interface ------------------------------------------------------
 
-    def open(self) -> int:
-        """A message was accepted: its token names its generation and its segment. A
-        message of a deferred burst keeps the generation it was counted in when read."""
-        self._opened += 1
+    def open(self, n: int = 1) -> int:
+        """``n`` messages were accepted: their token names their generation and their
+        segment. A message of a deferred burst keeps the generation it was counted in
+        when read."""
+        self._opened += n
         generation = self._resumed_generation
         if generation is None:
-            generation = self._commit_point.open()
+            generation = self._commit_point.open(n)
         token = generation | (self._segment << SEGMENT_SHIFT)
         if token != self._burst_token and self._segment:
             self._join_group(token)
