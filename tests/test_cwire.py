@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from hotpaths import IMPLEMENTATIONS, compiled_module, using
 from pydory import hotpath, wire
-from pydory.daemon.spool import identity
+from pydory.daemon.spool import identity, records
 from pydory.errors import ClientProtocolError
 
 ROOT = Path(__file__).parents[1]
@@ -372,3 +372,38 @@ def test_message_ids_render_each_spooled_identity_on_either_path(implementation:
         for sequence in (99_998, 99_999, 100_000)
     ]
     assert burst[2] == [("pydory-id", b"web-7/9b2d4c0e7a1f3355/4/100000")]
+
+
+# --- the spool's frames of a burst (daemon/spool/records.py) ---------------------------------
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.binary(max_size=300), max_size=80),
+    st.integers(0, 2**32 - 81),
+    st.sampled_from([list, tuple]),
+)
+def test_the_compiled_spool_frames_are_the_pure_ones(
+    payloads: list[bytes], first: int, kind: type
+) -> None:
+    if getattr(cwire, "encode_payload_frames", None) is None:
+        pytest.skip("zlib is not a shared library here: the spool encodes in Python")
+    compiled = records.encode_payloads(kind(payloads), first)
+    assert compiled == records.encode_payloads_reference(payloads, first)
+    assert hotpath.payload_frames is not None or os.environ.get(hotpath.PURE_PYTHON_VARIABLE)
+
+
+@needs_compiled
+def test_the_compiled_spool_frames_refuse_what_the_format_cannot_hold() -> None:
+    frames = getattr(cwire, "encode_payload_frames", None)
+    if frames is None:
+        pytest.skip("zlib is not a shared library here: the spool encodes in Python")
+    head, crc, marker = records._PAYLOAD_HEAD, records._PAYLOAD_HEAD_CRC, records.SYNC_MARKER
+    with pytest.raises(ValueError, match="sequence"):
+        frames([b"a", b"b"], 2**32 - 1, head, crc, marker)
+    with pytest.raises(TypeError):
+        frames(["text"], 0, head, crc, marker)
+    with pytest.raises(TypeError):
+        frames([b"a"], 0, head, crc, b"xx")  # a marker is 4 bytes
+    assert frames([], 0, head, crc, marker) == b""

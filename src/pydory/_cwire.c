@@ -26,6 +26,7 @@
 #define _GNU_SOURCE /* recvmmsg */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -663,6 +664,97 @@ static PyObject *identity_headers(PyObject *Py_UNUSED(module), PyObject *const *
     return list;
 }
 
+/* --- the spool's frames ------------------------------------------------------------------ */
+
+/* zlib's crc32, from the libz Python's zlib module loaded (no header, no link: its ABI has
+ * not changed since 1995); NULL if there is none, and then no encode_payload_frames. */
+typedef unsigned long (*crc32_function)(unsigned long, const unsigned char *, unsigned int);
+static crc32_function zlib_crc32 = NULL;
+
+static void find_crc32(void) {
+    PyObject *zlib = PyImport_ImportModule("zlib"); /* loads libz, if it is a library */
+    if (zlib == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    Py_DECREF(zlib);
+    void *library = dlopen("libz.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (library == NULL) library = dlopen("libz.so.1", RTLD_NOW);
+    if (library != NULL) zlib_crc32 = (crc32_function)dlsym(library, "crc32");
+}
+
+static void put_u32(unsigned char *at, uint32_t value) {
+    at[0] = (unsigned char)(value >> 24);
+    at[1] = (unsigned char)(value >> 16);
+    at[2] = (unsigned char)(value >> 8);
+    at[3] = (unsigned char)value;
+}
+
+/* encode_payload_frames(payloads, first_sequence, head, head_crc, marker) -> bytes:
+ * pydory/daemon/spool/records.py's encode_payloads (without origins), the same bytes:
+ * per payload, the frame header (marker, sequence, body length, crc ^ sequence), ``head``
+ * (whose crc32 is ``head_crc``), the payload's length and the payload. */
+static PyObject *encode_payload_frames(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                       Py_ssize_t nargs) {
+    if (nargs != 5 || !PyBytes_Check(args[2]) || !PyBytes_Check(args[4]) ||
+        PyBytes_GET_SIZE(args[4]) != 4) {
+        PyErr_SetString(PyExc_TypeError, "encode_payload_frames(payloads, first_sequence: int, "
+                                         "head: bytes, head_crc: int, marker: 4 bytes)");
+        return NULL;
+    }
+    unsigned long long first = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long head_crc = PyLong_AsUnsignedLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *payloads = PySequence_Fast(args[0], "payloads must be a sequence");
+    if (payloads == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(payloads);
+    PyObject **items = PySequence_Fast_ITEMS(payloads);
+    Py_ssize_t head_size = PyBytes_GET_SIZE(args[2]), total = 0;
+    if (n > 0 && first + (unsigned long long)(n - 1) > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_ValueError, "a spool sequence past 2**32 - 1");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(items[i])) {
+            PyErr_SetString(PyExc_TypeError, "a payload must be bytes");
+            goto fail;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(items[i]);
+        if ((unsigned long long)size + (unsigned long long)head_size + 4 > 0xFFFFFFFFull) {
+            PyErr_SetString(PyExc_ValueError, "a payload too large for a spool frame");
+            goto fail;
+        }
+        total += 16 + head_size + 4 + size;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto fail;
+    unsigned char *at = (unsigned char *)PyBytes_AS_STRING(result);
+    const unsigned char *head = (const unsigned char *)PyBytes_AS_STRING(args[2]);
+    const unsigned char *marker = (const unsigned char *)PyBytes_AS_STRING(args[4]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *payload = (const unsigned char *)PyBytes_AS_STRING(items[i]);
+        uint32_t size = (uint32_t)PyBytes_GET_SIZE(items[i]);
+        uint32_t sequence = (uint32_t)(first + (unsigned long long)i);
+        unsigned char length[4];
+        put_u32(length, size);
+        unsigned long crc = zlib_crc32(zlib_crc32(head_crc, length, 4), payload, size);
+        memcpy(at, marker, 4);
+        put_u32(at + 4, sequence);
+        put_u32(at + 8, (uint32_t)head_size + 4 + size);
+        put_u32(at + 12, (uint32_t)crc ^ sequence);
+        memcpy(at + 16, head, (size_t)head_size);
+        at += 16 + head_size;
+        memcpy(at, length, 4);
+        memcpy(at + 4, payload, size);
+        at += 4 + size;
+    }
+    Py_DECREF(payloads);
+    return result;
+fail:
+    Py_DECREF(payloads);
+    return NULL;
+}
+
 /* --- the module -------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -707,6 +799,20 @@ PyMODINIT_FUNC PyInit__cwire(void) {
         PyModule_AddObjectRef(module, "DatagramReader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(module);
         return NULL;
+    }
+    find_crc32();
+    if (zlib_crc32 != NULL) { /* else the spool encodes its frames in Python */
+        static PyMethodDef frames = {
+            "encode_payload_frames", (PyCFunction)(void (*)(void))encode_payload_frames,
+            METH_FASTCALL,
+            "encode_payload_frames(payloads, first_sequence, head, head_crc, marker) -> bytes: "
+            "the spool's frames of client messages, in one call."};
+        PyObject *function = PyCFunction_NewEx(&frames, NULL, NULL);
+        if (function == NULL || PyModule_AddObject(module, "encode_payload_frames", function) < 0) {
+            Py_XDECREF(function);
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     return module;
 }

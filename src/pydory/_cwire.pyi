@@ -32,3 +32,8 @@ def parse_any_partition_burst(
 def identity_headers(
     name: str, prefix: bytes, first: int, count: int
 ) -> list[list[tuple[str, str | bytes | None]] | None]: ...
+
+# Present when zlib is a shared library this process can share (pydory.hotpath checks).
+def encode_payload_frames(
+    payloads: Sequence[bytes], first_sequence: int, head: bytes, head_crc: int, marker: bytes
+) -> bytes: ...

@@ -18,6 +18,9 @@ What differs by implementation, each a drop-in for the other:
 - ``identity_headers(name, prefix, first, count)``: a burst's ``produce()`` headers,
   ``[[(name, prefix + b"%d" % s)] for s in range(first, first + count)]`` (what the
   prefix holds is daemon/spool/identity.py's business, not this one's).
+- ``payload_frames(payloads, first_sequence, head, head_crc, marker)``: the spool's frames
+  of a burst (daemon/spool/records.py's ``encode_payloads_reference``, the same bytes), or
+  None: records.py then encodes them in Python.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "StreamFramer",
     "identity_headers",
     "parse_burst",
+    "payload_frames",
 ]
 
 #: The environment variable that forces pure Python.
@@ -75,21 +79,24 @@ StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
 DatagramReader: type[_cwire.DatagramReader] | None
 parse_burst: Callable[[Sequence[bytes]], Iterable[Fields | None]]
 identity_headers: Callable[[str, bytes, int, int], HeaderLists]
+payload_frames: Callable[[Sequence[bytes], int, bytes, int, bytes], bytes] | None
 
 if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
     IMPLEMENTATION, WHY = "pure", f"{PURE_PYTHON_VARIABLE} is set"
     StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
-    DatagramReader, identity_headers = None, _pure_identity_headers
+    DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
 else:
     try:
         from pydory import _cwire
     except ImportError as error:
         IMPLEMENTATION, WHY = "pure", f"the C extension is not built here ({error})"
         StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
-        DatagramReader, identity_headers = None, _pure_identity_headers
+        DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
     else:
         IMPLEMENTATION, WHY = "compiled", "pydory._cwire"
         StreamFramer = _cwire.StreamFramer
         DatagramReader = _cwire.DatagramReader
         parse_burst = _compiled_parse_burst(_cwire.parse_any_partition_burst)
         identity_headers = _cwire.identity_headers
+        # Absent when the zlib this Python uses is not a shared library to share.
+        payload_frames = getattr(_cwire, "encode_payload_frames", None)

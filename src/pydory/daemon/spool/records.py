@@ -68,6 +68,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from pydory.hotpath import payload_frames
+
 MAGIC = b"PDSP"
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -186,6 +188,15 @@ def encode_payloads(
     """
     if origins is not None:
         return _encode_replayed(payloads, first_sequence, origins)
+    if payload_frames is not None:  # pydory.hotpath: the same bytes, in one C call
+        return payload_frames(
+            payloads, first_sequence, _PAYLOAD_HEAD, _PAYLOAD_HEAD_CRC, SYNC_MARKER
+        )
+    return encode_payloads_reference(payloads, first_sequence)
+
+
+def encode_payloads_reference(payloads: Sequence[bytes], first_sequence: int = 0) -> bytes:
+    """:func:`encode_payloads` without origins, in Python: the reference."""
     parts: list[bytes] = []
     append = parts.append
     crc32, pack_length, pack_frame = zlib.crc32, _U32.pack, _FRAME.pack
