@@ -4,7 +4,8 @@ issue 25) with the system C compiler and this Python's headers:
 - ``src/pydory/_cwire.c``: framing, parsing and batched datagram reads;
 - ``src/pydory/_cproducer.c``: a librdkafka producer driven from C. It also needs
   librdkafka's header (Debian's librdkafka-dev) but links no librdkafka: at run time it
-  takes the functions from the copy confluent-kafka loaded.
+  takes the functions from the copy confluent-kafka loaded;
+- ``src/pydory/_cloadgen.c``: ``pydory bench``'s load generator's write loop.
 
 Hatchling runs it for every wheel, the editable install ``uv sync`` makes included:
 
@@ -37,6 +38,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 EXTENSIONS = {
     "_cwire": Path("src/pydory/_cwire.c"),
     "_cproducer": Path("src/pydory/_cproducer.c"),
+    "_cloadgen": Path("src/pydory/_cloadgen.c"),  # pydory bench's generator, not the daemon
 }
 #: What an extension needs besides Python.h, and where Debian has it.
 NEEDS = {"_cproducer": ("librdkafka/rdkafka.h", "librdkafka-dev")}

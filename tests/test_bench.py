@@ -5,7 +5,11 @@ No test here asserts a speed: the harness's figures are for BENCHMARKS.md, not f
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -238,3 +242,46 @@ def test_a_tiny_run_measures_every_spool_variant_side_by_side(
         assert report[f"pydory_spool_{label}_msgs_per_s"] > 0
         # Clock ticks (10 ms): 2000 messages may take less than one on the compiled path.
         assert report[f"pydory_spool_{label}_cpu_us_per_msg"] >= 0
+
+
+def received_through(kind: int, batch: int, count: int, compiled: bool) -> list[bytes]:
+    """What a Writer sends of ``count`` messages over a socket pair, read as it comes (by
+    a thread): the bytes of a stream, or each datagram."""
+    from pydory.bench import workload
+    from pydory.bench.generator import Writer
+
+    messages = workload.encoded_messages("t", 20, seed=7)[:50]
+    stream = kind == socket.SOCK_STREAM
+    sender, receiver = socket.socketpair(socket.AF_UNIX, kind)
+    got: list[bytes] = []
+
+    def read() -> None:
+        if stream:
+            got.append(b"".join(iter(lambda: receiver.recv(65536), b"")))
+        else:
+            got.extend(receiver.recv(65536) for _ in range(count))
+
+    reader = threading.Thread(target=read)
+    with receiver:
+        reader.start()
+        with sender:
+            sender.settimeout(10)
+            writer = Writer(sender, messages, batch, stream, time.monotonic() + 10, compiled)
+            assert writer.compiled is compiled
+            writer.send_messages(count // 3)
+            writer.send_messages(count - count // 3)  # the index carries on
+        reader.join(timeout=10)
+    return got
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pydory._cloadgen") is None, reason="_cloadgen is not built here"
+)
+@pytest.mark.parametrize(
+    ("kind", "batch"), [(socket.SOCK_STREAM, 1), (socket.SOCK_STREAM, 7), (socket.SOCK_DGRAM, 1)]
+)
+def test_the_compiled_generator_writes_exactly_what_the_python_one_writes(
+    kind: int, batch: int
+) -> None:
+    count = 120 * batch + (batch - 1)  # wraps around the pool, and a partial last write
+    assert received_through(kind, batch, count, True) == received_through(kind, batch, count, False)

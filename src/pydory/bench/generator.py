@@ -7,19 +7,32 @@ deadline_s. Writes block when the receiver is slower (a full datagram queue, a f
 stream buffer): that is the backpressure being measured, not an error.
 
 Result: first_send and last_send (time.monotonic(), comparable across processes on
-Linux), messages, probes, and the generator's CPU seconds.
+Linux), messages, probes, the generator's CPU seconds, and which write loop ran
+(``writer``): the compiled one (``pydory._cloadgen``: the same writes, one system call
+each, without the GIL; a Python loop was the benchmark's wall where the daemon keeps up)
+where it is built, else the Python one, the reference (``PYDORY_PURE_PYTHON=1`` forces it).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 from pydory.bench import workload
 from pydory.bench.child import WaitForGo, child_main, time_left
+from pydory.hotpath import PURE_PYTHON_VARIABLE
+
+_cloadgen: ModuleType | None
+try:
+    from pydory import _cloadgen
+except ImportError:  # not built here: the Python loop
+    _cloadgen = None
 
 #: Messages sent between two deadline checks when there are no probes.
 CHUNK_WITHOUT_PROBES = 10_000
@@ -45,8 +58,23 @@ def connect(transport: str, address: str | int, deadline: float) -> socket.socke
 class Writer:
     """Sends messages from the pool in writes of ``batch`` messages (1 for datagrams)."""
 
-    def __init__(self, sock: socket.socket, messages: list[bytes], batch: int, stream: bool):
+    def __init__(
+        self,
+        sock: socket.socket,
+        messages: list[bytes],
+        batch: int,
+        stream: bool,
+        deadline: float = math.inf,
+        compiled: bool | None = None,
+    ):
+        """``compiled``: the C write loop (None: where it is built, unless
+        PYDORY_PURE_PYTHON is set); ``deadline`` (time.monotonic()): its waits' end."""
         self._send: Callable[[bytes], Any] = sock.sendall if stream else sock.send
+        if compiled is None:
+            pure = os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0")
+            compiled = _cloadgen is not None and not pure
+        self.compiled = compiled
+        self._fd, self._stream, self._deadline = sock.fileno(), stream, deadline
         self._messages = messages
         self._batch = batch
         self._writes = workload.stream_writes(messages, batch) if batch > 1 else messages
@@ -56,6 +84,13 @@ class Writer:
         send, writes, batch = self._send, self._writes, self._batch
         full, rest = divmod(count, batch)
         index, total = self._next, len(writes)
+        if self.compiled and full:
+            assert _cloadgen is not None
+            self._next = _cloadgen.send_writes(
+                self._fd, writes, index, full, self._stream, self._deadline
+            )
+            full = 0
+            index = self._next
         for _ in range(full):
             send(writes[index])
             index += 1
@@ -74,7 +109,7 @@ def generate(job: Mapping[str, Any], wait_for_go: WaitForGo) -> Mapping[str, Any
     transport: str = job["transport"]
     messages = workload.encoded_messages(job["topic"], int(job["value_bytes"]), int(job["seed"]))
     sock = connect(transport, job["address"], deadline)
-    writer = Writer(sock, messages, int(job["batch"]), stream=transport != "dgram")
+    writer = Writer(sock, messages, int(job["batch"]), transport != "dgram", deadline)
     total, probe_every = int(job["messages"]), int(job["probe_every"])
     chunk = probe_every if probe_every > 0 else CHUNK_WITHOUT_PROBES
     probe_topic, value_bytes = job["probe_topic"], int(job["value_bytes"])
@@ -100,6 +135,7 @@ def generate(job: Mapping[str, Any], wait_for_go: WaitForGo) -> Mapping[str, Any
         "messages": sent,
         "probes": probes,
         "cpu_s": time.process_time() - cpu_start,
+        "writer": "compiled" if writer.compiled else "python",
     }
 
 
