@@ -37,6 +37,16 @@ async def started(kind: Transport, path: str, intake: RecordingIntake) -> Stream
     return stream_input
 
 
+async def one_connection(
+    kind: Transport, path: str, intake: RecordingIntake
+) -> tuple[StreamInput, socket.socket, StreamInputProtocol]:
+    """A started input, a client connected to it, and the daemon's side of it."""
+    stream_input = await started(kind, path, intake)
+    client = await connected(kind, stream_input)
+    await intake.until(lambda: stream_input.connection_count == 1)
+    return stream_input, client, only_connection(stream_input)
+
+
 def test_a_small_read_raises_the_mark_and_more_data_or_a_close_is_read_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -45,10 +55,7 @@ def test_a_small_read_raises_the_mark_and_more_data_or_a_close_is_read_at_once(
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         intake = RecordingIntake()
-        stream_input = await started(Transport.TCP, "", intake)
-        client = await connected(Transport.TCP, stream_input)
-        await intake.until(lambda: stream_input.connection_count == 1)
-        connection = only_connection(stream_input)
+        stream_input, client, connection = await one_connection(Transport.TCP, "", intake)
         assert low_water(connection) == 1
         await loop.sock_sendall(client, MESSAGE)
         await intake.until(lambda: intake.frames_seen == 1)
@@ -73,10 +80,7 @@ def test_a_message_below_the_mark_waits_no_longer_than_the_gathering() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         intake = RecordingIntake()
-        stream_input = await started(Transport.TCP, "", intake)
-        client = await connected(Transport.TCP, stream_input)
-        await intake.until(lambda: stream_input.connection_count == 1)
-        connection = only_connection(stream_input)
+        stream_input, client, connection = await one_connection(Transport.TCP, "", intake)
         for expected in range(1, 6):  # each read small, each followed by nothing
             await loop.sock_sendall(client, MESSAGE)
             await intake.until(lambda n=expected: intake.frames_seen == n)  # type: ignore[misc]
@@ -97,12 +101,10 @@ def test_a_unix_stream_connection_never_gathers(
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         intake = RecordingIntake()
-        stream_input = await started(Transport.UNIX_STREAM, path, intake)
-        client = await connected(Transport.UNIX_STREAM, stream_input)
-        await intake.until(lambda: stream_input.connection_count == 1)
+        stream_input, client, connection = await one_connection(Transport.UNIX_STREAM, path, intake)
         await loop.sock_sendall(client, MESSAGE)
         await intake.until(lambda: intake.frames_seen == 1)
-        assert low_water(only_connection(stream_input)) == 1
+        assert low_water(connection) == 1
         client.close()
         await intake.until(lambda: intake.closed == 1)
         await stream_input.close()

@@ -86,16 +86,15 @@ class Writer:
         index, total = self._next, len(writes)
         if self.compiled and full:
             assert _cloadgen is not None
-            self._next = _cloadgen.send_writes(
+            index = _cloadgen.send_writes(
                 self._fd, writes, index, full, self._stream, self._deadline
             )
-            full = 0
-            index = self._next
-        for _ in range(full):
-            send(writes[index])
-            index += 1
-            if index == total:
-                index = 0
+        else:
+            for _ in range(full):
+                send(writes[index])
+                index += 1
+                if index == total:
+                    index = 0
         self._next = index
         if rest:
             send(b"".join(self._messages[:rest]))

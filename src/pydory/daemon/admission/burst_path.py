@@ -42,9 +42,13 @@ Refused = Callable[[EnqueueRefused, str, bytes, int, int, int], None]
 class BurstPath:
     """The intake's parts a burst's short path uses; :meth:`admit` runs it."""
 
+    @staticmethod
+    def usable() -> bool:
+        """Whether the compiled producer (which the burst path sends through) runs here."""
+        return burst_topics() is not None
+
     def __init__(
         self,
-        burst_topics: TopicCounts,
         pool: MemoryPool,
         router: Router,
         is_unlimited: Callable[[str], bool],
@@ -53,7 +57,9 @@ class BurstPath:
         msg_debug: MsgDebug,
         refused: Refused,
     ) -> None:
-        self._burst_topics = burst_topics
+        counts = burst_topics()
+        assert counts is not None, "BurstPath.usable() is false"
+        self._burst_topics: TopicCounts = counts
         self._pool = pool
         self._router = router
         self._is_unlimited = is_unlimited
@@ -61,23 +67,6 @@ class BurstPath:
         self._dispatcher = dispatcher
         self._msg_debug = msg_debug
         self._refused = refused
-
-    @classmethod
-    def where_compiled(
-        cls,
-        pool: MemoryPool,
-        router: Router,
-        is_unlimited: Callable[[str], bool],
-        open_token: Callable[[int], int],
-        dispatcher: Dispatcher,
-        msg_debug: MsgDebug,
-        refused: Refused,
-    ) -> BurstPath | None:
-        """The burst path, where the compiled producer runs; else None."""
-        counts = burst_topics()
-        if counts is None:
-            return None
-        return cls(counts, pool, router, is_unlimited, open_token, dispatcher, msg_debug, refused)
 
     def admit(
         self,

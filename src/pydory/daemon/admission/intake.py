@@ -128,8 +128,8 @@ class Intake:
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._write_ahead = write_ahead
         self._ids = ids
-        self._burst_path = BurstPath.where_compiled(pool, router, limiter.is_unlimited,
-            commit_point.open, dispatcher, self._msg_debug, self._refused)  # fmt: skip
+        self._burst_path = BurstPath(pool, router, limiter.is_unlimited, commit_point.open,
+            dispatcher, self._msg_debug, self._refused) if BurstPath.usable() else None  # fmt: skip
         #: When the pool is short, hold on to a message read (charging it anyway) instead
         #: of discarding it: the backpressure policy pauses the inputs meanwhile, and a
         #: spool replay waits for room between bursts. Either way the overshoot is one burst.
