@@ -4,21 +4,28 @@ Each command is named here with its one-line summary and the module that impleme
 `pydory.cli` imports only the module of the command being run, so that `pydory send` or
 `pydory status` loads no daemon, Spark or benchmark code (the start-up target is in
 BENCHMARKS.md; tests/test_cli_startup.py counts the modules `pydory send` imports).
-A module's ``register(subparsers)`` adds its parser (with ``help=summary(name)``) and sets
-``handler`` (a function taking the parsed namespace and returning an exit status).
+A module's ``register(subparsers)`` adds its parser with :func:`add_command` (its help line
+from here, its description, its ``handler``: a function taking the parsed namespace and
+returning an exit status); a command of subcommands (`config`, `pipeline`) with
+:func:`add_command_group`.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 #: What a command that runs Spark says on a host without the extra (a daemon-only install).
 SPARK_INSTALL_HINT = "pip install 'pydory[spark]'"
 #: The modules of the ``spark`` extra a Spark command imports (py4j comes with PySpark).
 SPARK_MODULES = ("pyspark", "py4j", "pyarrow")
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+#: Runs a command: the parsed namespace in, the exit status out.
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,46 @@ def command_named(name: str) -> Command:
 def summary(name: str) -> str:
     """The one line `pydory --help` shows for the command ``name``."""
     return command_named(name).summary
+
+
+def add_command(
+    subparsers: Subparsers, name: str, description: str, handler: Handler
+) -> argparse.ArgumentParser:
+    """The parser of the command ``name``: `pydory --help` shows its summary from
+    ``COMMANDS``, `pydory NAME --help` its ``description``; ``handler`` runs it."""
+    return add_subcommand(
+        subparsers, name, help=summary(name), description=description, handler=handler
+    )
+
+
+def add_subcommand(
+    subparsers: Subparsers, name: str, *, help: str, description: str, handler: Handler
+) -> argparse.ArgumentParser:
+    """A parser among ``subparsers`` whose namespace carries ``handler``, the function that
+    runs it (`pydory.cli` calls it)."""
+    parser = subparsers.add_parser(name, help=help, description=description)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def add_command_group(
+    subparsers: Subparsers,
+    name: str,
+    description: str,
+    *,
+    title: str = "subcommands",
+    metavar: str = "SUBCOMMAND",
+) -> Subparsers:
+    """The command ``name`` made of subcommands, which the caller adds to the subparsers
+    returned (listed under ``title``); the group alone prints its usage and fails (exit
+    status 2)."""
+
+    def usage(_args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    parser = add_command(subparsers, name, description, usage)
+    return parser.add_subparsers(title=title, metavar=metavar)
 
 
 class _VersionAction(argparse.Action):

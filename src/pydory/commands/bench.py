@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
-
 from pydory.bench.cli import DESCRIPTION, add_arguments, run
-from pydory.commands import summary
+from pydory.commands import Subparsers, add_command
 
 
-def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "bench",
-        help=summary("bench"),
-        description=DESCRIPTION,
-    )
-    add_arguments(parser)
-    parser.set_defaults(handler=run)
+def register(subparsers: Subparsers) -> None:
+    """Add the `bench` subcommand."""
+    add_arguments(add_command(subparsers, "bench", DESCRIPTION, run))

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from pydory.commands import summary
+from pydory.commands import Subparsers, add_command_group, add_subcommand
 from pydory.config import Config, load_config
 from pydory.errors import ConfigError, ConfigErrors
 
@@ -32,29 +32,21 @@ _NONE_MEANS = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add `pydory config` and its `check` subcommand."""
-    parser = subparsers.add_parser(
-        "config",
-        help=summary("config"),
-        description="Work with pydory's (Dory's) XML config file.",
+    commands = add_command_group(
+        subparsers, "config", "Work with pydory's (Dory's) XML config file."
     )
-    parser.set_defaults(handler=lambda _args: _usage(parser))
-    commands = parser.add_subparsers(title="subcommands", metavar="SUBCOMMAND")
-    check = commands.add_parser(
+    check = add_subcommand(
+        commands,
         "check",
         help="validate a config file and print the effective settings",
         description="Validate PATH. Print the effective settings and exit 0, "
         "or print every error to stderr and exit 1.",
+        handler=run_check,
     )
     check.add_argument("path", metavar="PATH", help="the XML config file")
     check.add_argument("--json", action="store_true", help="print the settings as JSON")
-    check.set_defaults(handler=run_check)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
 
 
 def run_check(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """Where the commands that talk to a running daemon (`status`, `wait`, `reload`) find its
-status server, and what they say when the config file that names it cannot be used."""
+status server, how long they wait for it, and what they say when the config file that
+names it cannot be used."""
 
 from __future__ import annotations
 
@@ -49,6 +50,17 @@ def add_daemon_location(
         f"(default {DEFAULT_URL}, Dory's default port)",
     )
     where.add_argument("--config-path", metavar="FILE", help=config_help)
+
+
+def add_timeout_option(parser: argparse.ArgumentParser, default_s: float, waits: str) -> None:
+    """``--timeout S``: how many seconds the command waits (``waits``: what for)."""
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=default_s,
+        metavar="S",
+        help=f"seconds to wait {waits} (default {default_s:g})",
+    )
 
 
 def status_url(text: str) -> str:

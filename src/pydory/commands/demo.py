@@ -12,25 +12,23 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
-from pydory.commands import summary
+from pydory.commands import Subparsers, add_command
 
 DEFAULT_MASTER = "local[2]"
 
 
-def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    """Add the `demo` subcommand."""
+    parser = add_command(
+        subparsers,
         "demo",
-        help=summary("demo"),
-        description=(
-            "Start Apache Kafka on loopback (or the mock cluster, Tansu, or your cluster) and "
-            "a pydory "
-            "daemon on a generated config; run client processes over UNIX datagram, UNIX "
-            "stream and TCP (some sending messages the daemon must discard); land the topics "
-            "in a Parquet lake with Spark; audit the lake against the daemon's books. "
-            "Exits 0 only when the audit balances."
-        ),
+        "Start Apache Kafka on loopback (or the mock cluster, Tansu, or your cluster) and "
+        "a pydory daemon on a generated config; run client processes over UNIX datagram, "
+        "UNIX stream and TCP (some sending messages the daemon must discard); land the "
+        "topics in a Parquet lake with Spark; audit the lake against the daemon's books. "
+        "Exits 0 only when the audit balances.",
+        run,
     )
     parser.add_argument(
         "--kafka",
@@ -72,7 +70,6 @@ def register(subparsers: Any) -> None:
         type=int,
         help="with --sigkill: seed the random moments of the kills (default: a fresh draw)",
     )
-    parser.set_defaults(handler=run)
 
 
 def _kills(text: str) -> int:

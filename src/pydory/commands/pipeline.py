@@ -8,46 +8,41 @@ run, so that ``pydory --help`` stays fast.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
-from typing import Any
 
 from pydory import wire
-from pydory.commands import summary
+from pydory.commands import Subparsers, add_command_group, add_subcommand
+from pydory.commands.arguments import positive_float, positive_int
 from pydory.errors import BadTopic
 from pydory.pipeline import audit_command, fleet_audit_command
+from pydory.pipeline.command_options import add_connector_option, add_master_option, topic_list
 
-DEFAULT_MASTER = "local[*]"
 #: pydory.pipeline.dedup.DEFAULT_WINDOW_S, spelt here so that --help needs no PySpark.
 DEFAULT_DEDUP_WINDOW_S = 600.0
 
-PipelineSubcommand = Callable[[Any], None]
+PipelineSubcommand = Callable[[Subparsers], None]
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the `pipeline` command group and its subcommands."""
-    parser = subparsers.add_parser(
+    commands = add_command_group(
+        subparsers,
         "pipeline",
-        help=summary("pipeline"),
-        description="Spark jobs downstream of the daemon (see docs/pipeline.md).",
+        "Spark jobs downstream of the daemon (see docs/pipeline.md).",
+        title="pipeline commands",
+        metavar="COMMAND",
     )
-    commands = parser.add_subparsers(title="pipeline commands", metavar="COMMAND")
     for register_subcommand in SUBCOMMANDS:
         register_subcommand(commands)
-    parser.set_defaults(handler=lambda _args: _usage(parser))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
 
 
 # --- pydory pipeline land ------------------------------------------------------------------
 
 
-def register_land(subparsers: Any) -> None:
+def register_land(subparsers: Subparsers) -> None:
     """Add `land`: Kafka topics into a Parquet lake, exactly once."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_subcommand(
+        subparsers,
         "land",
         help="land Kafka topics in a Parquet lake, exactly once (Spark Structured Streaming)",
         description=(
@@ -59,12 +54,13 @@ def register_land(subparsers: Any) -> None:
             "and checkpoint that do not belong together), 3 when --fail-on-data-loss false "
             "skipped records no longer in Kafka (listed per partition)."
         ),
+        handler=run_land,
     )
     parser.add_argument(
         "--bootstrap", required=True, metavar="HOST:PORT,...", help="Kafka bootstrap servers"
     )
     parser.add_argument(
-        "--topics", required=True, type=_topic_list, metavar="A,B", help="topics to land"
+        "--topics", required=True, type=_valid_topic_list, metavar="A,B", help="topics to land"
     )
     parser.add_argument("--lake", required=True, metavar="DIR", help="the lake (file sink path)")
     parser.add_argument(
@@ -82,24 +78,20 @@ def register_land(subparsers: Any) -> None:
     )
     trigger.add_argument(
         "--trigger-interval",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="run until stopped, starting a batch every S seconds (default: 5)",
     )
-    parser.add_argument(
-        "--master", default=DEFAULT_MASTER, help=f"Spark master URL (default: {DEFAULT_MASTER})"
-    )
-    parser.add_argument(
-        "--connector",
-        choices=("native", "python"),
-        default="native",
-        help="native (default): Spark's own kafka source, faster; its jars come from "
+    add_master_option(parser)
+    add_connector_option(
+        parser,
+        "native (default): Spark's own kafka source, faster; its jars come from "
         "./dev jars (.jars/spark-kafka, or $PYDORY_SPARK_KAFKA_JARS). python: pydory's "
         "Kafka source (librdkafka), for hosts without those jars. Both land the same lake",
     )
     parser.add_argument(
         "--max-offsets-per-trigger",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="read at most N offsets per batch, spread over the partitions (default: no cap)",
     )
@@ -121,7 +113,7 @@ def register_land(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--dedup-window",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_DEDUP_WINDOW_S,
         metavar="S",
         help="drop a second copy of a message (same pydory-id header, as a daemon's replay "
@@ -137,7 +129,6 @@ def register_land(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="extra Spark configuration (repeatable)",
     )
-    parser.set_defaults(handler=run_land)
 
 
 def run_land(args: argparse.Namespace) -> int:
@@ -162,10 +153,9 @@ def run_land(args: argparse.Namespace) -> int:
     return run_landing(settings)
 
 
-def _topic_list(text: str) -> list[str]:
-    topics = [name.strip() for name in text.split(",") if name.strip()]
-    if not topics:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of topics")
+def _valid_topic_list(text: str) -> list[str]:
+    """The topics to land: a topic list of names Kafka accepts."""
+    topics = topic_list(text)
     for topic in topics:
         try:
             wire.validate_topic(topic.encode("utf-8"))
@@ -183,26 +173,6 @@ def _starting_offsets(text: str) -> str:
     except SourceOptionError as error:
         raise argparse.ArgumentTypeError(error.reason) from None
     return text
-
-
-def _positive_int(text: str) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
-
-
-def _positive_float(text: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
-    return number
 
 
 def _spark_conf(text: str) -> tuple[str, str]:

@@ -23,8 +23,13 @@ import sys
 import time
 from typing import Any
 
-from pydory.commands import summary
-from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
+from pydory.commands import Subparsers, add_command
+from pydory.commands.daemon_url import (
+    add_daemon_location,
+    add_timeout_option,
+    config_failure,
+    daemon_url,
+)
 from pydory.commands.status import StatusClient
 from pydory.config import load_config
 from pydory.errors import ConfigError
@@ -37,27 +42,19 @@ EXIT_UNREACHABLE = 2
 EXIT_NO_OUTCOME = 3
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the `reload` subcommand."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "reload",
-        help=summary("reload"),
-        description=(
-            "Check the config file, send the daemon SIGHUP and report what the reload "
-            "changed, or why the daemon refused it (it then runs on unchanged)."
-        ),
+        "Check the config file, send the daemon SIGHUP and report what the reload changed, "
+        "or why the daemon refused it (it then runs on unchanged).",
+        run,
     )
     add_daemon_location(
         parser, "the daemon's config file: checked first; its httpInterface port finds the daemon"
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="S",
-        help=f"seconds to wait for the outcome (default {DEFAULT_TIMEOUT_S:g})",
-    )
-    parser.set_defaults(handler=run)
+    add_timeout_option(parser, DEFAULT_TIMEOUT_S, "for the outcome")
 
 
 def run(args: argparse.Namespace) -> int:

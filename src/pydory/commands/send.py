@@ -18,7 +18,8 @@ from typing import TypeAlias
 from pydory import wire
 from pydory.client.messages import encode_message
 from pydory.client.senders import DatagramSender, TcpSender, UnixStreamSender, check_unix_path
-from pydory.commands import summary
+from pydory.commands import Subparsers, add_command
+from pydory.commands.arguments import integer, positive_int
 from pydory.commands.lines import LongLine, line_batches, read_fd
 from pydory.errors import BadTopic, ClientError, ConfigError, MessageTooLarge
 
@@ -46,20 +47,20 @@ class NoTransport(ClientError):
     """The daemon's config file, or $PYDORY_SOCKET_PATH, names no input a client can use."""
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the `send` subcommand."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "send",
-        help=summary("send"),
-        description=(
-            "Send messages to a running pydory daemon. The value comes from --value, from "
-            "standard input with --stdin (all of it, as one value, byte for byte), or one "
-            "message per line of standard input with --lines; with none, it is empty. "
-            "Where the daemon is: one transport option, or --config-path (the daemon's "
-            f"config: its datagram socket, else its stream socket, else its TCP port), or "
-            f"${SOCKET_ENV} (its datagram socket)."
-        ),
+        "Send messages to a running pydory daemon. The value comes from --value, from "
+        "standard input with --stdin (all of it, as one value, byte for byte), or one "
+        "message per line of standard input with --lines; with none, it is empty. "
+        "Where the daemon is: one transport option, or --config-path (the daemon's "
+        f"config: its datagram socket, else its stream socket, else its TCP port), or "
+        f"${SOCKET_ENV} (its datagram socket).",
+        run,
     )
+    parser.set_defaults(parser=parser)  # run() reports usage errors through it
     transport = parser.add_mutually_exclusive_group()
     transport.add_argument(
         "--socket-path", type=_unix_path, metavar="PATH", help="the daemon's UNIX datagram socket"
@@ -92,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--max-line-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_LINE_BYTES,
         metavar="N",
         help="--lines: a longer line is not sent; its number goes to stderr, the other "
@@ -107,13 +108,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--count",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="send the message N times (on a stream: one connection, batched writes); "
         "not with --lines",
     )
-    parser.set_defaults(handler=run, parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,29 +233,15 @@ def _line_not_sent(number: int, why: str) -> None:
     print(f"pydory send: line {number} not sent: {why}", file=sys.stderr)
 
 
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def _positive_int(text: str) -> int:
-    number = _integer(text)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
-
-
 def _port(text: str) -> int:
-    number = _integer(text)
+    number = integer(text)
     if not 1 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"{number} is not a TCP port (1-65535)")
     return number
 
 
 def _partition_key(text: str) -> int:
-    number = _integer(text)
+    number = integer(text)
     if not _PARTITION_KEY_MIN <= number <= _PARTITION_KEY_MAX:
         raise argparse.ArgumentTypeError(
             f"{number} does not fit in 32 bits ({_PARTITION_KEY_MIN} to {_PARTITION_KEY_MAX})"

@@ -17,20 +17,20 @@ import sys
 import threading
 from typing import Any
 
-from pydory.commands import add_version_option, summary
+from pydory.commands import Subparsers, add_command, add_version_option
 
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+def register(subparsers: Subparsers) -> None:
+    """Add the `serve` subcommand."""
+    parser = add_command(
+        subparsers,
         "serve",
-        help=summary("serve"),
-        description=(
-            "Run pydory: accept Dory messages on the configured sockets and deliver them "
-            "to Kafka. Runs in the foreground; stop it with SIGTERM or SIGINT; SIGHUP "
-            "(or `pydory reload`) reloads the config file without losing a message."
-        ),
+        "Run pydory: accept Dory messages on the configured sockets and deliver them "
+        "to Kafka. Runs in the foreground; stop it with SIGTERM or SIGINT; SIGHUP "
+        "(or `pydory reload`) reloads the config file without losing a message.",
+        run,
     )
     parser.add_argument("--config-path", required=True, help="Dory XML config file")
     parser.add_argument(
@@ -45,7 +45,6 @@ def register(subparsers: Any) -> None:
         help="also log to stdout/stderr, whatever the config's <logging> says",
     )
     add_version_option(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

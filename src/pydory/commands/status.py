@@ -27,8 +27,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pydory.commands import summary
-from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
+from pydory.commands import Subparsers, add_command
+from pydory.commands.daemon_url import (
+    add_daemon_location,
+    add_timeout_option,
+    config_failure,
+    daemon_url,
+)
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason
 from pydory.errors import ConfigError
@@ -58,15 +63,14 @@ VIEWS = ("counters", "discards", "queues", "metadata", "books", "config")
 # --- the command line ----------------------------------------------------------------------
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the `status` subcommand."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "status",
-        help=summary("status"),
-        description=(
-            "Read a running pydory (or Dory) daemon's status pages and print them as "
-            "tables. Without VIEW, print a summary."
-        ),
+        "Read a running pydory (or Dory) daemon's status pages and print them as tables. "
+        "Without VIEW, print a summary.",
+        run,
     )
     parser.add_argument(
         "view", nargs="?", choices=VIEWS, metavar="VIEW", help=f"one of {', '.join(VIEWS)}"
@@ -75,14 +79,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--json", action="store_true", help="print the daemon's JSON (pretty) instead"
     )
     add_daemon_location(parser)
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="S",
-        help=f"seconds to wait for each answer (default {DEFAULT_TIMEOUT_S:g})",
-    )
-    parser.set_defaults(handler=run)
+    add_timeout_option(parser, DEFAULT_TIMEOUT_S, "for each answer")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pydory.commands import summary
-from pydory.commands.daemon_url import add_daemon_location, daemon_url
+from pydory.commands import Subparsers, add_command
+from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
 from pydory.errors import ConfigError
 from pydory.status_client import DaemonUnreachable, NotAStatusPage, PageNotFound, StatusHttp
 
@@ -54,17 +54,16 @@ class _Answer:
     shutting_down: bool
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add the `wait` subcommand."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "wait",
-        help=summary("wait"),
-        description=(
-            "Block until the running daemon's commit point passes the moment this command "
-            "started: then every message the daemon had received by that moment has been "
-            "acknowledged by Kafka or reported as discarded. Exit status: 0 passed, "
-            "1 timed out (or the daemon is shutting down), 2 the daemon could not be asked."
-        ),
+        "Block until the running daemon's commit point passes the moment this command "
+        "started: then every message the daemon had received by that moment has been "
+        "acknowledged by Kafka or reported as discarded. Exit status: 0 passed, "
+        "1 timed out (or the daemon is shutting down), 2 the daemon could not be asked.",
+        run,
     )
     target = parser.add_mutually_exclusive_group()
     target.add_argument(
@@ -88,7 +87,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_daemon_location(parser)
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
-    parser.set_defaults(handler=run)
 
 
 def _seconds(text: str) -> float:
@@ -135,12 +133,8 @@ def run(args: argparse.Namespace) -> int:
 def _base_url(args: argparse.Namespace) -> str:
     try:
         return daemon_url(args.url, args.config_path)
-    except ConfigError as error:
-        raise _Unreachable(str(error)) from None
-    except OSError as error:
-        raise _Unreachable(
-            f"cannot read config file {args.config_path}: {error.strerror}"
-        ) from None
+    except (ConfigError, OSError) as error:
+        raise _Unreachable(config_failure(error, args.config_path)) from None
 
 
 def _ask(base_url: str, after: str, timeout_s: float) -> _Answer:

@@ -10,5 +10,6 @@
 - ``spark``: the one place a SparkSession is built.
 
 The jobs' modules import PySpark, so the CLI imports them only when a pipeline command
-runs (``pydory.commands.pipeline`` and ``audit_command`` build the parsers without it).
+runs (``pydory.commands.pipeline``, ``audit_command`` and ``fleet_audit_command`` build the
+parsers without it, from the options in ``command_options``).
 """

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-# The same default as pydory.pipeline.spark.DEFAULT_MASTER, without importing PySpark.
-DEFAULT_MASTER = "local[*]"
+from pydory.commands import Subparsers, add_subcommand
+from pydory.pipeline.command_options import (
+    add_audited_lake_option,
+    add_json_report_option,
+    add_master_option,
+    topic_list,
+)
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``audit`` to the ``pydory pipeline`` subcommands."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_subcommand(
+        subparsers,
         "audit",
         help="reconcile the lake with the daemon's books",
         description=(
@@ -28,10 +33,9 @@ def register(subparsers: Any) -> None:
             "daemon delivered, once, and at most what it possibly delivered besides (or left "
             "for its next start); 1 when not; 2 when the audit cannot run."
         ),
+        handler=run,
     )
-    parser.add_argument(
-        "--lake", required=True, metavar="DIR", help="the landing job's --lake directory"
-    )
+    add_audited_lake_option(parser)
     parser.add_argument(
         "--status",
         action="append",
@@ -48,12 +52,10 @@ def register(subparsers: Any) -> None:
         help="a saved copy of a daemon's /books/json (for a daemon that has exited, or an "
         "earlier run of one that restarted); repeatable, and combinable with --status",
     )
-    parser.add_argument(
-        "--master", default=DEFAULT_MASTER, help=f"Spark master URL (default: {DEFAULT_MASTER})"
-    )
+    add_master_option(parser)
     parser.add_argument(
         "--topics",
-        type=_topic_list,
+        type=topic_list,
         metavar="A,B",
         help="audit only these topics (default: every topic in the books or the lake)",
     )
@@ -63,8 +65,7 @@ def register(subparsers: Any) -> None:
         help="the lake should hold every partition from offset 0 (fresh topics, nothing "
         "aged out): count offsets below a partition's first landed one as missing",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(handler=run)
+    add_json_report_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,10 +100,3 @@ def run(args: argparse.Namespace) -> int:
         return 2
     sys.stdout.write(report.to_json() if args.json else report.render())
     return 0 if report.balanced else 1
-
-
-def _topic_list(text: str) -> list[str]:
-    topics = [name.strip() for name in text.split(",") if name.strip()]
-    if not topics:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of topics")
-    return topics

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-# The same defaults as pydory.pipeline.fleet_audit and pydory.pipeline.spark, spelt here
-# without importing PySpark.
+from pydory.commands import Subparsers, add_subcommand
+from pydory.pipeline.command_options import (
+    add_audited_lake_option,
+    add_connector_option,
+    add_json_report_option,
+    add_master_option,
+)
+
+#: The same default as pydory.pipeline.fleet_audit's, spelt here without importing PySpark.
 DEFAULT_BOOKS_TOPIC = "pydory.books"
-DEFAULT_MASTER = "local[*]"
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     """Add ``fleet-audit`` to the ``pydory pipeline`` subcommands."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_subcommand(
+        subparsers,
         "fleet-audit",
         help="prove every daemon's books (from the books topic) against the lake",
         description=(
@@ -30,10 +36,9 @@ def register(subparsers: Any) -> None:
             "no daemon anything. With --state, later runs read only what is new. Exits 0 "
             "when every host balances, 1 when not, 2 when the audit cannot run."
         ),
+        handler=run,
     )
-    parser.add_argument(
-        "--lake", required=True, metavar="DIR", help="the landing job's --lake directory"
-    )
+    add_audited_lake_option(parser)
     parser.add_argument(
         "--bootstrap-servers",
         required=True,
@@ -51,18 +56,13 @@ def register(subparsers: Any) -> None:
         metavar="DIR",
         help="keep what this run read in DIR, and read only what is new next time",
     )
-    parser.add_argument(
-        "--connector",
-        choices=("native", "python"),
-        default="native",
-        help="how Spark reads the books topic: native (default), Spark's own kafka "
+    add_connector_option(
+        parser,
+        "how Spark reads the books topic: native (default), Spark's own kafka "
         "source; python, pydory's (as for `pydory pipeline land`)",
     )
-    parser.add_argument(
-        "--master", default=DEFAULT_MASTER, help=f"Spark master URL (default: {DEFAULT_MASTER})"
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(handler=run)
+    add_master_option(parser)
+    add_json_report_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
