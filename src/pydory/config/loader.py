@@ -18,6 +18,7 @@ tables of docs/config.md do: its name, the model field it sets, and its kind of 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -78,6 +79,7 @@ from pydory.wire import topic_name_problem
 
 T = TypeVar("T")
 S = TypeVar("S")  # a section's model (a dataclass from model.py)
+E = TypeVar("E", bound=enum.Enum)  # a setting that is one of a few words
 
 ROOT_ELEMENTS = ("doryConfig", "bruceConfig")  # Dory still accepts its predecessor's name
 #: pydory's own sections: Dory never reads them, so nothing in them is Dory's to ignore
@@ -269,6 +271,43 @@ class _Reader:
             self.report(element, f"Bad value for attribute [{attribute}]: {exc.reason}")
             return None
 
+    def one_of(
+        self,
+        element: Element,
+        attribute: str,
+        text: str,
+        choices: type[E],
+        what: str,
+        case: Callable[[str], str] = str.lower,
+    ) -> E | None:
+        """``text`` as one of the words ``choices`` (compared after ``case``: Dory ignores
+        the case of such words), or None after reporting that it is none of them."""
+        try:
+            return choices(case(text))
+        except ValueError:
+            self.report(
+                element,
+                f"Bad value for attribute [{attribute}]: invalid {what} [{text}]: "
+                f"{_expected(tuple(member.value for member in choices))}",
+            )
+            return None
+
+    def keyword(
+        self,
+        element: Element | None,
+        default: E,
+        *,
+        choices: type[E],
+        what: str,
+        case: Callable[[str], str] = str.lower,
+    ) -> E:
+        """One of the words ``choices`` in <x value="..."/>, or ``default`` if the element
+        is omitted or the word is none of them (reported)."""
+        if element is None:
+            return default
+        choice = self.one_of(element, "value", self.value(element).strip(), choices, what, case)
+        return default if choice is None else choice
+
     def unsigned(
         self,
         element: Element | None,
@@ -432,6 +471,46 @@ def _topic_overrides(
     return MappingProxyType(overrides)
 
 
+#: Reads a <defaultTopic> or a <topic>: (the element, the attributes it has besides those
+#: of a <defaultTopic>: a <topic>'s "name") -> the topic's setting.
+TopicReader = Callable[[Element, tuple[str, ...]], T]
+
+
+def _per_topic(
+    reader: _Reader,
+    parts: Mapping[str, Element],
+    section: str,
+    read_topic: TopicReader[T],
+    missing: T,
+) -> tuple[T, Mapping[str, T]]:
+    """A section's <defaultTopic> (``missing`` when absent: that is reported) and its
+    <topicConfigs> overrides: each <topic> reads as the default does, plus its name."""
+    default_element = parts.get("defaultTopic")
+    default = missing if default_element is None else read_topic(default_element, ())
+    overrides = _topic_overrides(
+        reader,
+        parts.get("topicConfigs"),
+        section,
+        lambda element: read_topic(element, ("name",)),
+    )
+    return default, overrides
+
+
+def _config_reference(
+    reader: _Reader, named: Mapping[str, T], section: str, missing: T
+) -> TopicReader[T]:
+    """Reads a <defaultTopic config="..."/> (or a <topic>) that only names one of the
+    section's named configs: that config, or ``missing`` when it is not defined (reported)."""
+
+    def read(element: Element, extra: tuple[str, ...]) -> T:
+        reader.leaf(element)
+        reader.attributes(element, required=(*extra, "config"))
+        config = reader.reference(element, named, section)
+        return missing if config is None else config
+
+    return read
+
+
 # --- sections of leaf elements, read from a table ---------------------------------------------
 
 LeafReader = Callable[[_Reader, Element | None, Any], Any]
@@ -457,6 +536,13 @@ def unsigned(
 def limit(keyword: str, *, suffixes: str) -> LeafReader:
     """A number in <x value="..."/>, or ``keyword`` (such as "unlimited") for None: no limit."""
     return partial(_Reader.limit, keyword=keyword, suffixes=suffixes)
+
+
+def keyword(
+    choices: type[enum.Enum], what: str, case: Callable[[str], str] = str.lower
+) -> LeafReader:
+    """One of the words ``choices`` in <x value="..."/>; ``what`` names it in an error."""
+    return partial(_Reader.keyword, choices=choices, what=what, case=case)
 
 
 def boolean(attribute: str = "value") -> LeafReader:
@@ -626,26 +712,23 @@ def _read_batching(reader: _Reader, element: Element) -> BatchingConfig:
         if combined is None
         else TopicBatching(BatchingAction.COMBINED, combined, combined_name)
     )
+    produce_request_data_limit = reader.unsigned(
+        parts.get("produceRequestDataLimit"), 0, suffixes=SIZE_SUFFIXES, maximum=INT32_MAX
+    )
+    message_max_bytes = reader.unsigned(
+        parts.get("messageMaxBytes"), 1, suffixes=SIZE_SUFFIXES, minimum=1, maximum=INT32_MAX
+    )
     read_topic = partial(_read_topic_batching, reader, named, combined_batching)
-    default_element = parts.get("defaultTopic")
+    default_topic, topic_configs = _per_topic(reader, parts, "Batching", read_topic, NO_BATCHING)
     return BatchingConfig(
-        produce_request_data_limit=reader.unsigned(
-            parts.get("produceRequestDataLimit"), 0, suffixes=SIZE_SUFFIXES, maximum=INT32_MAX
-        ),
-        message_max_bytes=reader.unsigned(
-            parts.get("messageMaxBytes"), 1, suffixes=SIZE_SUFFIXES, minimum=1, maximum=INT32_MAX
-        ),
+        produce_request_data_limit=produce_request_data_limit,
+        message_max_bytes=message_max_bytes,
         combined_topics_enabled=combined is not None,
         combined_topics_config=combined_name,
         combined_topics=combined,
-        default_topic=NO_BATCHING if default_element is None else read_topic(default_element),
+        default_topic=default_topic,
         named_configs=MappingProxyType(named),
-        topic_configs=_topic_overrides(
-            reader,
-            parts.get("topicConfigs"),
-            "Batching",
-            partial(read_topic, extra_attributes=("name",)),
-        ),
+        topic_configs=topic_configs,
     )
 
 
@@ -699,11 +782,11 @@ def _read_topic_batching(
     named: Mapping[str, BatchingThresholds],
     combined: TopicBatching,
     element: Element,
-    extra_attributes: tuple[str, ...] = (),
+    extra: tuple[str, ...],
 ) -> TopicBatching:
     """A <defaultTopic> or <topic>: action perTopic | combinedTopics | disable."""
     reader.leaf(element)
-    reader.attributes(element, required=(*extra_attributes, "action"), optional=("config",))
+    reader.attributes(element, required=(*extra, "action"), optional=("config",))
     action_text = element.attributes.get("action", "").strip()
     config_name = element.attributes.get("config", "").strip()
     try:
@@ -747,28 +830,14 @@ def _read_compression(reader: _Reader, element: Element) -> CompressionConfig:
     named = _named_configs(
         reader, parts.get("namedConfigs"), "Compression", partial(_read_codec, reader)
     )
-
-    def read_topic(topic_element: Element, extra: tuple[str, ...] = ()) -> CompressionCodec:
-        reader.leaf(topic_element)
-        reader.attributes(topic_element, required=(*extra, "config"))
-        codec = reader.reference(topic_element, named, "Compression")
-        return codec or _PLACEHOLDER_COMPRESSION.default_topic
-
-    default_element = parts.get("defaultTopic")
+    no_codec = _PLACEHOLDER_COMPRESSION.default_topic
+    read_topic = _config_reference(reader, named, "Compression", no_codec)
+    default_topic, topic_configs = _per_topic(reader, parts, "Compression", read_topic, no_codec)
     return CompressionConfig(
-        default_topic=(
-            _PLACEHOLDER_COMPRESSION.default_topic
-            if default_element is None
-            else read_topic(default_element)
-        ),
+        default_topic=default_topic,
         size_threshold_percent=reader.unsigned(parts.get("sizeThresholdPercent"), 100, maximum=100),
         named_configs=MappingProxyType(named),
-        topic_configs=_topic_overrides(
-            reader,
-            parts.get("topicConfigs"),
-            "Compression",
-            partial(read_topic, extra=("name",)),
-        ),
+        topic_configs=topic_configs,
     )
 
 
@@ -777,16 +846,11 @@ def _read_codec(reader: _Reader, element: Element, name: str) -> CompressionCode
     attributes = reader.attributes(
         element, required=("name", "type"), optional=("minSize", "level")
     )
-    type_text = attributes.get("type", "").strip()
-    try:
-        codec_type = CompressionType(type_text.lower())
-    except ValueError:
-        if "type" in attributes:
-            reader.report(
-                element,
-                f"Bad value for attribute [type]: invalid compression type [{type_text}]: "
-                f"{_expected(tuple(CompressionType))}",
-            )
+    codec_type = None
+    if "type" in attributes:  # a missing one is reported by attributes()
+        type_text = attributes["type"].strip()
+        codec_type = reader.one_of(element, "type", type_text, CompressionType, "compression type")
+    if codec_type is None:
         return CompressionCodec(name, CompressionType.NONE)
     if codec_type is CompressionType.NONE:
         # Dory: "minSize is ignored (and optional) if type is none".
@@ -848,22 +912,14 @@ def _read_rate_limiting(reader: _Reader, element: Element | None) -> RateLimitin
     named = _named_configs(
         reader, parts.get("namedConfigs"), "Topic rate limiting", partial(_read_rate_limit, reader)
     )
-
-    def read_topic(topic_element: Element, extra: tuple[str, ...] = ()) -> RateLimit:
-        reader.leaf(topic_element)
-        reader.attributes(topic_element, required=(*extra, "config"))
-        return reader.reference(topic_element, named, "Topic rate limiting") or UNLIMITED_RATE
-
-    default_element = parts.get("defaultTopic")
+    read_topic = _config_reference(reader, named, "Topic rate limiting", UNLIMITED_RATE)
+    default_topic, topic_configs = _per_topic(
+        reader, parts, "Topic rate limiting", read_topic, UNLIMITED_RATE
+    )
     return RateLimitingConfig(
-        default_topic=UNLIMITED_RATE if default_element is None else read_topic(default_element),
+        default_topic=default_topic,
         named_configs=MappingProxyType(named),
-        topic_configs=_topic_overrides(
-            reader,
-            parts.get("topicConfigs"),
-            "Topic rate limiting",
-            partial(read_topic, extra=("name",)),
-        ),
+        topic_configs=topic_configs,
     )
 
 
@@ -1030,23 +1086,8 @@ def _read_msg_debug(reader: _Reader, element: Element | None) -> MsgDebugConfig:
     )
 
 
-def _read_log_level(reader: _Reader, element: Element | None, default: LogLevel) -> LogLevel:
-    if element is None:
-        return default
-    text = reader.value(element).strip()
-    try:
-        return LogLevel(text.upper())
-    except ValueError:
-        reader.report(
-            element,
-            f"Bad value for attribute [value]: invalid log level [{text}]: "
-            f"{_expected(tuple(LogLevel))}",
-        )
-        return default
-
-
 LOGGING_LEAVES = (
-    Leaf("level", "level", _read_log_level),
+    Leaf("level", "level", keyword(LogLevel, "log level", case=str.upper)),
     Leaf("stdoutStderr", "stdout_stderr", boolean("enable")),
     Leaf("syslog", "syslog", boolean("enable")),
     Leaf("logDiscards", "log_discards", boolean("enable")),
@@ -1137,28 +1178,11 @@ def _read_fsync(reader: _Reader, element: Element | None, default: int | None) -
         return default
 
 
-def _read_overload_policy(
-    reader: _Reader, element: Element | None, default: OverloadPolicy
-) -> OverloadPolicy:
-    if element is None:
-        return default
-    text = reader.value(element).strip()
-    try:
-        return OverloadPolicy(text.lower())
-    except ValueError:
-        reader.report(
-            element,
-            f"Bad value for attribute [value]: invalid overload policy [{text}]: "
-            f"{_expected(tuple(OverloadPolicy))}",
-        )
-        return default
-
-
 SPOOL = (
     Leaf("maxSize", "max_bytes", _read_spool_size),
     Leaf("segmentSize", "segment_bytes", _read_spool_size),
     Leaf("fsync", "fsync_interval_ms", _read_fsync),
-    Leaf("overloadPolicy", "overload_policy", _read_overload_policy),
+    Leaf("overloadPolicy", "overload_policy", keyword(OverloadPolicy, "overload policy")),
 )
 
 

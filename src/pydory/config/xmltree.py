@@ -144,27 +144,22 @@ def parse_xml(text: bytes | str) -> Element:
             line=exc.getLineNumber(),
             column=None if column is None else column + 1,
         ) from None
-    except EntitiesForbidden as exc:
-        line, column = builder.position()
-        raise ConfigError(
-            f"Entity declarations are not allowed in a config file (entity [{exc.name}])",
-            line=line,
-            column=column,
-        ) from None
-    except ExternalReferenceForbidden as exc:
-        line, column = builder.position()
-        raise ConfigError(
-            f"External references are not allowed in a config file ([{exc.sysid}])",
-            line=line,
-            column=column,
-        ) from None
     except DefusedXmlException as exc:
         line, column = builder.position()
-        raise ConfigError(f"Refused unsafe XML: {exc}", line=line, column=column) from None
+        raise ConfigError(_unsafe_xml_refusal(exc), line=line, column=column) from None
     if builder.root is None:  # expat reports "no element found" first; kept as a guard
         raise ConfigError("Config file has no root element")
     _assign_paths(builder.root, f"/{builder.root.tag}")
     return builder.root
+
+
+def _unsafe_xml_refusal(exc: DefusedXmlException) -> str:
+    """Why defusedxml refused the document, for the person who wrote it."""
+    if isinstance(exc, EntitiesForbidden):
+        return f"Entity declarations are not allowed in a config file (entity [{exc.name}])"
+    if isinstance(exc, ExternalReferenceForbidden):
+        return f"External references are not allowed in a config file ([{exc.sysid}])"
+    return f"Refused unsafe XML: {exc}"
 
 
 def check_config_size(size: int, source: str = "") -> None:
