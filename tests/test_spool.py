@@ -12,7 +12,7 @@ import sys
 import tempfile
 import textwrap
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -760,6 +760,100 @@ def test_fsync_on_an_interval(spool_dir: Path, fsyncs: list[int]) -> None:
     spool.append(records(1))
     spool.close()  # syncs what is unsynced
     assert len(fsyncs) == 3
+
+
+@pytest.fixture
+def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files and directories the spool fsyncs or fdatasyncs, in order
+    (the real calls still run)."""
+    names: list[str] = []
+
+    def recording(real: Callable[[int], None]) -> Callable[[int], None]:
+        def call(fd: int) -> None:
+            names.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            real(fd)
+
+        return call
+
+    monkeypatch.setattr(os, "fdatasync", recording(os.fdatasync))
+    monkeypatch.setattr(os, "fsync", recording(os.fsync))
+    return names
+
+
+def test_on_an_interval_a_rotation_waits_for_the_next_sync(
+    spool_dir: Path, synced: list[str]
+) -> None:
+    clock = FakeClock()
+    spool = make_spool(spool_dir, fsync_interval_ms=1000, segment_bytes=1, clock=clock)
+    spool.open()
+    first = spool.append(records(2))
+    second = spool.append(records(2))  # segment_bytes=1: every append rotates
+    assert (first, second) == (1, 2)
+    assert synced == []  # neither the new file, nor its name, nor the retired one yet
+    clock.now += 1
+    assert spool.maybe_fsync()
+    assert sorted(synced) == sorted(
+        [segment_path(spool_dir, 2).name, segment_path(spool_dir, 1).name, "spool"]
+    )
+    synced.clear()
+    assert not spool.maybe_fsync()  # nothing written since
+    spool.close()
+    assert synced == []
+    _, recovered = recover_all(spool_dir)
+    assert recovered == [*records(2), *records(2)]
+
+
+def test_a_segment_settled_before_the_sync_is_never_synced(
+    spool_dir: Path, synced: list[str]
+) -> None:
+    clock = FakeClock()
+    spool = make_spool(spool_dir, fsync_interval_ms=1000, segment_bytes=1, clock=clock)
+    spool.open()
+    first = spool.append(records(2))
+    spool.append(records(2))
+    spool.settle(first, 2)  # delivered: its file goes, its writes need no disk
+    assert not segment_path(spool_dir, first).exists()
+    clock.now += 1
+    assert spool.maybe_fsync()
+    assert sorted(synced) == sorted([segment_path(spool_dir, 2).name, "spool"])
+    spool.close()
+
+
+def test_close_syncs_what_waits(spool_dir: Path, synced: list[str]) -> None:
+    spool = make_spool(spool_dir, fsync_interval_ms=1000, segment_bytes=1, clock=FakeClock())
+    spool.open()
+    spool.append(records(2))
+    spool.append(records(2))
+    assert synced == []
+    spool.close()
+    assert sorted(synced) == sorted(
+        [segment_path(spool_dir, 1).name, segment_path(spool_dir, 2).name, "spool"]
+    )
+
+
+def test_a_retired_segment_that_fails_its_sync_is_counted_not_raised(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    spool = make_spool(spool_dir, fsync_interval_ms=1000, segment_bytes=1, clock=clock)
+    spool.open()
+    spool.append(records(2))
+    spool.append(records(2))
+    real = os.fdatasync
+    current = segment_path(spool_dir, 2).name
+
+    def eio_but_current(fd: int) -> None:
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) != current:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", eio_but_current)
+    clock.now += 1
+    assert spool.maybe_fsync()
+    assert spool.errors_total == 1
+    assert spool.outstanding == 4  # still held, and delivered, by the daemon
+    monkeypatch.undo()
+    spool.close()
 
 
 def test_a_failed_fsync_unspools_the_burst_and_retires_the_segment(

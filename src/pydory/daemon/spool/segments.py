@@ -24,7 +24,8 @@ afresh: :mod:`pydory.daemon.spool.identity`), and deleted when it rotates or at
 (:mod:`pydory.daemon.spool.acks`), so a crash replays only the others.
 
 Rule: the only code that holds the spool directory's lock, names its segment files,
-applies the fsync policy, and writes, truncates or deletes this run's segments.
+and writes, truncates or deletes this run's segments (when they are fsynced:
+:mod:`pydory.daemon.spool.syncing`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from pydory.daemon.spool.recovery import (
     SegmentRecovery,
     read_exactly,
 )
+from pydory.daemon.spool.syncing import SegmentSync
 from pydory.daemon.spool.tallies import Tally
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,8 @@ class Spool:
 
     ``fsync_interval_ms``: None = never fsync (the OS writes back: survives SIGKILL, not
     a power cut); 0 = after every append; N = when N ms have passed since the last fsync,
-    checked on append and by ``maybe_fsync()`` (call it from a timer).
+    checked on append and by ``maybe_fsync()`` (call it from a timer); see
+    :mod:`pydory.daemon.spool.syncing`.
 
     ``max_bytes`` caps the bytes of the segments this process writes. Segments left by a
     previous run are not counted against it while they await replay: their records are
@@ -107,8 +110,7 @@ class Spool:
     ) -> None:
         if segment_bytes < 1 or max_bytes < 1:
             raise ValueError("segment_bytes and max_bytes must be positive")
-        if fsync_interval_ms is not None and fsync_interval_ms < 0:
-            raise ValueError("fsync_interval_ms must be None or >= 0")
+        self._sync = SegmentSync(directory, fsync_interval_ms, clock)
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
@@ -129,16 +131,11 @@ class Spool:
         self._next_id = 1
         self._live_bytes = 0  # bytes of this run's segment files
         self._outstanding = 0
-        self._dirty = False  # written since the last fsync
-        self._last_fsync = clock()
         #: ``(start, end)`` file offsets of the last append's frames in its segment.
         self.last_append = (0, 0)
         self.appended_total = 0
         """Messages appended since open()."""
-        self.fsyncs_total = 0
-        """fsync calls made (segment data and the directory)."""
-        self.errors_total = 0
-        """Disk errors met (each raised as SpoolError, or counted when not raisable)."""
+        self._errors = 0  # disk errors met here; the syncs count theirs
         self.full_total = 0
         """Bursts refused because the spool was at its size cap."""
 
@@ -212,14 +209,16 @@ class Spool:
             return
         failure: SpoolError | None = None
         current = self._current
-        if current is not None:
+        if current is not None and self.fsync_interval_ms is not None:
             try:
-                if self._dirty and self.fsync_interval_ms is not None:
-                    self._fsync(current)
+                self._fsync(current)
             except SpoolError as exc:
                 failure = exc
+        if current is not None:
             self._retire(current)
-        self.fsyncs_total += self._acks.fsync() if self.fsync_interval_ms is not None else 0
+        if self.fsync_interval_ms is not None:
+            self._sync.sync(None)  # a current segment that failed, tried once more
+            self._sync.fsyncs_total += self._acks.fsync()
         self._acks.close()
         for segment in list(self._segments.values()):
             if segment.outstanding == 0:
@@ -284,7 +283,7 @@ class Spool:
         """fsync a segment recovery repaired, unless the policy is never."""
         if self.fsync_interval_ms is not None:
             os.fsync(fd)
-            self.fsyncs_total += 1
+            self._sync.fsyncs_total += 1
 
     # --- appending and settling ---------------------------------------------------------------
 
@@ -343,11 +342,8 @@ class Spool:
             raise self._error(f"cannot write spool segment [{current.path}]", exc) from exc
         current.size += written
         self._live_bytes += written
-        self._dirty = True
-        if self.fsync_interval_ms == 0 or (
-            self.fsync_interval_ms is not None
-            and (self._clock() - self._last_fsync) * 1000 >= self.fsync_interval_ms
-        ):
+        self._sync.current_dirty = True
+        if self._sync.due():
             try:
                 self._fsync(current)
             except SpoolError:
@@ -392,17 +388,18 @@ class Spool:
         """fsync the current segment if the interval policy says it is time (written to
         since the last fsync, which was at least ``fsync_interval_ms`` ago). True if it
         did. Call it from a timer so a quiet spool is still synced."""
-        if self._lock_fd is None or self._current is None or not self._dirty:
+        if self._lock_fd is None or not self._sync.waiting:
             return False
-        if not self.fsync_interval_ms:  # never, or always (then nothing is ever dirty)
+        if not self.fsync_interval_ms:  # never, or always (then nothing ever waits)
             return False
-        self.fsyncs_total += self._acks.fsync()
-        if (self._clock() - self._last_fsync) * 1000 < self.fsync_interval_ms:
+        self._sync.fsyncs_total += self._acks.fsync()
+        if not self._sync.due():
             return False
         current = self._current
         try:
             self._fsync(current)
         except SpoolError:
+            assert current is not None
             self._retire(current)  # after a failed fsync, write no more to that file
             raise
         return True
@@ -448,6 +445,16 @@ class Spool:
     # --- sensors ------------------------------------------------------------------------------
 
     @property
+    def fsyncs_total(self) -> int:
+        """fsync calls made (segment data, the directory, acknowledgement marks)."""
+        return self._sync.fsyncs_total
+
+    @property
+    def errors_total(self) -> int:
+        """Disk errors met (each raised as SpoolError, or counted when not raisable)."""
+        return self._errors + self._sync.errors_total
+
+    @property
     def bytes_on_disk(self) -> int:
         """Bytes of every segment file: this run's and those awaiting replay."""
         return self._live_bytes + self._recovery.bytes_on_disk
@@ -474,7 +481,7 @@ class Spool:
             raise RuntimeError("spool is not open")
 
     def _error(self, what: str, exc: OSError) -> SpoolError:
-        self.errors_total += 1
+        self._errors += 1
         return SpoolError(f"{what}: {exc.strerror or exc}")
 
     def _start_segment(self) -> _Segment:
@@ -492,12 +499,8 @@ class Spool:
             header = encode_header(segment_id, self.incarnation, stream)
             if os.write(fd, header) != len(header):  # only a full disk writes short here
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # noqa: TRY301
-            if self.fsync_interval_ms is not None:
-                # The new name must survive a power cut too, or its records vanish with it.
-                os.fsync(fd)
-                _fsync_directory(self.directory)
-                self.fsyncs_total += 2
-                self._last_fsync = self._clock()
+            # The new name must survive a power cut too, or its records vanish with it.
+            self._sync.created(fd)
         except OSError as exc:
             os.close(fd)
             with contextlib.suppress(OSError):  # else the next recovery removes it
@@ -507,18 +510,15 @@ class Spool:
         self._segments[segment_id] = segment
         self._live_bytes += HEADER_BYTES
         self._current = segment
-        self._dirty = False
         return segment
 
-    def _fsync(self, segment: _Segment) -> None:
-        assert segment.fd is not None
+    def _fsync(self, current: _Segment | None) -> None:
+        """Sync what waits (:meth:`SegmentSync.sync`); SpoolError if ``current`` fails."""
         try:
-            os.fdatasync(segment.fd)
+            self._sync.sync(None if current is None else current.fd)
         except OSError as exc:
-            raise self._error(f"cannot fsync spool segment [{segment.path}]", exc) from exc
-        self.fsyncs_total += 1
-        self._dirty = False
-        self._last_fsync = self._clock()
+            assert current is not None
+            raise self._error(f"cannot fsync spool segment [{current.path}]", exc) from exc
 
     def _cut_back(self, segment: _Segment, size: int) -> None:
         """Truncate ``segment`` back to ``size`` after a failed write or fsync, so it stays
@@ -528,7 +528,7 @@ class Spool:
             os.ftruncate(segment.fd, size)
             actual = size
         except OSError:
-            self.errors_total += 1
+            self._errors += 1
             try:
                 actual = os.fstat(segment.fd).st_size
             except OSError:
@@ -541,15 +541,7 @@ class Spool:
         """Stop writing to ``segment`` (it stays until its messages are settled)."""
         if segment.fd is not None:
             fd, segment.fd = segment.fd, None
-            if self._dirty and self.fsync_interval_ms is not None:
-                try:
-                    os.fdatasync(fd)
-                    self.fsyncs_total += 1
-                except OSError:
-                    self.errors_total += 1
-                self._dirty = False
-                self._last_fsync = self._clock()
-            os.close(fd)
+            self._sync.retired(segment.id, fd)  # its unsynced writes: with the next sync
         if self._current is segment:
             self._current = None
 
@@ -573,6 +565,7 @@ class Spool:
             self._delete(segment)
             raise self._error(f"cannot truncate spool segment [{segment.path}]", exc) from exc
         self._live_bytes -= segment.size - HEADER_BYTES
+        self._sync.current_dirty = True  # the cut and the new stream, with the next sync
         segment.size = HEADER_BYTES
         segment.next_sequence = 0  # what recovery expects after the header
         segment.stream = stream
@@ -580,6 +573,7 @@ class Spool:
     def _delete(self, segment: _Segment) -> None:
         if segment.fd is not None:
             self._retire(segment)
+        self._sync.deleted(segment.id)
         self.before_fold(segment.id, segment.stream)
         self._acks.forget(segment.id, segment.path)
         try:
@@ -590,11 +584,3 @@ class Spool:
             raise self._error(f"cannot delete spool segment [{segment.path}]", exc) from exc
         del self._segments[segment.id]
         self._live_bytes -= segment.size
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
