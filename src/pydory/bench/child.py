@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pydory.errors import PydoryError
+from pydory.testing.lifecycle import terminate_then_kill
 
 #: How long a child may take to stop after SIGTERM before it is killed.
 STOP_GRACE_S = 5.0
@@ -136,12 +137,8 @@ class ChildProcess:
         line, _, self._pending = self._pending.partition(b"\n")
         return line
 
-    def stderr_tail(self, limit: int = 2000) -> str:
-        try:
-            text = self._stderr_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-        return f"\n--- {self.name} stderr ---\n{text}" if text.strip() else ""
+    def stderr_tail(self) -> str:
+        return stderr_tail(self.name, self._stderr_path)
 
     def stop(self) -> None:
         """End the child if it is still running: SIGTERM, then SIGKILL after a grace period."""
@@ -159,13 +156,16 @@ class ChildProcess:
         return self._proc.stdout
 
 
-def stop_process(proc: subprocess.Popen[Any]) -> None:
-    """Terminate ``proc`` (ours, by its PID) and reap it; kill it if it lingers."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
+def stderr_tail(name: str, path: Path, limit: int = 2000) -> str:
+    """The end of what the process ``name`` wrote to its stderr file ``path``, headed by its
+    name, to append to an error; "" when it wrote nothing (or the file is gone)."""
     try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(STOP_GRACE_S)
+        text = path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
+    return f"\n--- {name} stderr ---\n{text}" if text.strip() else ""
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """Terminate ``proc`` and reap it; kill it if it outlasts :data:`STOP_GRACE_S`."""
+    terminate_then_kill(proc, STOP_GRACE_S)

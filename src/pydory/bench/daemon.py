@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydory.bench.child import BenchError, stop_process
+from pydory.bench.child import BenchError, stderr_tail, stop_process
 from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp
 from pydory.testing.daemon_config import DaemonConfig
 
@@ -135,12 +135,8 @@ class DaemonProcess:
     def _get(self, path: str) -> Any:
         return StatusHttp(f"127.0.0.1:{self.config.http_port}", HTTP_TIMEOUT_S).get_json(path)
 
-    def stderr_tail(self, limit: int = 2000) -> str:
-        try:
-            text = self._stderr_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-        return f"\n--- pydory stderr ---\n{text}" if text.strip() else ""
+    def stderr_tail(self) -> str:
+        return stderr_tail("pydory", self._stderr_path)
 
     def stop(self) -> None:
         """SIGTERM (a graceful shutdown), then SIGKILL if it outlasts the grace period."""

@@ -130,40 +130,7 @@ class DaemonConfig:
             <port value="{tcp_port}" />
         </tcp>
     </inputSources>
-    <inputConfig>
-        <maxBuffer value="{self.max_buffer}" />
-        <maxDatagramMsgSize value="{self.max_datagram_msg_size}" />
-        <allowLargeUnixDatagrams value="false" />
-        <maxStreamMsgSize value="{self.max_stream_msg_size}" />
-    </inputConfig>
-    <msgDelivery>
-        <topicAutocreate enable="{str(self.topic_autocreate).lower()}" />
-        <maxFailedDeliveryAttempts value="{self.max_failed_delivery_attempts}" />
-        <shutdownMaxDelay value="{self.shutdown_max_delay_ms}" />
-        <dispatcherRestartMaxDelay value="5000" />
-        <metadataRefreshInterval value="15" />
-        <compareMetadataOnRefresh value="true" />
-        <kafkaSocketTimeout value="60" />
-        <pauseRateLimitInitial value="500" />
-        <pauseRateLimitMaxDouble value="4" />
-        <minPauseDelay value="200" />
-    </msgDelivery>
-    <httpInterface>
-        <port value="{self.http_port}" />
-        <loopbackOnly value="true" />
-        <discardReportInterval value="{self.discard_report_interval_s}" />
-        <badMsgPrefixSize value="256" />
-    </httpInterface>
-{self._discard_logging()}{self._msg_debug()}{self._spool()}{self._identity()}    <kafkaConfig>
-        <clientId value="pydory-test" />
-        <replicationTimeout value="10000" />
-    </kafkaConfig>
-    <logging>
-        <level value="{self.log_level}" />
-        <stdoutStderr enable="{str(self.log_to_stdout).lower()}" />
-        <syslog enable="false" />
-    </logging>
-    <librdkafka>
+{self._leaf_sections()}    <librdkafka>
 {properties}
     </librdkafka>
     <initialBrokers>
@@ -172,51 +139,108 @@ class DaemonConfig:
 </doryConfig>
 """
 
-    def _msg_debug(self) -> str:
-        if self.msg_debug_path is None:
-            return ""
-        extra = ' extraFields="true"' if self.msg_debug_extra_fields else ""
-        return f"""    <msgDebug enable="true"{extra}>
-        <path value="{self.msg_debug_path}" />
-        <timeLimit value="{self.msg_debug_time_limit_s}" />
-        <byteLimit value="{self.msg_debug_byte_limit}" />
-    </msgDebug>
-"""
+    def _leaf_sections(self) -> str:
+        """The sections made of leaves only; an optional one only when its knob is set."""
+        return "".join(
+            [
+                self._limits(),
+                self._path_sections(),
+                self._identity(),
+                self._kafka_and_logging(),
+            ]
+        )
 
-    def _discard_logging(self) -> str:
-        if self.discard_log_path is None:
-            return ""
-        return f"""    <discardLogging enable="true">
-        <path value="{self.discard_log_path}" />
-        <maxFileSize value="{self.discard_log_max_file_size}" />
-        <maxArchiveSize value="{self.discard_log_max_archive_size}" />
-        <maxMsgPrefixSize value="64" />
-    </discardLogging>
-"""
+    def _limits(self) -> str:
+        """The inputs' sizes, the delivery's timings, the status port."""
+        input_config = {
+            "maxBuffer": self.max_buffer,
+            "maxDatagramMsgSize": self.max_datagram_msg_size,
+            "allowLargeUnixDatagrams": "false",
+            "maxStreamMsgSize": self.max_stream_msg_size,
+        }
+        msg_delivery = {
+            "topicAutocreate": self.topic_autocreate,
+            "maxFailedDeliveryAttempts": self.max_failed_delivery_attempts,
+            "shutdownMaxDelay": self.shutdown_max_delay_ms,
+            "dispatcherRestartMaxDelay": 5000,
+            "metadataRefreshInterval": 15,
+            "compareMetadataOnRefresh": "true",
+            "kafkaSocketTimeout": 60,
+            "pauseRateLimitInitial": 500,
+            "pauseRateLimitMaxDouble": 4,
+            "minPauseDelay": 200,
+        }
+        http_interface = {
+            "port": self.http_port,
+            "loopbackOnly": "true",
+            "discardReportInterval": self.discard_report_interval_s,
+            "badMsgPrefixSize": 256,
+        }
+        return (
+            _section("inputConfig", input_config)
+            + _section("msgDelivery", msg_delivery)
+            + _section("httpInterface", http_interface)
+        )
+
+    def _path_sections(self) -> str:
+        """The sections that write to a path: each is on when its path is set."""
+        discard_logging = {
+            "maxFileSize": self.discard_log_max_file_size,
+            "maxArchiveSize": self.discard_log_max_archive_size,
+            "maxMsgPrefixSize": 64,
+        }
+        msg_debug = {
+            "timeLimit": self.msg_debug_time_limit_s,
+            "byteLimit": self.msg_debug_byte_limit,
+        }
+        extra = ' extraFields="true"' if self.msg_debug_extra_fields else ""
+        spool = {
+            "maxSize": self.spool_max_size,
+            "segmentSize": self.spool_segment_size,
+            "fsync": self.spool_fsync,
+            "overloadPolicy": self.overload_policy,
+        }
+        return (
+            _path_section("discardLogging", self.discard_log_path, discard_logging)
+            + _path_section("msgDebug", self.msg_debug_path, msg_debug, extra)
+            + _path_section("spool", self.spool_path, spool)
+        )
 
     def _identity(self) -> str:
         if self.host_id is None and self.identity_headers and self.books_topic is None:
-            return ""
-        host = "" if self.host_id is None else f'        <hostId value="{self.host_id}" />\n'
-        headers = "true" if self.identity_headers else "false"
-        books = (
-            ""
-            if self.books_topic is None
-            else f'        <booksTopic value="{self.books_topic}" />\n'
-        )
-        return f"""    <messageIdentity>
-{host}        <headers enable="{headers}" />
-{books}    </messageIdentity>
-"""
+            return ""  # all Dory's defaults: the section is left out
+        leaves = {
+            "hostId": self.host_id,
+            "headers": self.identity_headers,
+            "booksTopic": self.books_topic,
+        }
+        return _section("messageIdentity", leaves)
 
-    def _spool(self) -> str:
-        if self.spool_path is None:
-            return ""
-        return f"""    <spool enable="true">
-        <path value="{self.spool_path}" />
-        <maxSize value="{self.spool_max_size}" />
-        <segmentSize value="{self.spool_segment_size}" />
-        <fsync value="{self.spool_fsync}" />
-        <overloadPolicy value="{self.overload_policy}" />
-    </spool>
-"""
+    def _kafka_and_logging(self) -> str:
+        kafka = {"clientId": "pydory-test", "replicationTimeout": 10000}
+        logging = {"level": self.log_level, "stdoutStderr": self.log_to_stdout, "syslog": False}
+        return _section("kafkaConfig", kafka) + _section("logging", logging)
+
+
+def _path_section(
+    tag: str, path: str | None, leaves: Mapping[str, object], attributes: str = ""
+) -> str:
+    """A section like ``<spool enable="true">`` with its ``<path>`` first, or "" (left out:
+    off) when ``path`` is None."""
+    if path is None:
+        return ""
+    return _section(tag, {"path": path, **leaves}, f' enable="true"{attributes}')
+
+
+def _section(tag: str, leaves: Mapping[str, object], attributes: str = "") -> str:
+    """``<tag attributes>`` with one leaf element per item of ``leaves``, in order: a bool
+    is the leaf's ``enable`` attribute (``<syslog enable="false" />``), None leaves it out,
+    and anything else is its ``value``."""
+    lines = [f"    <{tag}{attributes}>"]
+    for leaf, value in leaves.items():
+        if isinstance(value, bool):
+            lines.append(f'        <{leaf} enable="{str(value).lower()}" />')
+        elif value is not None:
+            lines.append(f"        <{leaf} value={quoteattr(str(value))} />")
+    lines.append(f"    </{tag}>\n")
+    return "\n".join(lines)

@@ -47,7 +47,7 @@ from confluent_kafka.admin import AdminClient
 from pydory.errors import PydoryError
 from pydory.testing import kafka_tls
 from pydory.testing.kafka_util import admin_create_topic
-from pydory.testing.lifecycle import StopsOnExit
+from pydory.testing.lifecycle import StopsOnExit, terminate_then_kill
 from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_ports
 
 __all__ = [
@@ -347,17 +347,8 @@ class KafkaCluster(StopsOnExit):
         """SIGTERM node ``node_id``: a controlled shutdown that moves its leaders away first."""
         node = self._node(node_id)
         process, node.process = node.process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise KafkaBrokerError(
-                f"broker {node_id} did not stop within {timeout_s} s; killed"
-            ) from None
+        if process is not None and not terminate_then_kill(process, timeout_s):
+            raise KafkaBrokerError(f"broker {node_id} did not stop within {timeout_s} s; killed")
 
     def start_broker(self, node_id: int, timeout_s: float = 60.0) -> None:
         """Start node ``node_id`` again (after a stop or a kill), on its ports and data."""

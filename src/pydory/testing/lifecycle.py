@@ -1,10 +1,25 @@
-"""What every broker launcher shares: ``with`` stops what the constructor started."""
+"""What every launcher of a process shares: ``with`` stops what the constructor started,
+and a process is stopped with SIGTERM, then SIGKILL if it outlasts its grace period."""
 
 from __future__ import annotations
 
+import subprocess
 from abc import ABC, abstractmethod
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
+
+
+def terminate_then_kill(process: subprocess.Popen[Any], grace_s: float) -> bool:
+    """SIGTERM ``process`` (ours: it is signalled by its Popen, never by name) and reap
+    it, SIGKILLing it if it has not exited after ``grace_s``. True when it exited in time."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return False
+    return True
 
 
 class StopsOnExit(ABC):

@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from pydory.errors import PydoryError
 from pydory.testing.kafka_util import admin_create_topic
-from pydory.testing.lifecycle import StopsOnExit
+from pydory.testing.lifecycle import StopsOnExit, terminate_then_kill
 from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_port
 
 __all__ = ["TansuBroker", "TansuError", "find_tansu_binary"]
@@ -95,12 +95,7 @@ class TansuBroker(StopsOnExit):
         """Terminate the broker, killing it after ``grace_s``. Calling it again does nothing."""
         process, self._process = self._process, None
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            terminate_then_kill(process, grace_s)
         if self._owns_log_dir:
             shutil.rmtree(self._log_dir, ignore_errors=True)
 
