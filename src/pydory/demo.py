@@ -91,6 +91,10 @@ class DemoTopics:
         """The books topic of ``--sigkill``: the daemon's runs' books, beside its data."""
         return self.events.removesuffix("events") + "books"
 
+    def listed(self) -> str:
+        """The topics to create, for a person: ``events:4, keyed:4, limited:2``."""
+        return ", ".join(f"{name}:{n}" for name, n in self.partitions.items())
+
 
 @dataclass(frozen=True)
 class ClientRun:
@@ -115,6 +119,7 @@ class DemoPaths:
     spark_log: Path = field(init=False)
     report_text: Path = field(init=False)
     report_json: Path = field(init=False)
+    spool: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.config = self.workdir / "pydory.xml"
@@ -125,6 +130,7 @@ class DemoPaths:
         self.spark_log = self.workdir / "spark.log"
         self.report_text = self.workdir / "audit.txt"
         self.report_json = self.workdir / "audit.json"
+        self.spool = self.workdir / "spool"
 
 
 class DemoFailed(PydoryError):
@@ -498,6 +504,34 @@ def audit(topics: DemoTopics, paths: DemoPaths, master: str) -> AuditReport:
 # --- the whole demo ---------------------------------------------------------------------------
 
 
+def demo_daemon_config(bootstrap: str, paths: DemoPaths, **knobs: Any) -> DaemonConfig:
+    """The demo daemon's config: its sockets in the work directory, every message it reads
+    written ahead to ``paths.spool`` until settled, the demo's shutdown delay, and
+    ``knobs``: what one demo sets besides."""
+    return DaemonConfig(
+        bootstrap,
+        str(paths.workdir),
+        shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
+        spool_path=str(paths.spool),
+        **knobs,
+    )
+
+
+def require_clean_exit(status: int, paths: DemoPaths) -> None:
+    """The daemon's exit status once the demo stopped it: anything but 0 fails the demo
+    (the daemon's log says why)."""
+    if status != 0:
+        raise DemoFailed(f"the daemon exited with status {status}; see {paths.daemon_log}")
+
+
+def verdict(progress: Progress, balanced: bool, success: str, failure: str) -> int:
+    """Print the demo's last line, its verdict (``success`` or ``failure``: what the
+    audit found) and how long it took; the exit status (0: the audit balanced)."""
+    outcome = f"OK, {success}" if balanced else f"FAILED, {failure}"
+    print(f"demo: {outcome} ({progress.elapsed():.0f} s)", flush=True)
+    return 0 if balanced else 1
+
+
 def prepare_workdir(workdir: str | None) -> DemoPaths:
     if workdir is None:
         return DemoPaths(Path(tempfile.mkdtemp(prefix="pydory-demo-")))
@@ -531,15 +565,15 @@ def run_demo(
     print(f"reports: {paths.report_text}, {paths.report_json}")
     print(f"daemon:  {paths.books} (its books), {paths.daemon_log}, {paths.config}")
     print(f"spark:   {paths.spark_log}")
-    print(f"spool:   {paths.workdir / 'spool'} (the daemon's write-ahead; empty once all settled)")
+    print(f"spool:   {paths.spool} (the daemon's write-ahead; empty once all settled)")
     if (paths.workdir / "kafka").is_dir():
         print(f"kafka:   {paths.workdir / 'kafka'} (the broker's data and broker.log)")
-    if report.balanced:
-        outcome = "OK, the lake holds exactly what the daemon delivered"
-    else:
-        outcome = "FAILED, the audit does not balance"
-    print(f"demo: {outcome} ({progress.elapsed():.0f} s)", flush=True)
-    return 0 if report.balanced else 1
+    return verdict(
+        progress,
+        report.balanced,
+        "the lake holds exactly what the daemon delivered",
+        "the audit does not balance",
+    )
 
 
 def _run_stages(
@@ -551,17 +585,13 @@ def _run_stages(
             bootstrap, described, topics = running.enter_context(
                 embedded_kafka(kafka, brokers, paths.workdir)
             )
-            listed = ", ".join(f"{name}:{n}" for name, n in topics.partitions.items())
-            result.append(f"{described} at {bootstrap}; topics {listed}")
+            result.append(f"{described} at {bootstrap}; topics {topics.listed()}")
         with progress.stage("daemon") as result:
-            config = DaemonConfig(
+            config = demo_daemon_config(
                 bootstrap,
-                str(paths.workdir),
+                paths,
                 message_max_bytes=MESSAGE_MAX_BYTES,
-                shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
                 rate_limits={topics.limited: (RATE_LIMIT_INTERVAL_MS, RATE_LIMIT_MAX_COUNT)},
-                # Every message the daemon reads is written ahead here until it is settled.
-                spool_path=str(paths.workdir / "spool"),
                 spool_fsync="1000",
             )
             paths.config.write_text(config.render(), encoding="utf-8")
@@ -582,9 +612,7 @@ def _run_stages(
         with progress.stage("books") as result:
             books = get_json(status_url, "/books/json")
             paths.books.write_text(json.dumps(books, indent=2) + "\n", encoding="utf-8")
-            status = daemon.stop()
-            if status != 0:
-                raise DemoFailed(f"the daemon exited with status {status}; see {paths.daemon_log}")
+            require_clean_exit(daemon.stop(), paths)
             result.append(f"saved to {paths.books.name}; daemon stopped (exit 0)")
         with stderr_to(paths.spark_log):
             with progress.stage("land") as result:

@@ -32,16 +32,18 @@ from pydory.demo import (
     CLIENT_TIMEOUT_S,
     DAEMON_START_TIMEOUT_S,
     SETTLE_TIMEOUT_S,
-    SHUTDOWN_MAX_DELAY_MS,
     DemoFailed,
     DemoPaths,
     DemoTopics,
     Progress,
+    demo_daemon_config,
     embedded_kafka,
     landed_query,
     landing_connector,
     prepare_workdir,
+    require_clean_exit,
     stderr_to,
+    verdict,
 )
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.daemon_process import DaemonDidNotStart
@@ -179,7 +181,7 @@ def run_sigkill_demo(
     print()
     print(f"lake:    {paths.lake}  (Parquet, partitioned by topic and date)")
     print(f"reports: {paths.report_text}, {paths.report_json}")
-    print(f"daemon:  {paths.daemon_log}, {paths.config}, spool {paths.workdir / 'spool'}")
+    print(f"daemon:  {paths.daemon_log}, {paths.config}, spool {paths.spool}")
     print(f"spark:   {paths.spark_log}")
     copies = report.as_dict()["second_copies_in_lake"]
     print(
@@ -187,12 +189,12 @@ def run_sigkill_demo(
         f"from the spool, {dropped:,} second copies dropped by the landing job, "
         f"{copies:,} left in the lake"
     )
-    if report.balanced:
-        outcome = "OK, the fleet audit balanced: every accepted message is in the lake exactly once"
-    else:
-        outcome = "FAILED, the fleet audit does not balance"
-    print(f"demo: {outcome} ({progress.elapsed():.0f} s)", flush=True)
-    return 0 if report.balanced else 1
+    return verdict(
+        progress,
+        report.balanced,
+        "the fleet audit balanced: every accepted message is in the lake exactly once",
+        "the fleet audit does not balance",
+    )
 
 
 def _run_stages(
@@ -212,17 +214,10 @@ def _run_stages(
             )
             # Compacted: the latest record of each run is kept (docs/accounting.md).
             admin_create_topic(bootstrap, topics.books, 1, config={"cleanup.policy": "compact"})
-            listed = ", ".join(f"{name}:{n}" for name, n in topics.partitions.items())
+            listed = topics.listed()
             result.append(f"{described} at {bootstrap}; topics {listed}; books {topics.books}")
         with progress.stage("daemon") as result:
-            config = DaemonConfig(
-                bootstrap,
-                str(paths.workdir),
-                shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
-                spool_path=str(paths.workdir / "spool"),
-                host_id=HOST_ID,
-                books_topic=topics.books,
-            )
+            config = demo_daemon_config(bootstrap, paths, host_id=HOST_ID, books_topic=topics.books)
             daemon = _start_daemon(config, paths)
             running.callback(daemon.stop)
             url = f"http://127.0.0.1:{config.http_port}"
@@ -245,9 +240,7 @@ def _run_stages(
                 daemon.settle(SETTLE_TIMEOUT_S)
             except KillLoopError as error:
                 raise DemoFailed(str(error)) from None
-            status = daemon.stop()
-            if status != 0:
-                raise DemoFailed(f"the daemon exited with status {status}; see {paths.daemon_log}")
+            require_clean_exit(daemon.stop(), paths)
             result.append(
                 f"the last run settled every message and stopped cleanly (exit 0); "
                 f"{run.replayed:,} messages replayed from the spool in all"

@@ -11,6 +11,8 @@ import argparse
 import os
 import shutil
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pydory.commands import Subparsers, add_command
@@ -89,21 +91,17 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"pydory demo: {problem}", file=sys.stderr)
         return 1
+    demo: Callable[..., int]
     if args.sigkill:
         from pydory.demo_kills import run_sigkill_demo  # Spark, the brokers, the kill loop
 
-        return run_sigkill_demo(
-            args.sigkill,
-            kafka=args.kafka,
-            brokers=args.brokers,
-            count=args.count,
-            workdir=args.workdir,
-            master=args.master,
-            seed=args.seed,
-        )
-    from pydory.demo import run_demo  # the demo pulls in Spark and the test brokers
+        demo = partial(run_sigkill_demo, args.sigkill, seed=args.seed)
+    else:
+        from pydory.demo import run_demo  # the demo pulls in Spark and the test brokers
 
-    return run_demo(
+        demo = run_demo
+    # What both demos take; --sigkill's also takes its kills and their seed (above).
+    return demo(
         kafka=args.kafka,
         brokers=args.brokers,
         count=args.count,

@@ -13,6 +13,7 @@ docs/config.md lists every difference that remains.
 Sections made only of simple leaf elements (<msgDelivery>, <httpInterface>, ...) are read
 from a table per section (``MSG_DELIVERY``, ...) that lists each element as the element
 tables of docs/config.md do: its name, the model field it sets, and its kind of value.
+The document's own sections are listed the same way, in ``DOCUMENT``.
 """
 
 from __future__ import annotations
@@ -643,49 +644,22 @@ def _read_config(reader: _Reader, root: Element) -> Config:
     reader.no_text(root)
     sections = reader.children(
         root,
-        required=("batching", "compression", "initialBrokers"),
-        optional=(
-            "topicRateLimiting",
-            "inputSources",
-            "inputConfig",
-            "msgDelivery",
-            "httpInterface",
-            "discardLogging",
-            "kafkaConfig",
-            "msgDebug",
-            "logging",
-            "librdkafka",
-            "spool",
-            "quotas",
-            "messageIdentity",
-        ),
+        required=tuple(section.tag for section in DOCUMENT if section.required),
+        optional=tuple(section.tag for section in DOCUMENT if not section.required),
     )
-    batching = sections.get("batching")
-    compression = sections.get("compression")
     return Config(
-        batching=_PLACEHOLDER_BATCHING if batching is None else _read_batching(reader, batching),
-        compression=(
-            _PLACEHOLDER_COMPRESSION
-            if compression is None
-            else _read_compression(reader, compression)
-        ),
-        initial_brokers=_read_initial_brokers(reader, sections.get("initialBrokers")),
-        rate_limiting=_read_rate_limiting(reader, sections.get("topicRateLimiting")),
-        inputs=_read_input_sources(reader, sections.get("inputSources")),
-        input_config=_read_input_config(reader, sections.get("inputConfig")),
-        delivery=_read_msg_delivery(reader, sections.get("msgDelivery")),
-        http=_read_http_interface(reader, sections.get("httpInterface")),
-        discard_logging=_read_discard_logging(reader, sections.get("discardLogging")),
-        kafka=_read_kafka_config(reader, sections.get("kafkaConfig")),
-        msg_debug=_read_msg_debug(reader, sections.get("msgDebug")),
-        logging=_read_logging(reader, sections.get("logging")),
-        spool=_read_spool(reader, sections.get("spool")),
-        quotas=_read_quotas(reader, sections.get("quotas")),
-        message_identity=_read_leaf_section(
-            reader, sections.get("messageIdentity"), MessageIdentityConfig, MESSAGE_IDENTITY
-        ),
-        librdkafka=_read_librdkafka(reader, sections.get("librdkafka")),
+        **{section.field: section.read(reader, sections.get(section.tag)) for section in DOCUMENT}
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One row of ``DOCUMENT`` (at the end of this module, after the readers it names)."""
+
+    tag: str  # the top-level element, as Dory names it
+    field: str  # the field of Config that it sets
+    read: Callable[[_Reader, Element | None], Any]  # None: the section is omitted
+    required: bool = False
 
 
 # Stand-ins while reading a file that lacks a required section (it is an error anyway).
@@ -696,7 +670,9 @@ _PLACEHOLDER_COMPRESSION = CompressionConfig(CompressionCodec("", CompressionTyp
 # --- batching ---------------------------------------------------------------------------------
 
 
-def _read_batching(reader: _Reader, element: Element) -> BatchingConfig:
+def _read_batching(reader: _Reader, element: Element | None) -> BatchingConfig:
+    if element is None:
+        return _PLACEHOLDER_BATCHING  # reported as a missing required element
     reader.attributes(element)
     parts = reader.children(
         element,
@@ -820,7 +796,9 @@ def _read_topic_batching(
 # --- compression ------------------------------------------------------------------------------
 
 
-def _read_compression(reader: _Reader, element: Element) -> CompressionConfig:
+def _read_compression(reader: _Reader, element: Element | None) -> CompressionConfig:
+    if element is None:
+        return _PLACEHOLDER_COMPRESSION  # reported as a missing required element
     reader.attributes(element)
     parts = reader.children(
         element,
@@ -1256,6 +1234,10 @@ MESSAGE_IDENTITY = (
 )
 
 
+def _read_message_identity(reader: _Reader, element: Element | None) -> MessageIdentityConfig:
+    return _read_leaf_section(reader, element, MessageIdentityConfig, MESSAGE_IDENTITY)
+
+
 def _read_quotas(reader: _Reader, element: Element | None) -> QuotasConfig:
     """<quotas> with a <unixStream>, a <tcp> and a <unixDatagram> element, each optional
     (= no quota)."""
@@ -1366,3 +1348,27 @@ def _read_librdkafka(reader: _Reader, element: Element | None) -> Mapping[str, s
         else:
             properties[name] = attributes["value"]
     return MappingProxyType(properties)
+
+
+# --- the document's sections ------------------------------------------------------------------
+
+#: Every top-level section: required ones first, then as Dory's docs list them (an unknown
+#: element's error lists them in this order); they are read in this order too.
+DOCUMENT = (
+    Section("batching", "batching", _read_batching, required=True),
+    Section("compression", "compression", _read_compression, required=True),
+    Section("initialBrokers", "initial_brokers", _read_initial_brokers, required=True),
+    Section("topicRateLimiting", "rate_limiting", _read_rate_limiting),
+    Section("inputSources", "inputs", _read_input_sources),
+    Section("inputConfig", "input_config", _read_input_config),
+    Section("msgDelivery", "delivery", _read_msg_delivery),
+    Section("httpInterface", "http", _read_http_interface),
+    Section("discardLogging", "discard_logging", _read_discard_logging),
+    Section("kafkaConfig", "kafka", _read_kafka_config),
+    Section("msgDebug", "msg_debug", _read_msg_debug),
+    Section("logging", "logging", _read_logging),
+    Section("librdkafka", "librdkafka", _read_librdkafka),
+    Section("spool", "spool", _read_spool),
+    Section("quotas", "quotas", _read_quotas),
+    Section("messageIdentity", "message_identity", _read_message_identity),
+)

@@ -151,6 +151,15 @@ def _json_handler(page: JsonPage) -> Handler:
     return _sliced_handler(ReusedPage(lambda: json_in_slices(page()), PAGE_REUSE_S), JSON_TYPE)
 
 
+def _dory_page(name: str, plain: PlainPage, json: JsonPage) -> list[web.RouteDef]:
+    """Dory's page ``name``, as Dory serves each of its pages: ``/name/plain`` (text) and
+    ``/name/json``."""
+    return [
+        web.get(f"/{name}/plain", _plain_handler(plain)),
+        web.get(f"/{name}/json", _json_handler(json)),
+    ]
+
+
 def _plain_handler(page: PlainPage) -> Handler:
     return _page_handler(reused_briefly(_plain_bytes(page)), PLAIN_TYPE)
 
@@ -313,16 +322,15 @@ class StatusServer:
     def _routes(self) -> list[web.RouteDef]:
         pages = self._pages
         return [
-            web.get("/server_info/plain", _plain_handler(pages.server_info_plain)),
-            web.get("/server_info/json", _json_handler(pages.server_info_json)),
-            web.get("/counters/plain", _plain_handler(pages.counters_plain)),
-            web.get("/counters/json", _json_handler(pages.counters_json)),
-            web.get("/discards/plain", _plain_handler(pages.discards_plain)),
-            web.get("/discards/json", _json_handler(pages.discards_json)),
-            web.get("/queues/plain", _plain_handler(pages.queues_plain)),
-            web.get("/queues/json", _json_handler(pages.queues_json)),
-            web.get("/metadata_fetch_time/plain", _plain_handler(pages.metadata_fetch_time_plain)),
-            web.get("/metadata_fetch_time/json", _json_handler(pages.metadata_fetch_time_json)),
+            *_dory_page("server_info", pages.server_info_plain, pages.server_info_json),
+            *_dory_page("counters", pages.counters_plain, pages.counters_json),
+            *_dory_page("discards", pages.discards_plain, pages.discards_json),
+            *_dory_page("queues", pages.queues_plain, pages.queues_json),
+            *_dory_page(
+                "metadata_fetch_time",
+                pages.metadata_fetch_time_plain,
+                pages.metadata_fetch_time_json,
+            ),
             web.post("/metadata_update", _action_handler(pages.metadata_update)),
             web.get("/books/json", _json_handler(pages.books_json)),
             web.get("/config/json", _json_handler(pages.config_json)),
