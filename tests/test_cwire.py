@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import shutil
 import socket
 import subprocess
 import sys
 import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +394,34 @@ def test_the_compiled_spool_frames_are_the_pure_ones(
     compiled = records.encode_payloads(kind(payloads), first)
     assert compiled == records.encode_payloads_reference(payloads, first)
     assert hotpath.payload_frames is not None or os.environ.get(hotpath.PURE_PYTHON_VARIABLE)
+
+
+@needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(st.binary(max_size=63), st.binary(min_size=64, max_size=2000)),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 15),
+)
+def test_the_spool_crc32_is_zlibs(data: bytes, crc: int, offset: int) -> None:
+    """The frames' CRC (folded with PCLMULQDQ where the CPU has it, from 64 bytes on) is
+    zlib's, at every length and starting value, from any alignment in memory."""
+    if getattr(cwire, "crc32", None) is None:
+        pytest.skip("zlib is not a shared library here: the spool encodes in Python")
+    unaligned = (b"\0" * offset + data)[offset:]
+    assert cwire.crc32(unaligned, crc) == zlib.crc32(data, crc)
+
+
+@needs_compiled
+def test_the_spool_crc32_is_folded_where_the_cpu_can() -> None:
+    """On x86-64 with PCLMULQDQ (this machine kind) the folded path is the one in use, so
+    the test above holds it to zlib's, not zlib to itself."""
+    if platform.machine() != "x86_64" or "pclmulqdq" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no PCLMULQDQ here: zlib's table computes every CRC")
+    assert cwire.FOLDS_CRC32 == 1
+    block = bytes(range(256)) * 40
+    for length in (64, 65, 79, 80, 127, 128, 129, 1000, len(block)):
+        assert cwire.crc32(block[:length], 0xFFFFFFFF) == zlib.crc32(block[:length], 0xFFFFFFFF)
 
 
 @needs_compiled
