@@ -16,6 +16,42 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+#: What ``pydory.config`` offers of the model (it re-exports these).
+__all__ = [
+    "DEFAULT_SOCKET_MODE",
+    "NO_BATCHING",
+    "NO_QUOTAS",
+    "UNLIMITED_RATE",
+    "BatchingAction",
+    "BatchingConfig",
+    "BatchingThresholds",
+    "Broker",
+    "ClientRate",
+    "CompressionCodec",
+    "CompressionConfig",
+    "CompressionType",
+    "Config",
+    "DiscardLoggingConfig",
+    "HttpInterfaceConfig",
+    "InputConfig",
+    "InputSourcesConfig",
+    "KafkaConfig",
+    "ListenerQuotas",
+    "LogLevel",
+    "LoggingConfig",
+    "MessageIdentityConfig",
+    "MsgDebugConfig",
+    "MsgDeliveryConfig",
+    "OverloadPolicy",
+    "QuotasConfig",
+    "RateLimit",
+    "RateLimitingConfig",
+    "SpoolConfig",
+    "TcpInput",
+    "TopicBatching",
+    "UnixSocketInput",
+]
+
 # --- batching ---------------------------------------------------------------------------------
 
 
