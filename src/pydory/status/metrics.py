@@ -92,14 +92,11 @@ class DaemonCollector(Collector):
 
     def _traffic(self) -> Iterator[Metric]:
         books = self._view.books
-        received = CounterMetricFamily(
+        yield _per_transport(
             "pydory_received_messages",
             "Messages framed on each client transport (before admission checks).",
-            labels=["transport"],
+            ((str(transport), n) for transport, n in books.received_by_transport().items()),
         )
-        for transport, count in books.received_by_transport().items():
-            received.add_metric([str(transport)], count)
-        yield received
 
         # One reading of the books for every per-topic family; each family is yielded as
         # soon as it is built, so a scraper rendering in slices (status/rendering.py)
@@ -233,32 +230,29 @@ class DaemonCollector(Collector):
 
     def _quotas(self) -> Iterator[Metric]:
         counters = self._view.counters
-        refused = CounterMetricFamily(
-            "pydory_quota_refused_connections",
-            "Connections closed at once because the listener was at <maxConnections>.",
-            labels=["transport"],
+
+        def per_listener(names: Mapping[Transport, str]) -> list[tuple[str, int]]:
+            return [(transport, counters.get(names[transport])) for transport in QUOTA_TRANSPORTS]
+
+        # All three read before the first is yielded: one moment's counts.
+        families = (
+            _per_transport(
+                "pydory_quota_refused_connections",
+                "Connections closed at once because the listener was at <maxConnections>.",
+                per_listener(counter_names.QUOTA_CONNECTIONS_REFUSED),
+            ),
+            _per_transport(
+                "pydory_quota_throttles",
+                "Times a client above its <clientRate> had its reads paused.",
+                per_listener(counter_names.QUOTA_THROTTLES),
+            ),
+            _per_transport(
+                "pydory_quota_throttled_seconds",
+                "Total throttle time imposed on clients above their <clientRate>.",
+                [(t, ms / 1000) for t, ms in per_listener(counter_names.QUOTA_THROTTLED_MS)],
+            ),
         )
-        throttles = CounterMetricFamily(
-            "pydory_quota_throttles",
-            "Times a client above its <clientRate> had its reads paused.",
-            labels=["transport"],
-        )
-        throttled = CounterMetricFamily(
-            "pydory_quota_throttled_seconds",
-            "Total throttle time imposed on clients above their <clientRate>.",
-            labels=["transport"],
-        )
-        for transport in QUOTA_TRANSPORTS:
-            refused.add_metric(
-                [transport], counters.get(counter_names.QUOTA_CONNECTIONS_REFUSED[transport])
-            )
-            throttles.add_metric(
-                [transport], counters.get(counter_names.QUOTA_THROTTLES[transport])
-            )
-            throttled.add_metric(
-                [transport], counters.get(counter_names.QUOTA_THROTTLED_MS[transport]) / 1000
-            )
-        yield from (refused, throttles, throttled)
+        yield from families
 
     # -- the config and its reloads ---------------------------------------------------------
 
@@ -429,6 +423,16 @@ _PER_TOPIC_FAMILIES: tuple[
         lambda totals: totals.in_flight,
     ),
 )
+
+
+def _per_transport(
+    name: str, documentation: str, values: Iterable[tuple[str, float]]
+) -> CounterMetricFamily:
+    """A counter family with one sample per client transport: (transport, value) pairs."""
+    family = CounterMetricFamily(name, documentation, labels=["transport"])
+    for transport, value in values:
+        family.add_metric([transport], value)
+    return family
 
 
 def _discards(
