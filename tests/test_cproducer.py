@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from helpers import wait_until
 from pydory.daemon.delivery import compiled_producer
+from pydory.hotpath import identity_headers
 from pydory.testing.mock_cluster import ApiKey, MockCluster
 
 pytestmark = pytest.mark.skipif(
@@ -129,6 +130,42 @@ def test_a_failure_comes_back_with_what_a_resend_needs(
         True,
     )
     assert status in (0, 1, 2)  # librdkafka's persisted status
+    p.close()
+
+
+@pytest.mark.parametrize("form", ["identity run", "list"])
+def test_a_burst_carries_each_message_its_identity_in_either_form(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], form: str
+) -> None:
+    """produce_burst formats an identity run's headers in C (``(name, prefix, first)``,
+    IdentityRun.compiled): each message the same header the list form gives it."""
+    topic = unique_topic("ids")
+    mock_cluster.create_topic(topic, 1)
+    p = producer(mock_cluster, linger_ms=0, retries=0)
+    mock_cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.TOPIC_AUTHORIZATION_FAILED] * 64)
+    name, prefix, first = "pydory-id", b"web-7/9b2d4c0e7a1f3355/4/", 99_995
+    parsed: list[Any] = [(topic, b"", b"v%d" % i, 1_700_000_000_000 + i) for i in range(12)]
+    parsed[3] = None  # not this path's: skipped, yet its index keeps its identity
+    expected = identity_headers(name, prefix, first, len(parsed))
+    headers = (name, prefix, first) if form == "identity run" else expected
+    assert p._producer.produce_burst(parsed, headers, topic, 1 << 20, [(0, 11)], 7) == []
+    _, _, failures, _ = poll_until(p, lambda got: len(got[2]) >= 11)
+    got = {failure[4]: failure[6] for failure in failures}
+    assert got == {b"v%d" % i: expected[i] for i in range(12) if i != 3}
+    assert got[b"v5"] == [(name, b"web-7/9b2d4c0e7a1f3355/4/100000")]
+    p.close()
+
+
+def test_produce_burst_refuses_an_identity_run_it_cannot_format(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str]
+) -> None:
+    topic = unique_topic("bad")
+    p = producer(mock_cluster)
+    parsed = [(topic, b"", b"v", 0)]
+    for bad in [("n", "text", 0), ("n", b"p/", -1), ("n", b"p" * 201, 0), ("n", b"p/")]:
+        with pytest.raises((TypeError, ValueError)):
+            p._producer.produce_burst(parsed, bad, topic, 1 << 20, [(0, 1)], 1)
+    assert len(p) == 0
     p.close()
 
 

@@ -243,6 +243,21 @@ fail:
     return NULL;
 }
 
+/* PyLong_AsLongLong without its slow path: Python 3.11's converts an int of more than one
+ * 30-bit digit (every timestamp in ms) through _PyLong_AsByteArray, ~1 % of the daemon's
+ * samples (perf). The same value, or -1 with OverflowError set. */
+static long long
+as_long_long(PyObject *number)
+{
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+        return -1;
+    }
+    return value;
+}
+
 static int
 append_new(PyObject *list, PyObject *item)
 {
@@ -253,30 +268,78 @@ append_new(PyObject *list, PyObject *item)
     return rc;
 }
 
-/* One message to librdkafka, copied; its state kept as the message's opaque. 0, or
- * librdkafka's error code (then it holds nothing: neither the state nor the headers).
- * -1 with a Python exception set if the headers are not what produce() takes. */
+/* A burst's fresh identities (daemon/spool/identity.py's IdentityRun.compiled, ``(name,
+ * prefix, first)``): message ``index`` of the burst has the one header ``name: prefix +
+ * decimal(first + index)``, formatted here, with no Python object per message. */
+#define IDENTITY_PREFIX_MAX 200
+typedef struct {
+    const char *name;
+    Py_ssize_t name_size;
+    char value[IDENTITY_PREFIX_MAX + 24];
+    Py_ssize_t prefix_size;
+    long long first;
+} identity_run;
+
+static int
+identity_run_from(PyObject *tuple, identity_run *run)
+{
+    if (PyTuple_GET_SIZE(tuple) != 3 || !PyBytes_Check(PyTuple_GET_ITEM(tuple, 1)) ||
+        PyBytes_GET_SIZE(PyTuple_GET_ITEM(tuple, 1)) > IDENTITY_PREFIX_MAX) {
+        PyErr_SetString(PyExc_TypeError, "an identity run is (name, prefix: bytes, first)");
+        return -1;
+    }
+    run->name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(tuple, 0), &run->name_size);
+    run->first = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, 2));
+    if (run->name == NULL || (run->first == -1 && PyErr_Occurred()))
+        return -1;
+    if (run->first < 0) {
+        PyErr_SetString(PyExc_ValueError, "an identity run starts at a sequence >= 0");
+        return -1;
+    }
+    run->prefix_size = PyBytes_GET_SIZE(PyTuple_GET_ITEM(tuple, 1));
+    memcpy(run->value, PyBytes_AS_STRING(PyTuple_GET_ITEM(tuple, 1)), (size_t)run->prefix_size);
+    return 0;
+}
+
+static rd_kafka_headers_t *
+identity_header(identity_run *run, Py_ssize_t index)
+{
+    char digits[24];
+    int n = 0;
+    unsigned long long sequence = (unsigned long long)run->first + (unsigned long long)index;
+    do {
+        digits[n++] = (char)('0' + sequence % 10);
+        sequence /= 10;
+    } while (sequence);
+    char *at = run->value + run->prefix_size;
+    for (int i = 0; i < n; i++)
+        at[i] = digits[n - 1 - i];
+    rd_kafka_headers_t *headers = p_rd_kafka_headers_new(1);
+    p_rd_kafka_header_add(headers, run->name, run->name_size, run->value, run->prefix_size + n);
+    return headers;
+}
+
+/* One message to librdkafka, copied; its state kept as the message's opaque; ``headers``
+ * (or NULL) handed over. 0, or librdkafka's error code (then it holds nothing: neither
+ * the state nor the headers, which are destroyed). -1 with a Python exception set. */
 static long
 produce_one(Producer *self, const char *topic, int32_t partition, PyObject *value,
-            PyObject *key, long long timestamp_ms, PyObject *header_list, long long token,
-            PyObject *partition_key, int attempt, int maybe_in_kafka)
+            PyObject *key, long long timestamp_ms, rd_kafka_headers_t *headers,
+            long long token, PyObject *partition_key, int attempt, int maybe_in_kafka)
 {
-    if (self->rk == NULL) /* closed: refused like any message librdkafka cannot take */
+    if (self->rk == NULL) { /* closed: refused like any message librdkafka cannot take */
+        if (headers != NULL)
+            p_rd_kafka_headers_destroy(headers);
         return (long)RD_KAFKA_RESP_ERR__DESTROY;
+    }
     long long key_number = 0;
     if (partition_key != Py_None) {
         key_number = PyLong_AsLongLong(partition_key);
-        if (key_number == -1 && PyErr_Occurred())
-            return -1;
-    }
-    rd_kafka_headers_t *headers = NULL;
-    if (header_list != Py_None) {
-        if (!PyList_Check(header_list)) {
-            PyErr_SetString(PyExc_TypeError, "headers is a list or None");
+        if (key_number == -1 && PyErr_Occurred()) {
+            if (headers != NULL)
+                p_rd_kafka_headers_destroy(headers);
             return -1;
         }
-        if ((headers = headers_from(header_list)) == NULL)
-            return -1;
     }
     msg_state *state = malloc(sizeof *state);
     if (state == NULL) {
@@ -340,14 +403,23 @@ Producer_produce(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "value is bytes, key bytes or None");
         return NULL;
     }
-    long long timestamp_ms = PyLong_AsLongLong(args[4]);
+    long long timestamp_ms = as_long_long(args[4]);
     long long token = PyLong_AsLongLong(args[6]);
     long attempt = PyLong_AsLong(args[8]);
     int maybe_in_kafka = PyObject_IsTrue(args[9]);
     if (PyErr_Occurred())
         return NULL;
+    rd_kafka_headers_t *headers = NULL;
+    if (args[5] != Py_None) {
+        if (!PyList_Check(args[5])) {
+            PyErr_SetString(PyExc_TypeError, "headers is a list or None");
+            return NULL;
+        }
+        if ((headers = headers_from(args[5])) == NULL)
+            return NULL;
+    }
     long err = produce_one(self, topic, (int32_t)partition, args[2], args[3], timestamp_ms,
-                           args[5], token, args[7], (int)attempt, maybe_in_kafka);
+                           headers, token, args[7], (int)attempt, maybe_in_kafka);
     return err == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(err);
 }
 
@@ -370,7 +442,7 @@ short_path_fields(PyObject *item, PyObject *topic, long long max_data, PyObject 
         return 0;
     if (PyBytes_GET_SIZE(*key) + PyBytes_GET_SIZE(*value) > max_data)
         return 0;
-    *timestamp_ms = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 3));
+    *timestamp_ms = as_long_long(PyTuple_GET_ITEM(item, 3));
     return 1;
 }
 
@@ -378,7 +450,8 @@ short_path_fields(PyObject *item, PyObject *topic, long long max_data, PyObject 
  * message of ``parsed`` (parse_any_partition_burst's list) of ``topic`` whose key and
  * value fit ``max_data``, in order, to the partitions ``runs`` names ([(partition,
  * count)], the router's AnyPartition runs, exactly as many as there are such messages),
- * each with its headers (``headers[index]``, or none if headers is None), under
+ * each with its headers (``headers[index]``; an identity run's, see identity_run, if
+ * headers is the tuple ``(name, prefix, first)``; none if headers is None), under
  * ``token``: a first attempt of an AnyPartition message, as produce() would send it (an
  * empty key as none, a timestamp <= 0 as "now"). The ones librdkafka refused, with its
  * error codes. */
@@ -390,15 +463,20 @@ Producer_produce_burst(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *parsed = args[0], *headers = args[1], *topic = args[2], *runs = args[4];
-    if (!PyList_Check(parsed) || !(headers == Py_None || PyList_Check(headers)) ||
+    if (!PyList_Check(parsed) ||
+        !(headers == Py_None || PyList_Check(headers) || PyTuple_Check(headers)) ||
         !PyList_Check(runs) || !PyUnicode_Check(topic)) {
-        PyErr_SetString(PyExc_TypeError, "produce_burst(list, list | None, str, int, list, int)");
+        PyErr_SetString(PyExc_TypeError,
+                        "produce_burst(list, list | tuple | None, str, int, list, int)");
         return NULL;
     }
-    if (headers != Py_None && PyList_GET_SIZE(headers) < PyList_GET_SIZE(parsed)) {
+    if (PyList_Check(headers) && PyList_GET_SIZE(headers) < PyList_GET_SIZE(parsed)) {
         PyErr_SetString(PyExc_ValueError, "fewer headers than messages");
         return NULL;
     }
+    identity_run identities;
+    if (PyTuple_Check(headers) && identity_run_from(headers, &identities) < 0)
+        return NULL;
     const char *topic_name = PyUnicode_AsUTF8(topic);
     long long max_data = PyLong_AsLongLong(args[3]);
     long long token = PyLong_AsLongLong(args[5]);
@@ -434,11 +512,22 @@ Producer_produce_burst(Producer *self, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
         }
         left_in_run--;
-        PyObject *header_list = headers == Py_None ? Py_None : PyList_GET_ITEM(headers, i);
+        rd_kafka_headers_t *message_headers = NULL;
+        if (PyTuple_Check(headers))
+            message_headers = identity_header(&identities, i);
+        else if (headers != Py_None) {
+            PyObject *header_list = PyList_GET_ITEM(headers, i);
+            if (!PyList_Check(header_list) && header_list != Py_None) {
+                PyErr_SetString(PyExc_TypeError, "a message's headers are a list or None");
+                goto fail;
+            }
+            if (header_list != Py_None && (message_headers = headers_from(header_list)) == NULL)
+                goto fail;
+        }
         long err = produce_one(self, topic_name, partition, value,
                                PyBytes_GET_SIZE(key) ? key : Py_None,
-                               timestamp_ms > 0 ? timestamp_ms : 0, header_list, token, Py_None,
-                               1, 0);
+                               timestamp_ms > 0 ? timestamp_ms : 0, message_headers, token,
+                               Py_None, 1, 0);
         if (err == -1 && PyErr_Occurred())
             goto fail;
         if (err != 0 && append_new(refused, Py_BuildValue("(nl)", i, err)) < 0)

@@ -26,6 +26,7 @@ from pydory.daemon.delivery.compiled_producer import burst_topics
 from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.outcomes import EnqueueRefused, produce_refusal
 from pydory.daemon.delivery.router import Router
+from pydory.daemon.spool.identity import IdentityRun
 
 __all__ = ["BurstPath"]
 
@@ -77,15 +78,19 @@ class BurstPath:
         max_data: int,
     ) -> tuple[frozenset[str], int]:
         """Send what this path can of ``burst`` (``parsed``: its fields, a list; its
-        ``identities``: a list of headers per message, or None), adding the accepted
+        ``identities``: a list of headers per message, an IdentityRun, or None), adding the accepted
         messages to ``accepted`` per topic. The topics it took (their messages whose key
         and value fit ``max_data`` are done) and how many messages it took;
         ``(frozenset(), 0)`` if it took none."""
         nothing: tuple[frozenset[str], int] = (frozenset(), 0)
         if len(burst) < MIN_BURST or not isinstance(parsed, list) or self._msg_debug.active:
             return nothing
-        headers = identities if isinstance(identities, list) else None
-        if identities is not None and headers is None:
+        headers: list[Any] | tuple[str, bytes, int] | None
+        if isinstance(identities, IdentityRun):
+            headers = identities.compiled  # formatted in C, message by message
+        elif isinstance(identities, list) or identities is None:
+            headers = identities
+        else:
             return nothing  # an iterator of headers would be consumed: not this path
         pool = self._pool
         # A message costs at most its frame and the overhead: with room for all of that,
@@ -111,7 +116,7 @@ class BurstPath:
         count: int,
         data_bytes: int,
         parsed: list[Any],
-        headers: list[Any] | None,
+        headers: list[Any] | tuple[str, bytes, int] | None,
         max_data: int,
         accepted: dict[str, int],
     ) -> bool:

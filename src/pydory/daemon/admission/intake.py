@@ -204,7 +204,7 @@ class Intake:
         ids = self._ids
         if ids is None or not ids.headers:
             return [None] * len(burst)
-        fresh = ids.unspooled(len(burst))
+        fresh = ids.unspooled_run(len(burst))
         return fresh if origins is None else ids.replayed(origins, fresh)
 
     def admit_deferred(self) -> bool:

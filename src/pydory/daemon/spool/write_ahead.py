@@ -151,7 +151,7 @@ class WriteAhead:
 
     def begin_burst(
         self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
-    ) -> list[Headers | None]:
+    ) -> Sequence[Headers | None]:
         """Write ``burst`` ahead, in one write, before intake admits any of it; return
         each message's headers for ``produce`` (its identity). ``origins``: a replayed
         burst's first identities (None for one that had none)."""
@@ -166,16 +166,17 @@ class WriteAhead:
                 log.warning("spool: cannot write ahead (%s); messages go unprotected", error)
                 self._failing = True
             self._on_spool_trouble(error)
-            return self._headers(origins, self._ids.unspooled(len(burst)))
+            return self._headers(origins, self._ids.unspooled_run(len(burst)))
         if self._failing:
             log.warning("spool: writing ahead again")
             self._failing = False
         self._stream, self._first = self._spool.last_identity
-        return self._headers(origins, self._ids.spooled(self._stream, self._first, len(burst)))
+        fresh = self._ids.spooled_run(self._stream, self._first, len(burst))
+        return self._headers(origins, fresh)
 
     def _headers(
-        self, origins: Sequence[bytes | None] | None, fresh: list[Headers | None]
-    ) -> list[Headers | None]:
+        self, origins: Sequence[bytes | None] | None, fresh: Sequence[Headers | None]
+    ) -> Sequence[Headers | None]:
         return fresh if origins is None else self._ids.replayed(origins, fresh)
 
     def end_burst(self) -> None:
@@ -218,7 +219,7 @@ class WriteAhead:
         self.deferred_waiting.set()
         return True
 
-    def resume_deferred(self) -> tuple[list[bytes], list[Headers | None]] | None:
+    def resume_deferred(self) -> tuple[list[bytes], Sequence[Headers | None]] | None:
         """Read the oldest deferred burst back and begin admitting it (end with
         :meth:`end_burst`): its messages and their headers; None when none waits. A burst
         that cannot be read back stays in the spool for the next start, and is reported."""
@@ -237,7 +238,7 @@ class WriteAhead:
             self._burst_token = 0
             self._stream, self._first = burst.stream, burst.first
             self._resumed_generation = burst.generation
-            fresh = self._ids.spooled(burst.stream, burst.first, burst.count)
+            fresh = self._ids.spooled_run(burst.stream, burst.first, burst.count)
             origins = [frame.key or None for frame in frames]
             payloads = [frame.value for frame in frames]
             return payloads, self._headers(origins if any(origins) else None, fresh)
