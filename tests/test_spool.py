@@ -11,14 +11,17 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pydory.daemon.spool.disk_worker import DiskWorker
 from pydory.daemon.spool.errors import SpoolError, SpoolFull, SpoolInUse
 from pydory.daemon.spool.records import (
     FRAME_HEADER_BYTES,
@@ -854,6 +857,88 @@ def test_a_retired_segment_that_fails_its_sync_is_counted_not_raised(
     assert spool.outstanding == 4  # still held, and delivered, by the daemon
     monkeypatch.undo()
     spool.close()
+
+
+@pytest.fixture
+def synced_on(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(thread name, file name) of each fdatasync, fsync and unlink (the real calls run)."""
+    calls: list[tuple[str, str]] = []
+
+    def recording(real: Callable[[Any], None], by_path: bool) -> Callable[[Any], None]:
+        def call(target: Any) -> None:
+            name = target if by_path else os.readlink(f"/proc/self/fd/{target}")
+            calls.append((threading.current_thread().name, os.path.basename(name)))
+            real(target)
+
+        return call
+
+    monkeypatch.setattr(os, "fdatasync", recording(os.fdatasync, False))
+    monkeypatch.setattr(os, "fsync", recording(os.fsync, False))
+    monkeypatch.setattr(os, "unlink", recording(os.unlink, True))
+    return calls
+
+
+def test_with_a_disk_worker_the_syncs_and_deletions_leave_the_callers_thread(
+    spool_dir: Path, synced_on: list[tuple[str, str]]
+) -> None:
+    clock, worker = FakeClock(), DiskWorker()
+    spool = make_spool(
+        spool_dir, fsync_interval_ms=1000, segment_bytes=1, clock=clock, disk_worker=worker
+    )
+    spool.open()
+    first = spool.append(records(2))
+    spool.append(records(2))  # segment 1 retired, unsynced
+    clock.now += 1
+    assert spool.maybe_fsync()
+    spool.settle(first, 2)
+    worker.drain()
+    assert not segment_path(spool_dir, first).exists()
+    names = [name for thread, name in synced_on if thread == "pydory-spool-disk"]
+    one, two, mark = (segment_path(spool_dir, n).name for n in (1, 2, 1))
+    mark = mark.replace(".spool", ".acks")
+    # the interval's sync: both segments and the directory; then segment 1 deleted, the
+    # segment before its mark (a crash between them never leaves a segment unmarked)
+    assert sorted(names[:3]) == sorted([one, two, "spool"])
+    assert names[3:] == [one, mark]
+    assert [call for call in synced_on if call[0] != "pydory-spool-disk"] == []
+    spool.close()
+    _, recovered = recover_all(spool_dir)
+    assert recovered == records(2)
+
+
+def test_a_sync_the_worker_failed_retires_the_segment_at_the_next_append(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, worker = FakeClock(), DiskWorker()
+    spool = make_spool(spool_dir, fsync_interval_ms=1000, clock=clock, disk_worker=worker)
+    spool.open()
+    assert spool.append(records(2)) == 1
+
+    def eio(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", eio)
+    clock.now += 1
+    assert spool.maybe_fsync()
+    worker.drain()
+    monkeypatch.undo()
+    assert spool.errors_total == 1
+    assert spool.append(records(1, start=2)) == 2  # no more writes to segment 1
+    spool.close()
+    _, recovered = recover_all(spool_dir)
+    assert recovered == records(3)
+
+
+def test_closing_waits_for_the_workers_deletions(spool_dir: Path) -> None:
+    worker = DiskWorker()
+    spool = make_spool(spool_dir, segment_bytes=1, fsync_interval_ms=1000, disk_worker=worker)
+    spool.open()
+    ids = [spool.append(records(1, start=n)) for n in range(5)]
+    for segment_id in ids:
+        spool.settle(segment_id, 1)
+    spool.close()
+    assert list(spool_dir.glob("segment-*")) == []
+    assert worker.errors_total == 0
 
 
 def test_a_failed_fsync_unspools_the_burst_and_retires_the_segment(

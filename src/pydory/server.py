@@ -49,6 +49,7 @@ from pydory.daemon.inputs.input_set import InputSet, InputSwap, describe
 from pydory.daemon.inputs.stream import StreamInput
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome, ReloadPlan, plan_reload
+from pydory.daemon.spool.disk_worker import DiskWorker
 from pydory.daemon.spool.errors import SpoolError
 from pydory.daemon.spool.identity import MessageIds, new_incarnation, resolve_host_id
 from pydory.daemon.spool.segments import Spool
@@ -748,4 +749,5 @@ def _spool_of(config: Config) -> Spool | None:
         segment_bytes=spool.segment_bytes,
         max_bytes=spool.max_bytes,
         fsync_interval_ms=spool.fsync_interval_ms,
+        disk_worker=DiskWorker(),  # the interval's syncs and the deletions off the loop
     )

@@ -312,13 +312,15 @@ class AckMarks:
             return
         self.records_written += len(ranges)
 
-    def forget(self, segment_id: int, path: str) -> None:
-        """Segment ``segment_id`` was deleted or cut back to its header: so is its mark."""
+    def forget(self, segment_id: int, path: str, *, unlink: bool = True) -> None:
+        """Segment ``segment_id`` was deleted or cut back to its header: so is its mark
+        (``unlink=False``: its file is the caller's to delete)."""
         file = self._files.pop(segment_id, None)
         if file is not None:
             file.close()
-        with contextlib.suppress(OSError):  # a stale mark names an old stream: ignored
-            os.unlink(ack_path(path))
+        if unlink:
+            with contextlib.suppress(OSError):  # a stale mark names an old stream: ignored
+                os.unlink(ack_path(path))
 
     def fsync(self) -> int:
         """fsync the marks written since the last time; how many fsyncs were made."""

@@ -41,7 +41,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from pydory.daemon.spool.acks import ACK_SUFFIX, AckMarks
+from pydory.daemon.spool.acks import ACK_SUFFIX, AckMarks, ack_path
+from pydory.daemon.spool.disk_worker import DiskWorker
 from pydory.daemon.spool.errors import SpoolError, SpoolFull, SpoolInUse
 from pydory.daemon.spool.identity import new_incarnation
 from pydory.daemon.spool.lock_pid import read_pid, write_pid
@@ -87,10 +88,8 @@ class _Segment:
 class Spool:
     """A directory of append-only segment files holding accepted, unsettled messages.
 
-    ``fsync_interval_ms``: None = never fsync (the OS writes back: survives SIGKILL, not
-    a power cut); 0 = after every append; N = when N ms have passed since the last fsync,
-    checked on append and by ``maybe_fsync()`` (call it from a timer); see
-    :mod:`pydory.daemon.spool.syncing`.
+    ``fsync_interval_ms``: None = never, 0 = after every append, N = every N ms, checked on
+    append and by ``maybe_fsync()`` (call it from a timer): :mod:`pydory.daemon.spool.syncing`.
 
     ``max_bytes`` caps the bytes of the segments this process writes. Segments left by a
     previous run are not counted against it while they await replay: their records are
@@ -107,10 +106,13 @@ class Spool:
         fsync_interval_ms: int | None,
         clock: Callable[[], float] = time.monotonic,
         incarnation: int | None = None,
+        disk_worker: DiskWorker | None = None,
     ) -> None:
         if segment_bytes < 1 or max_bytes < 1:
             raise ValueError("segment_bytes and max_bytes must be positive")
-        self._sync = SegmentSync(directory, fsync_interval_ms, clock)
+        # The daemon's worker takes the interval's syncs and the deletions off its loop.
+        self._worker = disk_worker
+        self._sync = SegmentSync(directory, fsync_interval_ms, clock, disk_worker)
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
@@ -218,7 +220,7 @@ class Spool:
             self._retire(current)
         if self.fsync_interval_ms is not None:
             self._sync.sync(None)  # a current segment that failed, tried once more
-            self._sync.fsyncs_total += self._acks.fsync()
+            self._sync.counted(self._acks.fsync())
         self._acks.close()
         for segment in list(self._segments.values()):
             if segment.outstanding == 0:
@@ -226,6 +228,8 @@ class Spool:
                     self._delete(segment)
                 except SpoolError as exc:
                     failure = failure or exc
+        if self._worker is not None:
+            self._worker.close()  # its syncs and deletions done before the lock goes
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         finally:
@@ -283,7 +287,7 @@ class Spool:
         """fsync a segment recovery repaired, unless the policy is never."""
         if self.fsync_interval_ms is not None:
             os.fsync(fd)
-            self._sync.fsyncs_total += 1
+            self._sync.counted(1)
 
     # --- appending and settling ---------------------------------------------------------------
 
@@ -313,6 +317,7 @@ class Spool:
         if current is not None and (
             current.size >= self.segment_bytes
             or current.next_sequence + count > SEQUENCES_PER_SEGMENT
+            or self._sync.failed(current.id)  # the worker could not sync it
         ):
             self._retire(current)
             if current.outstanding == 0:
@@ -392,7 +397,7 @@ class Spool:
             return False
         if not self.fsync_interval_ms:  # never, or always (then nothing ever waits)
             return False
-        self._sync.fsyncs_total += self._acks.fsync()
+        self._sync.counted(self._acks.fsync())
         if not self._sync.due():
             return False
         current = self._current
@@ -514,8 +519,9 @@ class Spool:
 
     def _fsync(self, current: _Segment | None) -> None:
         """Sync what waits (:meth:`SegmentSync.sync`); SpoolError if ``current`` fails."""
+        open_current = None if current is None or current.fd is None else (current.id, current.fd)
         try:
-            self._sync.sync(None if current is None else current.fd)
+            self._sync.sync(open_current)
         except OSError as exc:
             assert current is not None
             raise self._error(f"cannot fsync spool segment [{current.path}]", exc) from exc
@@ -575,12 +581,19 @@ class Spool:
             self._retire(segment)
         self._sync.deleted(segment.id)
         self.before_fold(segment.id, segment.stream)
-        self._acks.forget(segment.id, segment.path)
+        del self._segments[segment.id]
+        self._live_bytes -= segment.size
+        # The segment before its mark: a crash between the two must not leave a segment
+        # without the mark of its settled frames (it would be replayed whole).
+        if self._worker is not None:
+            self._acks.forget(segment.id, segment.path, unlink=False)
+            self._worker.unlink([segment.path, ack_path(segment.path)])
+            return
         try:
             os.unlink(segment.path)
         except FileNotFoundError:
             pass
         except OSError as exc:
             raise self._error(f"cannot delete spool segment [{segment.path}]", exc) from exc
-        del self._segments[segment.id]
-        self._live_bytes -= segment.size
+        finally:
+            self._acks.forget(segment.id, segment.path)

@@ -21,26 +21,53 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from pydory.daemon.spool.disk_worker import DiskWorker, fsync_directory
+
 
 class SegmentSync:
-    """The fsync state of the spool's segments: which were written since their last fsync."""
+    """The fsync state of the spool's segments: which were written since their last fsync.
 
-    def __init__(self, directory: str, interval_ms: int | None, clock: Callable[[], float]) -> None:
+    With a ``worker`` (the daemon's), an interval's syncs run on its thread: the loop
+    hands over what waits and goes on (a duplicate of the current segment's descriptor,
+    the retired segments' own). Without one (tests, tools), they run here, in the call.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        interval_ms: int | None,
+        clock: Callable[[], float],
+        worker: DiskWorker | None = None,
+    ) -> None:
         if interval_ms is not None and interval_ms < 0:
             raise ValueError("fsync_interval_ms must be None or >= 0")
         self.directory = directory
         self.interval_ms = interval_ms
         self._clock = clock
+        self._worker = worker
         self._last_sync = clock()
         #: The current segment was written since its last fsync.
         self.current_dirty = False
         #: Segments no longer written, written since their last fsync: id -> their open fd.
         self._retired: dict[int, int] = {}
         self._new_names = False  # a segment created since the directory's last fsync
-        self.fsyncs_total = 0
-        """fsync calls made (segment data and the directory)."""
-        self.errors_total = 0
-        """fsyncs of retired segments or the directory that failed (counted, not raised)."""
+        self._fsyncs = 0
+        self._errors = 0
+
+    @property
+    def fsyncs_total(self) -> int:
+        """fsync calls made (segment data, the directory, acknowledgement marks)."""
+        return self._fsyncs + (self._worker.fsyncs_total if self._worker else 0)
+
+    @property
+    def errors_total(self) -> int:
+        """fsyncs of retired segments or the directory that failed (counted, not raised),
+        and the worker's failed syncs and deletions."""
+        return self._errors + (self._worker.errors_total if self._worker else 0)
+
+    def counted(self, fsyncs: int) -> None:
+        """``fsyncs`` made elsewhere in the spool (recovery, acknowledgement marks)."""
+        self._fsyncs += fsyncs
 
     @property
     def waiting(self) -> bool:
@@ -53,6 +80,17 @@ class SegmentSync:
             return False
         return self.interval_ms == 0 or (self._clock() - self._last_sync) * 1000 >= self.interval_ms
 
+    def failed(self, segment_id: int) -> bool:
+        """Whether the worker failed to sync ``segment_id`` since the last time asked: then
+        write no more to it (after a failed fsync the kernel may have dropped other dirty
+        pages of the file, and a later fsync may succeed anyway)."""
+        failed = self._worker.failed_segments if self._worker else None
+        if not failed:
+            return False
+        ids = set(failed)
+        failed.clear()  # the loop is the only reader
+        return segment_id in ids
+
     def created(self, fd: int) -> None:
         """A segment file was created and its header written to ``fd``. Raises OSError
         (``always`` only) if it cannot be synced."""
@@ -60,36 +98,53 @@ class SegmentSync:
             return
         if self.interval_ms == 0:  # an append's return promises its file's name durable
             os.fsync(fd)
-            self._sync_directory()
-            self.fsyncs_total += 1
+            fsync_directory(self.directory)
+            self._fsyncs += 2
             self._last_sync = self._clock()
         else:
             self.current_dirty = True
             self._new_names = True
 
-    def sync(self, current_fd: int | None) -> None:
-        """fsync what was written since its last fsync: the current segment (``current_fd``)
-        first, raising OSError if that fails (the caller writes no more to it); then the
-        retired segments (closed after) and the directory. Their failures are counted, not
-        raised: their messages are still held in memory and delivered, only a power cut
-        could now lose them."""
-        if current_fd is not None and self.current_dirty:
-            os.fdatasync(current_fd)
-            self.fsyncs_total += 1
+    def sync(self, current: tuple[int, int] | None) -> None:
+        """fsync what was written since its last fsync: the current segment (``current``:
+        its id and fd) first, raising OSError if that fails (the caller writes no more to
+        it); then the retired segments (closed after) and the directory. Their failures
+        are counted, not raised: their messages are still held in memory and delivered,
+        only a power cut could now lose them. On an interval with a worker, all of it is
+        handed to the worker's thread (a failure of the current one: ``failed``)."""
+        if self._worker is not None and self.interval_ms:
+            self._hand_over(current)
+            return
+        if current is not None and self.current_dirty:
+            os.fdatasync(current[1])
+            self._fsyncs += 1
             self.current_dirty = False
         retired, self._retired = self._retired, {}
         for fd in retired.values():
             try:
                 os.fdatasync(fd)
-                self.fsyncs_total += 1
+                self._fsyncs += 1
             except OSError:
-                self.errors_total += 1
+                self._errors += 1
             os.close(fd)
         if self._new_names:
             try:
-                self._sync_directory()
+                fsync_directory(self.directory)
+                self._fsyncs += 1
+                self._new_names = False
             except OSError:
-                self.errors_total += 1
+                self._errors += 1
+        self._last_sync = self._clock()
+
+    def _hand_over(self, current: tuple[int, int] | None) -> None:
+        assert self._worker is not None
+        fds = []
+        if current is not None and self.current_dirty:
+            fds.append((current[0], os.dup(current[1])))  # the worker's own, closed by it
+        fds.extend(self._retired.items())
+        self._worker.sync(fds, self.directory if self._new_names else None)
+        self._retired = {}
+        self.current_dirty = self._new_names = False
         self._last_sync = self._clock()
 
     def retired(self, segment_id: int, fd: int) -> None:
@@ -108,12 +163,7 @@ class SegmentSync:
         if fd is not None:
             os.close(fd)
 
-    def _sync_directory(self) -> None:
-        """The directory's entries (new segment names) survive a power cut."""
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.fsyncs_total += 1
-        self._new_names = False
+    def drain(self) -> None:
+        """Wait for the worker's syncs and deletions handed over so far (close, tests)."""
+        if self._worker is not None:
+            self._worker.drain()
