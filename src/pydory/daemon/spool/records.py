@@ -261,77 +261,31 @@ class FrameDecoder:
         return f"offset {self.base + offset}"
 
     def records(self) -> Iterator[SpoolRecord]:
-        if self.version == 1:
-            return self._records_v1()
-        return self._records_v2()
-
-    def _records_v2(self) -> Iterator[SpoolRecord]:
+        version_1 = self.version == 1
+        header_bytes = FRAME_HEADER_BYTES_V1 if version_1 else FRAME_HEADER_BYTES
+        read_header = self._header_v1 if version_1 else self._header_v2
         data = self.data
         view = memoryview(data)
         end = len(data)
         offset = self.offset
         topics = self.topics
-        unpack_frame = _FRAME.unpack_from
-        crc32 = zlib.crc32
-        marker = SYNC_MARKER
-        try:
-            while offset < end:
-                if end - offset < FRAME_HEADER_BYTES:
-                    self.needed = FRAME_HEADER_BYTES
-                    return
-                sync, sequence, length, crc = unpack_frame(data, offset)
-                if sync != marker:
-                    self.problem = f"no frame marker at {self._where(offset)}"
-                    return
-                expected = self.sequence
-                if expected is not None and sequence != expected:
-                    where = self._where(offset)
-                    self.problem = f"frame {sequence} at {where} where {expected} was due"
-                    return
-                if length < MIN_BODY_BYTES:
-                    self.problem = f"bad frame length {length} at {self._where(offset)}"
-                    return
-                body = offset + FRAME_HEADER_BYTES
-                frame_end = body + length
-                if frame_end > end:
-                    self.needed = FRAME_HEADER_BYTES + length
-                    return
-                if crc32(view[body:frame_end]) ^ sequence != crc:
-                    self.problem = f"bad CRC at {self._where(offset)}"
-                    return
-                record = _record_in(data, body, frame_end, topics)
-                if record is None:
-                    self.problem = f"inconsistent lengths in the frame at {self._where(offset)}"
-                    return
-                offset = frame_end
-                self.offset = offset
-                self.sequence = sequence + 1
-                yield record
-        finally:
-            self.offset = offset
-            view.release()
-
-    def _records_v1(self) -> Iterator[SpoolRecord]:
-        data = self.data
-        view = memoryview(data)
-        end = len(data)
-        offset = self.offset
-        topics = self.topics
-        unpack_frame = _FRAME_V1.unpack_from
         crc32 = zlib.crc32
         try:
             while offset < end:
-                if end - offset < FRAME_HEADER_BYTES_V1:
-                    self.needed = FRAME_HEADER_BYTES_V1
+                if end - offset < header_bytes:
+                    self.needed = header_bytes
                     return
-                length, crc = unpack_frame(data, offset)
+                header = read_header(data, offset)
+                if header is None:
+                    return
+                length, crc, sequence = header
                 if length < MIN_BODY_BYTES:
                     self.problem = f"bad frame length {length} at {self._where(offset)}"
                     return
-                body = offset + FRAME_HEADER_BYTES_V1
+                body = offset + header_bytes
                 frame_end = body + length
                 if frame_end > end:
-                    self.needed = FRAME_HEADER_BYTES_V1 + length
+                    self.needed = header_bytes + length
                     return
                 if crc32(view[body:frame_end]) != crc:
                     self.problem = f"bad CRC at {self._where(offset)}"
@@ -342,10 +296,30 @@ class FrameDecoder:
                     return
                 offset = frame_end
                 self.offset = offset
+                if sequence is not None:
+                    self.sequence = sequence + 1
                 yield record
         finally:
             self.offset = offset
             view.release()
+
+    def _header_v2(self, data: bytes, offset: int) -> tuple[int, int, int | None] | None:
+        """A frame header's body length, the CRC its body must have, and its number; None
+        (the problem said) if it has no marker or is not the frame due."""
+        sync, sequence, length, crc = _FRAME.unpack_from(data, offset)
+        if sync != SYNC_MARKER:
+            self.problem = f"no frame marker at {self._where(offset)}"
+            return None
+        expected = self.sequence
+        if expected is not None and sequence != expected:
+            self.problem = f"frame {sequence} at {self._where(offset)} where {expected} was due"
+            return None
+        return length, crc ^ sequence, sequence
+
+    def _header_v1(self, data: bytes, offset: int) -> tuple[int, int, int | None]:
+        """Version 1's frame header: no marker, no number."""
+        length, crc = _FRAME_V1.unpack_from(data, offset)
+        return length, crc, None
 
 
 def _record_in(data: bytes, start: int, end: int, topics: dict[bytes, str]) -> SpoolRecord | None:
