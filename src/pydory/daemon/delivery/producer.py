@@ -184,10 +184,11 @@ class ProducerHandle:
         producer = self.producer
         if producer is None:
             return KafkaError._DESTROY
+        callback: Callable[[Any, Any], None]
         if partition_key is not None or attempt > 1:
-            callback = self.identified_callback(
-                partition_key, attempt, token, timestamp_ms, maybe_in_kafka, headers
-            )
+            # What a resend needs: a delivery report gives back neither headers nor attempt.
+            identified = (partition_key, attempt, token, timestamp_ms, maybe_in_kafka, headers)
+            callback = functools.partial(self.on_delivery, *identified)
         elif headers is not None:  # a callback per message: the identity, for a resend
             callback = functools.partial(self.first_identified, token, timestamp_ms, headers)
         else:
@@ -218,22 +219,6 @@ class ProducerHandle:
             )
             self.first_attempt_callbacks[cache_key] = callback
         return callback
-
-    def identified_callback(
-        self,
-        partition_key: int | None,
-        attempt: int,
-        token: int,
-        timestamp_ms: int,
-        maybe_in_kafka: bool,
-        headers: Any,
-    ) -> Callable[[Any, Any], None]:
-        """The delivery callback of a message sent with ``headers`` (or of any attempt but
-        a headerless AnyPartition first one): it carries what a resend needs, since a
-        delivery report gives back neither the headers nor the attempt."""
-        return functools.partial(
-            self.on_delivery, partition_key, attempt, token, timestamp_ms, maybe_in_kafka, headers
-        )
 
     # -- callbacks: on the loop thread while running, on the closing thread after ----------
 
