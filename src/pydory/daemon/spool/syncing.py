@@ -87,8 +87,9 @@ class SegmentSync:
         failed = self._worker.failed_segments if self._worker else None
         if not failed:
             return False
-        ids = set(failed)
-        failed.clear()  # the loop is the only reader
+        ids = set()
+        while failed:  # popleft: the worker may append meanwhile
+            ids.add(failed.popleft())
         return segment_id in ids
 
     def created(self, fd: int) -> None:
