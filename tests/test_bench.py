@@ -226,6 +226,17 @@ def test_the_daemon_config_of_a_spool_variant(
     assert spool.fsync_interval_ms == fsync_ms
 
 
+def test_the_spool_segment_size_reaches_the_daemon_config(tmp_path: Path) -> None:
+    settings = BenchSettings(spool=("1000",), spool_segment_size="64m")
+    config = daemon_config(settings, "127.0.0.1:9092", tmp_path, spool="1000")
+    assert parse_config(config.render(), source="<bench>").spool.segment_bytes == 64 << 20
+    default = daemon_config(BenchSettings(spool=("1000",)), "127.0.0.1:9092", tmp_path, "1000")
+    assert parse_config(default.render(), source="<bench>").spool.segment_bytes == 4 << 20
+    for bad in ["", "0", "64x", "-4m"]:
+        with pytest.raises(ValueError, match="segment size"):
+            BenchSettings(spool_segment_size=bad)
+
+
 @pytest.mark.slow
 def test_a_tiny_run_measures_every_spool_variant_side_by_side(
     capsys: pytest.CaptureFixture[str],

@@ -76,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "side by side in every round: off (no spool), none, always, or an fsync interval in "
         "ms; e.g. off,none,1000 (default off)",
     )
+    parser.add_argument(
+        "--spool-segment-size",
+        default="4m",
+        metavar="SIZE",
+        help="the spool's segmentSize in those runs (default 4m; the daemon's own is 64m)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             profile_path=args.profile,
             daemon_source=args.daemon_src,
             spool=tuple(v.strip() for v in args.spool.split(",") if v.strip()),
+            spool_segment_size=args.spool_segment_size,
         )
     except ValueError as error:
         print(f"pydory bench: {error}", file=sys.stderr)

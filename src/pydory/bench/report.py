@@ -188,6 +188,7 @@ class BenchReport:
             "max_buffer": settings.max_buffer,
             "daemon_source": str(settings.daemon_source or "installed"),
             "spool": list(settings.spool),
+            "spool_segment_size": settings.spool_segment_size,
             "brokers": BROKERS,
             "partitions": PARTITIONS,
         }

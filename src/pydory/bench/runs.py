@@ -152,6 +152,7 @@ def daemon_config(
         shutdown_max_delay_ms=SHUTDOWN_MAX_DELAY_MS,
         spool_path=None if spool == "off" else str(workdir / "spool"),
         spool_fsync="none" if spool == "off" else spool,
+        spool_segment_size=settings.spool_segment_size,
         log_level="WARNING",
         log_to_stdout=True,
     )

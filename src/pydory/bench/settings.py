@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -51,6 +52,8 @@ class BenchSettings:
     #: The daemon's spool in each pydory run of a round, side by side: "off" (no spool),
     #: or the spool's fsync policy: "none", "always", or an interval in ms ("1000").
     spool: tuple[str, ...] = ("off",)
+    #: The spool's ``segmentSize`` (4m: more rotations than the product's 64m default).
+    spool_segment_size: str = "4m"
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -80,6 +83,8 @@ class BenchSettings:
                 raise ValueError(
                     f"spool variant {variant!r}: off, none, always, or an fsync interval in ms"
                 )
+        if not re.fullmatch(r"[1-9][0-9]*[kmg]?", self.spool_segment_size):
+            raise ValueError(f"spool segment size {self.spool_segment_size!r}: e.g. 4m, 64m")
         if self.daemon_source is not None and not (self.daemon_source / "pydory").is_dir():
             raise ValueError(f"{self.daemon_source} holds no pydory package")
 
