@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from pydory import wire
 from pydory.bench import workload
 from pydory.bench.child import BenchError, ChildProcess
 from pydory.bench.cli import main as bench_main
+from pydory.bench.daemon import DaemonProcess
 from pydory.bench.harness import round_order
 from pydory.bench.latency import percentile, summarize
 from pydory.bench.report import Spread
@@ -235,6 +237,24 @@ def test_the_spool_segment_size_reaches_the_daemon_config(tmp_path: Path) -> Non
     for bad in ["", "0", "64x", "-4m"]:
         with pytest.raises(ValueError, match="segment size"):
             BenchSettings(spool_segment_size=bad)
+
+
+def test_daemon_cpus_are_a_cpu_list_and_pin_the_daemon(tmp_path: Path) -> None:
+    assert BenchSettings(daemon_cpus="0,1").daemon_cpus == "0,1"
+    for bad in ["", "a", "0;1", "-1"]:
+        with pytest.raises(ValueError, match="daemon cpus"):
+            BenchSettings(daemon_cpus=bad)
+    config = daemon_config(BenchSettings(), "127.0.0.1:9092", tmp_path)
+    assert DaemonProcess(config, tmp_path, cpus="0").command[:3] == ["taskset", "-c", "0"]
+    assert DaemonProcess(config, tmp_path).command[0] == sys.executable
+
+
+@pytest.mark.slow
+def test_a_tiny_run_with_the_daemon_on_one_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--transport", "stream", "-n", "2000", "--rounds", "1", "--no-baselines"]
+    assert bench_main([*argv, "--daemon-cpus", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["daemon_cpus"], report["delivered"], report["discarded"]) == ("0", 2000, 0)
 
 
 @pytest.mark.slow

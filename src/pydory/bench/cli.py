@@ -82,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="the spool's segmentSize in those runs (default 4m; the daemon's own is 64m)",
     )
+    parser.add_argument(
+        "--daemon-cpus",
+        metavar="LIST",
+        help="run pydory serve on these CPUs only (taskset -c LIST, e.g. 0); default: any",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -103,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             daemon_source=args.daemon_src,
             spool=tuple(v.strip() for v in args.spool.split(",") if v.strip()),
             spool_segment_size=args.spool_segment_size,
+            daemon_cpus=args.daemon_cpus,
         )
     except ValueError as error:
         print(f"pydory bench: {error}", file=sys.stderr)

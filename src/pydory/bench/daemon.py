@@ -47,11 +47,19 @@ class DaemonProcess:
 
     ``source``: a directory holding the ``pydory`` package to run instead of the installed
     one (put first on the daemon's PYTHONPATH), e.g. ``src`` of another checkout.
+    ``cpus``: the CPUs the daemon may run on (``taskset -c``; None: any).
     """
 
-    def __init__(self, config: DaemonConfig, workdir: Path, source: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        workdir: Path,
+        source: Path | None = None,
+        cpus: str | None = None,
+    ) -> None:
         self.config = config
         self._source = source
+        self._pinned = [] if cpus is None else ["taskset", "-c", cpus]
         self._config_path = workdir / "pydory.xml"
         self._stderr_path = workdir / "pydory.stderr"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -67,7 +75,7 @@ class DaemonProcess:
         self._config_path.write_text(self.config.render())
         with open(self._stderr_path, "wb") as stderr:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "pydory", "serve", "--config-path", str(self._config_path)],
+                self.command,
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,
@@ -85,6 +93,12 @@ class DaemonProcess:
                     f"pydory was not ready after {timeout_s:.0f} s{self.stderr_tail()}"
                 )
             time.sleep(STARTUP_POLL_S)
+
+    @property
+    def command(self) -> list[str]:
+        """The daemon's command line (under ``taskset`` when pinned)."""
+        serve = [sys.executable, "-m", "pydory", "serve", "--config-path", str(self._config_path)]
+        return [*self._pinned, *serve]
 
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -189,6 +189,7 @@ class BenchReport:
             "daemon_source": str(settings.daemon_source or "installed"),
             "spool": list(settings.spool),
             "spool_segment_size": settings.spool_segment_size,
+            "daemon_cpus": settings.daemon_cpus,
             "brokers": BROKERS,
             "partitions": PARTITIONS,
         }

@@ -176,7 +176,7 @@ def run_pydory(
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(_mock_cluster())
         config = daemon_config(settings, cluster.bootstrap_servers, workdir, spool)
-        daemon = DaemonProcess(config, workdir, settings.daemon_source)
+        daemon = DaemonProcess(config, workdir, settings.daemon_source, settings.daemon_cpus)
         stack.callback(daemon.stop)
         daemon.start(STARTUP_TIMEOUT_S)
         idle_rss = procfs.memory_mb(daemon.pid, "VmRSS")

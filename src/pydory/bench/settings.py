@@ -54,6 +54,8 @@ class BenchSettings:
     spool: tuple[str, ...] = ("off",)
     #: The spool's ``segmentSize`` (4m: more rotations than the product's 64m default).
     spool_segment_size: str = "4m"
+    #: The CPUs pydory serve may use (``taskset -c`` list, e.g. "0"); None: any.
+    daemon_cpus: str | None = None
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -85,6 +87,9 @@ class BenchSettings:
                 )
         if not re.fullmatch(r"[1-9][0-9]*[kmg]?", self.spool_segment_size):
             raise ValueError(f"spool segment size {self.spool_segment_size!r}: e.g. 4m, 64m")
+        cpus = self.daemon_cpus
+        if cpus is not None and not re.fullmatch(r"[0-9]+([,-][0-9]+)*", cpus):
+            raise ValueError(f"daemon cpus {self.daemon_cpus!r}: a CPU list, e.g. 0 or 0,1")
         if self.daemon_source is not None and not (self.daemon_source / "pydory").is_dir():
             raise ValueError(f"{self.daemon_source} holds no pydory package")
 
