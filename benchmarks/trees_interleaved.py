@@ -10,7 +10,8 @@ change of load on the machine falls on every tree alike. Not a test.
 Each run is one `python -m pydory.bench -r 1 --no-baselines --json --daemon-src TREE`;
 its JSON goes to --output as one line (with the tree's and the cell's names), and the
 table of medians (min-max) is printed in Markdown at the end (--render-only: from FILE).
-A tree may be run with extra environment (``--tree pure=src:PYDORY_PURE_PYTHON=1``).
+A tree may be run with extra environment (``--tree pure=src:PYDORY_PURE_PYTHON=1``), and
+on chosen CPUs (``--tree one-cpu=src:cpus=0``: `pydory bench --daemon-cpus 0`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def run_one(
         "--daemon-src", str(Path(directory).resolve()),
     ]  # fmt: skip
     env = {**os.environ, **extra_env}
+    if "cpus" in extra_env:  # not environment: where the daemon runs
+        command += ["--daemon-cpus", env.pop("cpus")]
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     result: dict[str, Any] = json.loads(out.stdout)
     if args.spool != "off":  # the one spool variant's figures under the usual names
