@@ -11,7 +11,8 @@ Each run is one `python -m pydory.bench -r 1 --no-baselines --json --daemon-src 
 its JSON goes to --output as one line (with the tree's and the cell's names), and the
 table of medians (min-max) is printed in Markdown at the end (--render-only: from FILE).
 A tree may be run with extra environment (``--tree pure=src:PYDORY_PURE_PYTHON=1``), and
-on chosen CPUs (``--tree one-cpu=src:cpus=0``: `pydory bench --daemon-cpus 0`).
+on chosen CPUs (``--tree one-cpu=src:cpus=0``: `pydory bench --daemon-cpus 0`; a range,
+not a comma list: ``cpus=0-1``).
 """
 
 from __future__ import annotations
