@@ -5,8 +5,9 @@ On a real disk an ``fdatasync`` of a segment written for a second, or the ``unli
 settled 64 MiB segment (the kernel drops its pages), takes 10-20 ms (measured: strace
 -T, stream 64/write at 1.1M msgs/s). On the loop thread every input waits that long,
 and a datagram socket's queue can overflow meanwhile. Here they run beside the loop,
-which never waits for them but at ``close`` (``drain``): a slow or hung disk delays the
-spool's syncs and deletions, never the reading.
+which never waits for them but at ``close`` (``drain``): a slow disk delays the
+segments' syncs and deletions, not the reading (the acknowledgement marks' small syncs
+stay on the loop: :mod:`pydory.daemon.spool.acks`).
 
 What is handed over is owned by the worker from then on: file descriptors (closed by it
 after their sync) and paths (unlinked in order: a segment before its acknowledgement
