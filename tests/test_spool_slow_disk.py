@@ -1,0 +1,72 @@
+"""A slow disk delays the spool's syncs and deletions, not the reading: the interval's
+fsyncs run on the spool's disk worker (``pydory-spool-disk``), so a daemon whose segment
+fsync hangs keeps reading, writing ahead and delivering, and settles everything once the
+disk answers. The daemon runs in this process, so the test can hold ``os.fdatasync``
+on that thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import settled, wait_until
+from pydory.client import UnixStreamSender
+from pydory.testing.daemon import running_daemon
+from pydory.testing.daemon_config import DaemonConfig
+from pydory.testing.mock_cluster import MockCluster
+from pydory.wire import encode_any_partition
+
+DISK_WORKER = "pydory-spool-disk"
+
+
+@pytest.fixture
+def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("s", numbered=True))  # UNIX paths: keep them short
+
+
+def test_a_hung_segment_fsync_delays_no_message(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topic = unique_topic("slow-disk")
+    mock_cluster.create_topic(topic, 2)
+    disk_answers, worker_waits = threading.Event(), threading.Event()
+    real_fdatasync = os.fdatasync
+
+    def hung_on_the_disk_worker(fd: int) -> None:
+        if threading.current_thread().name == DISK_WORKER:
+            worker_waits.set()
+            disk_answers.wait(120)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", hung_on_the_disk_worker)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        socket_dir,
+        spool_path=str(tmp_path / "spool"),
+        spool_fsync="100",
+        spool_segment_size="4k",  # rotations, so that settled segments wait to be deleted
+    )
+    with running_daemon(config) as daemon, UnixStreamSender(config.stream_path) as sender:
+        try:
+            sender.send_many(encode_any_partition(topic, b"a%05d" % n) for n in range(200))
+            wait_until(worker_waits.is_set, what="the disk worker's first fsync")
+            # The worker is stuck in fdatasync: the daemon reads, writes ahead, delivers.
+            sender.send_many(encode_any_partition(topic, b"b%05d" % n) for n in range(2000))
+            wait_until(settled(daemon, topic, 2200), what="delivery while the fsync hangs")
+            books = daemon.snapshot()["topics"][topic]
+            assert (books["accepted"], books["delivered"]) == (2200, 2200)
+            spool = daemon.server.spool
+            assert spool is not None
+            assert daemon.call(lambda: spool.outstanding) == 0
+        finally:
+            disk_answers.set()
+    spool_files = sorted(p.name for p in (tmp_path / "spool").glob("segment-*"))
+    assert spool_files == []  # the stop waited for the worker's deletions
