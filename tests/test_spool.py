@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pydory.daemon.spool.acks import AckMarks
 from pydory.daemon.spool.disk_worker import DiskWorker
 from pydory.daemon.spool.errors import SpoolError, SpoolFull, SpoolInUse
 from pydory.daemon.spool.records import (
@@ -927,6 +928,34 @@ def test_a_sync_the_worker_failed_retires_the_segment_at_the_next_append(
     spool.close()
     _, recovered = recover_all(spool_dir)
     assert recovered == records(3)
+
+
+def test_with_a_disk_worker_a_mark_is_synced_there_and_a_failed_one_written_no_more(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool_dir.mkdir()
+    worker, disk_answers = DiskWorker(), threading.Event()
+    marks = AckMarks(7, worker)
+    segment = str(segment_path(spool_dir, 1))
+    marks.mark(1, segment, 1, [(0, 2)])
+    calls: list[str] = []
+
+    def hung_then_failing(fd: int) -> None:
+        calls.append(threading.current_thread().name)
+        disk_answers.wait(60)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", hung_then_failing)
+    assert marks.fsync() == 0  # handed over: returns while the disk hangs
+    disk_answers.set()
+    worker.drain()
+    assert calls == ["pydory-spool-disk"]
+    assert worker.errors_total == 1
+    before = Path(segment.replace(".spool", ".acks")).stat().st_size
+    marks.mark(1, segment, 1, [(2, 2)])  # after the failed fsync: not written
+    assert Path(segment.replace(".spool", ".acks")).stat().st_size == before
+    marks.close()
+    worker.close()
 
 
 def test_closing_waits_for_the_workers_deletions(spool_dir: Path) -> None:

@@ -48,6 +48,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pydory.daemon.spool.disk_worker import DiskWorker
 from pydory.daemon.spool.errors import SpoolError
 from pydory.daemon.spool.tallies import BadTally, Tally, add, decode_tally, encode_tally, merge
 
@@ -272,10 +273,12 @@ def read_ack_mark(
 
 class AckMarks:
     """The marks of this run's segments: one file per segment, created at its first mark,
-    appended with ``os.write``, fsynced on the spool's interval, deleted with it."""
+    appended with ``os.write``, fsynced on the spool's interval (on the daemon's disk
+    worker, if given one), deleted with it."""
 
-    def __init__(self, incarnation: int) -> None:
+    def __init__(self, incarnation: int, worker: DiskWorker | None = None) -> None:
         self.incarnation = incarnation
+        self._worker = worker
         self._files: dict[int, _AckFile] = {}
         self.records_written = 0
         self.errors = 0
@@ -296,6 +299,8 @@ class AckMarks:
                 file.close()
             header = encode_ack_header(segment_id, self.incarnation, stream)
             file = self._files[segment_id] = _AckFile(ack_path(path), stream, header)
+        if self._worker is not None and self._worker.failed_marks:
+            self._broken_by_worker()
         if file.broken:
             return
         try:
@@ -323,7 +328,21 @@ class AckMarks:
                 os.unlink(ack_path(path))
 
     def fsync(self) -> int:
-        """fsync the marks written since the last time; how many fsyncs were made."""
+        """fsync the marks written since the last time; how many fsyncs were made here
+        (with a worker: none, the worker syncs duplicates of their descriptors)."""
+        if self._worker is not None:
+            handed = []
+            for segment_id, file in self._files.items():
+                if file.dirty and file.fd is not None and not file.broken:
+                    try:
+                        handed.append((segment_id, os.dup(file.fd)))  # closed by the worker
+                    except OSError:  # out of descriptors: synced next time
+                        self.errors += 1
+                        continue
+                    file.dirty = False
+            if handed:
+                self._worker.sync_marks(handed)
+            return 0
         done = 0
         for file in self._files.values():
             if file.dirty and file.fd is not None and not file.broken:
@@ -341,6 +360,16 @@ class AckMarks:
         for file in self._files.values():
             file.close()
         self._files.clear()
+
+    def _broken_by_worker(self) -> None:
+        """After a failed fsync, write no more to that mark (the kernel may have dropped
+        its dirty pages: a later fsync could succeed over a hole)."""
+        assert self._worker is not None
+        failed = self._worker.failed_marks
+        while failed:
+            file = self._files.get(failed.popleft())
+            if file is not None:
+                file.broken = True
 
 
 class _AckFile:

@@ -6,8 +6,7 @@ settled 64 MiB segment (the kernel drops its pages), takes 10-20 ms (measured: s
 -T, stream 64/write at 1.1M msgs/s). On the loop thread every input waits that long,
 and a datagram socket's queue can overflow meanwhile. Here they run beside the loop,
 which never waits for them but at ``close`` (``drain``): a slow disk delays the
-segments' syncs and deletions, not the reading (the acknowledgement marks' small syncs
-stay on the loop: :mod:`pydory.daemon.spool.acks`).
+segments' and acknowledgement marks' syncs and the deletions, not the reading.
 
 What is handed over is owned by the worker from then on: file descriptors (closed by it
 after their sync) and paths (unlinked in order: a segment before its acknowledgement
@@ -43,10 +42,16 @@ class DiskWorker:
         self.errors_total = 0  # written by the worker thread only
         #: Segment ids whose fsync failed: the loop writes no more to them (``failed``).
         self.failed_segments: deque[int] = deque()
+        #: Segment ids whose acknowledgement mark's fsync failed: no more marks to it.
+        self.failed_marks: deque[int] = deque()
 
     def sync(self, fds: Sequence[tuple[int, int]], directory: str | None) -> None:
         """fdatasync then close each ``(segment id, fd)``; then fsync ``directory``."""
         self._submit(lambda: self._sync(fds, directory))
+
+    def sync_marks(self, fds: Sequence[tuple[int, int]]) -> None:
+        """fdatasync then close each ``(segment id, fd)`` of an acknowledgement mark."""
+        self._submit(lambda: self._sync_each(fds, self.failed_marks, "acknowledgement mark"))
 
     def unlink(self, paths: Sequence[str]) -> None:
         """Remove ``paths``, in order (one already gone is not an error)."""
@@ -83,16 +88,7 @@ class DiskWorker:
                 log.exception("spool: a disk job failed")  # or drain() would wait forever
 
     def _sync(self, fds: Sequence[tuple[int, int]], directory: str | None) -> None:
-        for segment_id, fd in fds:
-            try:
-                os.fdatasync(fd)
-                self.fsyncs_total += 1
-            except OSError as exc:
-                self.errors_total += 1
-                self.failed_segments.append(segment_id)
-                log.warning("spool: cannot fsync segment %d: %s", segment_id, exc.strerror)
-            finally:
-                os.close(fd)
+        self._sync_each(fds, self.failed_segments, "segment")
         if directory is not None:
             try:
                 fsync_directory(directory)
@@ -100,6 +96,18 @@ class DiskWorker:
             except OSError as exc:
                 self.errors_total += 1
                 log.warning("spool: cannot fsync [%s]: %s", directory, exc.strerror)
+
+    def _sync_each(self, fds: Sequence[tuple[int, int]], failed: deque[int], what: str) -> None:
+        for segment_id, fd in fds:
+            try:
+                os.fdatasync(fd)
+                self.fsyncs_total += 1
+            except OSError as exc:
+                self.errors_total += 1
+                failed.append(segment_id)
+                log.warning("spool: cannot fsync %s %d: %s", what, segment_id, exc.strerror)
+            finally:
+                os.close(fd)
 
     def _unlink(self, paths: Sequence[str]) -> None:
         for path in paths:

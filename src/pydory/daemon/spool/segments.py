@@ -121,7 +121,7 @@ class Spool:
         #: This run, in its segments' headers (the identity of their messages).
         self.incarnation = new_incarnation() if incarnation is None else incarnation
         self._next_stream = 1
-        self._acks = AckMarks(self.incarnation)
+        self._acks = AckMarks(self.incarnation, disk_worker)
         #: Called just before a stream's marks go (deleted, cut back): its tally folded.
         self.before_fold: Callable[[int, int], None] = lambda segment_id, stream: None
         #: ``(stream, first sequence)`` of the last append's frames.
