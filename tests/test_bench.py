@@ -249,6 +249,13 @@ def test_daemon_cpus_are_a_cpu_list_and_pin_the_daemon(tmp_path: Path) -> None:
     assert DaemonProcess(config, tmp_path).command[0] == sys.executable
 
 
+def test_identity_headers_can_be_turned_off_for_a_run(tmp_path: Path) -> None:
+    for headers in (True, False):
+        settings = BenchSettings(identity_headers=headers)
+        config = parse_config(daemon_config(settings, "127.0.0.1:9092", tmp_path).render(), "<b>")
+        assert config.message_identity.headers is headers
+
+
 @pytest.mark.slow
 def test_a_tiny_run_with_the_daemon_on_one_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--transport", "stream", "-n", "2000", "--rounds", "1", "--no-baselines"]

@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="run pydory serve on these CPUs only (taskset -c LIST, e.g. 0); default: any",
     )
+    parser.add_argument(
+        "--no-identity-headers",
+        action="store_true",
+        help="pydory sends no pydory-id header (<messageIdentity><headers enable=false>)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -109,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             spool=tuple(v.strip() for v in args.spool.split(",") if v.strip()),
             spool_segment_size=args.spool_segment_size,
             daemon_cpus=args.daemon_cpus,
+            identity_headers=not args.no_identity_headers,
         )
     except ValueError as error:
         print(f"pydory bench: {error}", file=sys.stderr)

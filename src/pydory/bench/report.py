@@ -190,6 +190,7 @@ class BenchReport:
             "spool": list(settings.spool),
             "spool_segment_size": settings.spool_segment_size,
             "daemon_cpus": settings.daemon_cpus,
+            "identity_headers": settings.identity_headers,
             "brokers": BROKERS,
             "partitions": PARTITIONS,
         }

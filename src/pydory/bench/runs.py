@@ -153,6 +153,7 @@ def daemon_config(
         spool_path=None if spool == "off" else str(workdir / "spool"),
         spool_fsync="none" if spool == "off" else spool,
         spool_segment_size=settings.spool_segment_size,
+        identity_headers=settings.identity_headers,
         log_level="WARNING",
         log_to_stdout=True,
     )

@@ -56,6 +56,8 @@ class BenchSettings:
     spool_segment_size: str = "4m"
     #: The CPUs pydory serve may use (``taskset -c`` list, e.g. "0"); None: any.
     daemon_cpus: str | None = None
+    #: Whether pydory sends each message's ``pydory-id`` header (its default: yes).
+    identity_headers: bool = True
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
