@@ -71,7 +71,7 @@ def test_acknowledgements_are_summed_per_token_and_topic_with_their_bytes(
         key = b"k%d" % i if i % 3 else None
         value = b"v" * (i % 50)
         headers = [("pydory-id", b"h%d" % i)] if i % 5 else None
-        assert p.produce(topic, -1, value, key, 0, headers, token, None, 1, False) == 0
+        assert p.produce(topic, -1, value, key, 0, None, 1, token, False, headers) == 0
         entry = expected.setdefault((token, topic), [0, 0])
         entry[0] += 1
         entry[1] += len(value) + len(key or b"")
@@ -93,7 +93,7 @@ def test_each_acknowledgement_on_its_own_gives_the_timestamp_it_was_sent_with(
     p = producer(mock_cluster)
     sent = {(b"v%d" % i, 1_700_000_000_000 + i, i % 4) for i in range(200)}
     for value, timestamp_ms, token in sent:
-        assert p.produce(topic, -1, value, b"k", timestamp_ms, None, token, None, 1, False) == 0
+        assert p.produce(topic, -1, value, b"k", timestamp_ms, None, 1, token, False, None) == 0
     sums, each, _, _ = poll_until(p, lambda got: len(got[1]) >= 200, each_ack=True)
     assert sums == []
     assert {(value, timestamp_ms, token) for _, _, _, value, timestamp_ms, token in each} == sent
@@ -109,7 +109,7 @@ def test_a_failure_comes_back_with_what_a_resend_needs(
     p = producer(mock_cluster, linger_ms=0, retries=0)
     mock_cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.TOPIC_AUTHORIZATION_FAILED])
     headers = [("pydory-id", b"host/1/7")]
-    assert p.produce(topic, 0, b"doomed", b"key", 1234, headers, 42, 99, 3, True) == 0
+    assert p.produce(topic, 0, b"doomed", b"key", 1234, 99, 3, 42, True, headers) == 0
     _, _, failures, _ = poll_until(p, lambda got: bool(got[2]))
     (failure,) = failures
     code, failed_topic, partition, key, value, timestamp_ms, got_headers = failure[:7]
@@ -175,17 +175,17 @@ def test_produce_refuses_with_librdkafkas_code_and_holds_nothing(
     topic = unique_topic("refuse")
     mock_cluster.create_topic(topic, 2)
     p = producer(mock_cluster, message_max_bytes=2000)
-    assert p.produce(topic, 0, b"first", None, 0, None, 0, None, 1, False) == 0
+    assert p.produce(topic, 0, b"first", None, 0, None, 1, 0, False, None) == 0
     poll_until(p, lambda got: bool(got[0]))  # acknowledged: the topic's metadata is known
-    assert p.produce(topic, 7, b"x", None, 0, None, 0, None, 1, False) == (
+    assert p.produce(topic, 7, b"x", None, 0, None, 1, 0, False, None) == (
         KafkaError._UNKNOWN_PARTITION
     )
-    assert p.produce(topic, 0, b"x" * 5000, None, 0, None, 0, None, 1, False) == (
+    assert p.produce(topic, 0, b"x" * 5000, None, 0, None, 1, 0, False, None) == (
         KafkaError.MSG_SIZE_TOO_LARGE
     )
     assert len(p) == 0
     p.close()
-    assert p.produce(topic, 0, b"x", None, 0, None, 0, None, 1, False) == KafkaError._DESTROY
+    assert p.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == KafkaError._DESTROY
     assert len(p) == 0
 
 
@@ -207,7 +207,7 @@ def test_statistics_errors_and_log_lines_come_through_the_poll(
     logger = logging.getLogger("pydory.test.librdkafka")
     p = producer(mock_cluster, statistics_interval_ms=100, debug="msg", logger=logger)
     assert p.logger is logger
-    assert p.produce(topic, 0, b"x", None, 0, None, 0, None, 1, False) == 0
+    assert p.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == 0
     _, _, _, events = poll_until(
         p, lambda got: {"stats", "log"} <= {event[0] for event in got[3]} and bool(got[0])
     )
@@ -235,7 +235,7 @@ def test_a_purge_reports_every_message_held_as_purged_exactly_once(
     mock_cluster.create_topic(topic, 1)
     p = producer(mock_cluster, linger_ms=60_000, batch_num_messages=100_000)
     for i in range(500):
-        assert p.produce(topic, 0, b"v%d" % i, None, 0, None, i, None, 1, False) == 0
+        assert p.produce(topic, 0, b"v%d" % i, None, 0, None, 1, i, False, None) == 0
     assert len(p) == 500
     p.purge()
     _, _, failures, _ = poll_until(p, lambda got: len(got[2]) >= 500)

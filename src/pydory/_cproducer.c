@@ -383,9 +383,10 @@ produce_one(Producer *self, const char *topic, int32_t partition, PyObject *valu
     return (long)err;
 }
 
-/* produce(topic, partition, value, key, timestamp_ms, headers, token, partition_key,
- *         attempt, maybe_in_kafka) -> 0, or librdkafka's error code (the message was
- * refused and is not held: the caller decides what that means). */
+/* produce(topic, partition, value, key, timestamp_ms, partition_key, attempt, token,
+ *         maybe_in_kafka, headers) -> 0, or librdkafka's error code (the message was
+ * refused and is not held: the caller decides what that means). Dispatcher.send's
+ * fields, in its order. */
 static PyObject *
 Producer_produce(Producer *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -404,22 +405,23 @@ Producer_produce(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     long long timestamp_ms = as_long_long(args[4]);
-    long long token = PyLong_AsLongLong(args[6]);
-    long attempt = PyLong_AsLong(args[8]);
-    int maybe_in_kafka = PyObject_IsTrue(args[9]);
+    PyObject *partition_key = args[5];
+    long attempt = PyLong_AsLong(args[6]);
+    long long token = PyLong_AsLongLong(args[7]);
+    int maybe_in_kafka = PyObject_IsTrue(args[8]);
     if (PyErr_Occurred())
         return NULL;
     rd_kafka_headers_t *headers = NULL;
-    if (args[5] != Py_None) {
-        if (!PyList_Check(args[5])) {
+    if (args[9] != Py_None) {
+        if (!PyList_Check(args[9])) {
             PyErr_SetString(PyExc_TypeError, "headers is a list or None");
             return NULL;
         }
-        if ((headers = headers_from(args[5])) == NULL)
+        if ((headers = headers_from(args[9])) == NULL)
             return NULL;
     }
     long err = produce_one(self, topic, (int32_t)partition, args[2], args[3], timestamp_ms,
-                           headers, token, args[7], (int)attempt, maybe_in_kafka);
+                           headers, token, partition_key, (int)attempt, maybe_in_kafka);
     return err == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(err);
 }
 
@@ -884,8 +886,8 @@ Producer_len(Producer *self)
 
 static PyMethodDef Producer_methods[] = {
     {"produce", (PyCFunction)(void (*)(void))Producer_produce, METH_FASTCALL,
-     "produce(topic, partition, value, key, timestamp_ms, headers, token, partition_key, "
-     "attempt, maybe_in_kafka) -> 0 or librdkafka's error code"},
+     "produce(topic, partition, value, key, timestamp_ms, partition_key, attempt, token, "
+     "maybe_in_kafka, headers) -> 0 or librdkafka's error code"},
     {"produce_burst", (PyCFunction)(void (*)(void))Producer_produce_burst, METH_FASTCALL,
      "produce_burst(parsed, headers, topic, max_data, runs, token) -> [(index, code)]"},
     {"poll", (PyCFunction)(void (*)(void))Producer_poll, METH_FASTCALL,

@@ -13,11 +13,11 @@ class Producer:
         value: bytes,
         key: bytes | None,
         timestamp_ms: int,
-        headers: list[tuple[str, str | bytes | None]] | None,
-        token: int,
         partition_key: int | None,
         attempt: int,
+        token: int,
         maybe_in_kafka: bool,
+        headers: list[tuple[str, str | bytes | None]] | None,
     ) -> int: ...
     def poll(
         self, timeout_s: float, each_ack: bool

@@ -157,8 +157,8 @@ class CompiledProducer:
         except ValueError as error:  # librdkafka refused a property: its own words
             raise KafkaException(KafkaError(KafkaError._INVALID_ARG, str(error))) from None
         #: The C call itself, bound once: ``produce(topic, partition, value, key,
-        #: timestamp_ms, headers, token, partition_key, attempt, maybe_in_kafka)`` ->
-        #: 0 or librdkafka's error code.
+        #: timestamp_ms, partition_key, attempt, token, maybe_in_kafka, headers)`` (the
+        #: fields of ``Dispatcher.send``, in its order) -> 0 or librdkafka's error code.
         self.produce: Callable[..., int] = self._producer.produce
         #: ``produce_burst(parsed, headers, topic, max_data, runs, token)`` ->
         #: ``[(index, code)]`` refused (see admission/burst_path.py).

@@ -116,9 +116,10 @@ class ProducerHandle:
         self._on_broker_error = on_broker_error
         self.producer: Producer | None = None
         self.compiled: CompiledProducer | None = None
-        #: The dispatcher's call per message: ``send_message(topic, partition, value, key,
-        #: timestamp_ms, headers, token, partition_key, attempt, maybe_in_kafka)`` -> 0, or
-        #: librdkafka's error code when it refused the message (it holds nothing then).
+        #: The dispatcher's call per message, ``Dispatcher.send``'s fields in its order:
+        #: ``send_message(topic, partition, value, key, timestamp_ms, partition_key,
+        #: attempt, token, maybe_in_kafka, headers)`` -> 0, or librdkafka's error code
+        #: when it refused the message (it holds nothing then).
         self.send_message: Callable[..., int]
         #: Report each acknowledged message on its own (message debugging, the
         #: possible-duplicate window), not summed: set by the dispatcher before a poll.
@@ -173,11 +174,11 @@ class ProducerHandle:
         value: bytes,
         key: bytes | None,
         timestamp_ms: int,
-        headers: Any,
-        token: int,
         partition_key: int | None,
         attempt: int,
+        token: int,
         maybe_in_kafka: bool,
+        headers: Any,
     ) -> int:
         """``send_message`` on confluent-kafka: a delivery callback carrying what the
         report must give back (cached for first-attempt AnyPartition messages)."""
