@@ -176,10 +176,8 @@ class Dispatcher:
             handle = self._by_topic.get(topic) or self._handle_for(topic)
         if handle is None or handle.closed:
             raise no_producer_refusal()
-        refused = handle.send_message(
-            topic, partition, value, key, timestamp_ms, partition_key, attempt, token,
-            maybe_in_kafka, headers,
-        )  # fmt: skip
+        refused = handle.send_message(topic, partition, value, key, timestamp_ms, partition_key,
+                                      attempt, token, maybe_in_kafka, headers)  # fmt: skip
         if refused:
             raise produce_refusal(refused)
         if attempt == 1:
