@@ -707,6 +707,11 @@ class FakeClock:
         return self.now
 
 
+def eio(fd: int) -> None:
+    """An fdatasync the disk refuses."""
+    raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
 @pytest.fixture
 def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The fds the spool fdatasyncs (the real call still runs)."""
@@ -915,9 +920,6 @@ def test_a_sync_the_worker_failed_retires_the_segment_at_the_next_append(
     spool.open()
     assert spool.append(records(2)) == 1
 
-    def eio(fd: int) -> None:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
-
     monkeypatch.setattr(os, "fdatasync", eio)
     clock.now += 1
     assert spool.maybe_fsync()
@@ -977,9 +979,6 @@ def test_a_failed_fsync_unspools_the_burst_and_retires_the_segment(
     spool.open()
     first = records(3)
     assert spool.append(first) == 1
-
-    def eio(fd: int) -> None:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(os, "fdatasync", eio)
     with pytest.raises(SpoolError, match="fsync"):

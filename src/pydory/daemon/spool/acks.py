@@ -48,7 +48,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pydory.daemon.spool.disk_worker import DiskWorker
+from pydory.daemon.spool.disk_worker import DiskWorker, fdatasync_each
 from pydory.daemon.spool.errors import SpoolError
 from pydory.daemon.spool.tallies import BadTally, Tally, add, decode_tally, encode_tally, merge
 
@@ -343,17 +343,16 @@ class AckMarks:
             if handed:
                 self._worker.sync_marks(handed)
             return 0
-        done = 0
-        for file in self._files.values():
-            if file.dirty and file.fd is not None and not file.broken:
-                try:
-                    os.fdatasync(file.fd)
-                except OSError:
-                    self.errors += 1
-                    file.broken = True  # after a failed fsync, write no more to it
-                    continue
+        fds = [(i, f.fd) for i, f in self._files.items() if f.dirty and f.fd is not None]
+        done, failures = fdatasync_each((i, fd) for i, fd in fds if not self._files[i].broken)
+        failed = {segment_id for segment_id, _ in failures}
+        for segment_id, _ in fds:
+            file = self._files[segment_id]
+            if segment_id in failed:
+                self.errors += 1
+                file.broken = True  # after a failed fsync, write no more to it
+            elif not file.broken:
                 file.dirty = False
-                done += 1
         return done
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +98,14 @@ class DiskWorker:
                 log.warning("spool: cannot fsync [%s]: %s", directory, exc.strerror)
 
     def _sync_each(self, fds: Sequence[tuple[int, int]], failed: deque[int], what: str) -> None:
-        for segment_id, fd in fds:
-            try:
-                os.fdatasync(fd)
-                self.fsyncs_total += 1
-            except OSError as exc:
-                self.errors_total += 1
-                failed.append(segment_id)
-                log.warning("spool: cannot fsync %s %d: %s", what, segment_id, exc.strerror)
-            finally:
-                os.close(fd)
+        made, failures = fdatasync_each(fds)
+        for fd in (fd for _, fd in fds):
+            os.close(fd)
+        self.fsyncs_total += made
+        self.errors_total += len(failures)
+        for segment_id, error in failures:
+            failed.append(segment_id)
+            log.warning("spool: cannot fsync %s %d: %s", what, segment_id, error)
 
     def _unlink(self, paths: Sequence[str]) -> None:
         for path in paths:
@@ -118,6 +116,19 @@ class DiskWorker:
             except OSError as exc:
                 self.errors_total += 1
                 log.warning("spool: cannot delete [%s]: %s", path, exc.strerror)
+
+
+def fdatasync_each(fds: Iterable[tuple[int, int]]) -> tuple[int, list[tuple[int, str]]]:
+    """fdatasync each ``(segment id, fd)`` (leaving them open): how many were synced, and
+    the segment id and error of each that failed."""
+    made, failures = 0, []
+    for segment_id, fd in fds:
+        try:
+            os.fdatasync(fd)
+            made += 1
+        except OSError as exc:
+            failures.append((segment_id, exc.strerror or str(exc)))
+    return made, failures
 
 
 def fsync_directory(directory: str) -> None:

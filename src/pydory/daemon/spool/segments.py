@@ -585,15 +585,15 @@ class Spool:
         self._live_bytes -= segment.size
         # The segment before its mark: a crash between the two must not leave a segment
         # without the mark of its settled frames (it would be replayed whole).
+        self._acks.forget(segment.id, segment.path, unlink=False)
         if self._worker is not None:
-            self._acks.forget(segment.id, segment.path, unlink=False)
             self._worker.unlink([segment.path, ack_path(segment.path)])
             return
         try:
             os.unlink(segment.path)
         except FileNotFoundError:
             pass
-        except OSError as exc:
+        except OSError as exc:  # its mark stays too: a restart replays none of it twice
             raise self._error(f"cannot delete spool segment [{segment.path}]", exc) from exc
-        finally:
-            self._acks.forget(segment.id, segment.path)
+        with contextlib.suppress(OSError):
+            os.unlink(ack_path(segment.path))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from pydory.daemon.spool.disk_worker import DiskWorker, fsync_directory
+from pydory.daemon.spool.disk_worker import DiskWorker, fdatasync_each, fsync_directory
 
 
 class SegmentSync:
@@ -121,13 +121,11 @@ class SegmentSync:
             self._fsyncs += 1
             self.current_dirty = False
         retired, self._retired = self._retired, {}
+        made, failures = fdatasync_each(retired.items())
         for fd in retired.values():
-            try:
-                os.fdatasync(fd)
-                self._fsyncs += 1
-            except OSError:
-                self._errors += 1
             os.close(fd)
+        self._fsyncs += made
+        self._errors += len(failures)
         if self._new_names:
             try:
                 fsync_directory(self.directory)
@@ -143,7 +141,8 @@ class SegmentSync:
         if current is not None and self.current_dirty:
             fds.append((current[0], os.dup(current[1])))  # the worker's own, closed by it
         fds.extend(self._retired.items())
-        self._worker.sync(fds, self.directory if self._new_names else None)
+        if fds or self._new_names:
+            self._worker.sync(fds, self.directory if self._new_names else None)
         self._retired = {}
         self.current_dirty = self._new_names = False
         self._last_sync = self._clock()
