@@ -15,8 +15,8 @@ The result is the *effective* config: the file's values where a reload applies t
 running ones elsewhere. Everything the server derives after a reload derives from it, so
 what runs is always one consistent ``Config``, never a mix of two files.
 
-Rule: which config sections a reload applies and which wait for a restart is decided here
-alone; the server only carries the plan out.
+Rule: which config sections a reload applies and which wait for a restart is decided by
+:func:`plan_reload` alone; ``daemon/reloading.py`` only carries the plan out.
 """
 
 from __future__ import annotations

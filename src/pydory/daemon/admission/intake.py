@@ -29,8 +29,9 @@ message through dispatch and comes back to the ledger. Its identity (``produce``
 headers: :mod:`pydory.daemon.spool.identity`) is given per burst, by the write-ahead
 (or by ``ids`` without a spool), and travels with it to ``send``.
 
-Rule: the moment a message is accepted is here alone: a message passes every check above, in
-that order, or is discarded with the reason of the first it fails; nothing after this module
+Rule: the moment a message is accepted is in :class:`Intake` alone (the ``BurstPath`` it hands a
+burst to decides as its reference path would): a message passes every check above, in that
+order, or is discarded with the reason of the first it fails; nothing after this module
 refuses a message without an outcome.
 """
 

@@ -23,9 +23,9 @@ afresh: :mod:`pydory.daemon.spool.identity`), and deleted when it rotates or at
 ``close()``. Settled frames of a segment still in use are marked in its side file
 (:mod:`pydory.daemon.spool.acks`), so a crash replays only the others.
 
-Rule: the only code that holds the spool directory's lock, names its segment files,
-and writes, truncates or deletes this run's segments (when they are fsynced:
-:mod:`pydory.daemon.spool.syncing`).
+Rule: :class:`Spool` is the only code that holds the spool directory's lock, names its
+segment files (``SEGMENT_NAME``), and writes, truncates or deletes this run's segments (when
+they are fsynced: :mod:`pydory.daemon.spool.syncing`).
 """
 
 from __future__ import annotations

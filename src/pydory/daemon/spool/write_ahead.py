@@ -27,8 +27,8 @@ processed without the write-ahead, counted (``spool_unprotected`` messages), and
 caller's overload policy decides whether the inputs pause until the spool has room.
 
 Rule: a burst reaches admission only after it is in the spool (or counted as unprotected
-when the disk refuses it), and a spool segment is settled only through the tokens handed out
-here.
+when the disk refuses it), and a spool segment is settled only through the tokens
+:class:`WriteAhead` hands out.
 """
 
 from __future__ import annotations
