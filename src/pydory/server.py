@@ -37,7 +37,6 @@ from pydory.daemon.inputs.stream import StreamInput
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome
 from pydory.daemon.reloading import RunningDaemon, refused, reload_config
-from pydory.daemon.spool.lifecycle import SpoolLifecycle
 from pydory.daemon.systemd import notify as systemd_notify
 from pydory.status import DaemonView, StatusServer
 
@@ -83,16 +82,7 @@ class Server:
         self.intake = parts.intake
         self.inputs = parts.inputs
         self.overload = parts.overload
-        self.spool_life = SpoolLifecycle(
-            parts.spool,
-            parts.write_ahead,
-            intake=parts.intake,
-            wait_for_room=parts.overload.wait_for_room,
-            books=parts.books,
-            durable_books=parts.durable_books,
-            commit_point=parts.commit_point,
-            counters=parts.counters,
-        )
+        self.spool_life = parts.spool_life
         self.status: StatusServer | None = None
         self.ready = threading.Event()  # set once inputs are open (for tests and tools)
         # ... and this once the first metadata is in (the daemon routes from then on).

@@ -3,15 +3,17 @@
 :func:`assemble` wires the data path once: the books and their counters, the memory pool,
 the rate limiter, the router and the metadata service, the spool and its write-ahead (when
 the config names a spool directory), the dispatcher with its delivery ledger, the intake,
-the inputs and the overload policy. It starts nothing: ``Server`` runs what it returns
-(opens the spool and the inputs, starts the background tasks, stops it all).
+the inputs, the overload policy and the spool's life on the loop. It starts nothing:
+``Server`` runs what it returns (opens the spool and the inputs, starts the background
+tasks, stops it all).
 
 Which tokens count a message follows from the spool: with one, the write-ahead's (settling
 a message settles its spool segment as well as the commit point); without, the commit
 point's.
 
-Rule: :func:`assemble` is the one place the daemon's components are created and handed to
-each other; a component never builds another.
+Rule: :func:`assemble` is the one place the daemon's components are created from the
+config and handed to each other; a component builds only its own parts (the intake its
+waiting room, the dispatcher its producers, the spool its syncs and marks).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pydory.daemon.delivery.router import Router
 from pydory.daemon.inputs.input_set import InputSet
 from pydory.daemon.spool.disk_worker import DiskWorker
 from pydory.daemon.spool.identity import MessageIds, new_incarnation, resolve_host_id
+from pydory.daemon.spool.lifecycle import SpoolLifecycle
 from pydory.daemon.spool.segments import Spool
 from pydory.daemon.spool.write_ahead import WriteAhead
 
@@ -70,6 +73,7 @@ class Components:
     intake: Intake
     inputs: InputSet
     overload: Overload
+    spool_life: SpoolLifecycle
 
 
 def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Components:
@@ -152,6 +156,16 @@ def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Componen
     )
     inputs = InputSet(intake, counters, pool)
     overload = Overload(config.spool.overload_policy, pool, intake, inputs.all, counters)
+    spool_life = SpoolLifecycle(
+        spool,
+        write_ahead,
+        intake=intake,
+        wait_for_room=overload.wait_for_room,
+        books=books,
+        durable_books=durable_books,
+        commit_point=commit_point,
+        counters=counters,
+    )
     return Components(
         counters=counters,
         discard_log=discard_log,
@@ -171,6 +185,7 @@ def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Componen
         intake=intake,
         inputs=inputs,
         overload=overload,
+        spool_life=spool_life,
     )
 
 
