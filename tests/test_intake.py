@@ -220,7 +220,7 @@ def test_the_pool_bounds_what_waits_for_metadata_however_many_topics() -> None:
     assert d.books.lifetime_discards_by_reason()[DiscardReason.NO_MEMORY] == 10_000 - held
     assert d.commit_point.open_messages == held
     # No state per topic name while no metadata is known: nothing for the discarded ones.
-    assert d.intake._pending == {}
+    assert d.intake.waiting_room._for_creation == {}
     # The rate limit applies to held messages as to any other.
     d2 = daemon(pool_budget=1 << 20, metadata=False)
     d2.intake.datagrams([encode_any_partition("limited", b"l%d" % i) for i in range(4)])

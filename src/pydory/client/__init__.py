@@ -8,6 +8,9 @@
 
 Errors come from :mod:`pydory.errors`: ``DaemonUnavailable`` and ``MessageTooLarge``,
 both subclasses of ``ClientError``. See docs/client.md.
+
+Modules: ``senders`` (the three senders), ``messages`` (``encode_message``),
+``log_handler`` (``PydoryLogHandler``).
 """
 
 from __future__ import annotations

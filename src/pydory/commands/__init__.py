@@ -8,6 +8,10 @@ A module's ``register(subparsers)`` adds its parser with :func:`add_command` (it
 from here, its description, its ``handler``: a function taking the parsed namespace and
 returning an exit status); a command of subcommands (`config`, `pipeline`) with
 :func:`add_command_group`.
+
+Beside one module per command: ``arguments`` (the number types several commands take),
+``daemon_url`` (where a running daemon's status server is, for `status`, `wait` and
+`reload`) and ``lines`` (``send --lines`` input cut into messages).
 """
 
 from __future__ import annotations

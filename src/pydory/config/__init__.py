@@ -3,6 +3,12 @@
 ``load_config(path)`` reads and validates a file and returns a ``Config``, or raises
 ``ConfigError`` / ``ConfigErrors`` naming every problem (element path, line, column).
 The settings' classes are those of ``pydory.config.model`` (its ``__all__``).
+
+- ``model``: the frozen dataclasses of the settings;
+- ``loader``: validation, element by element (``load_config``, ``parse_config``);
+- ``xmltree``: the file read safely, with line and column, within its size limits;
+- ``values``: the value parsers;
+- ``librdkafka``: the librdkafka properties pydory owns and those it defaults.
 """
 
 from __future__ import annotations

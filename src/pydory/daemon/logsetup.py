@@ -6,7 +6,8 @@ reopens the log file (``LogFiles.reopen``), for logrotate. librdkafka's own line
 distinct line is let through once a minute, with how many like it were held back
 (``RepeatedLines``).
 
-Rule: the daemon's log handlers are built and swapped here alone.
+Rule: the daemon's log handlers are built (``configure_logging``) and swapped
+(:meth:`LogFiles.apply`) here alone.
 """
 
 from __future__ import annotations

@@ -1,22 +1,22 @@
 """What a config reload (SIGHUP, ``pydory reload``) changes: a pure plan, no I/O.
 
-A reload never half-applies a file. The server reads and validates the new file; this
-module compares it with the running config and answers two questions:
+A reload never half-applies a file. ``daemon/reloading.py`` reads and validates the new file;
+this module compares it with the running config and answers two questions:
 
 - which sections change and can change while messages flow (batching, compression,
   topic configs, rate limits, inputs and their limits, the memory pool's size, delivery
   settings, the brokers and librdkafka's properties, logging, the discard log, quotas):
-  the server applies those;
+  ``daemon/reloading.py`` applies those;
 - which changed settings only a restart can apply (the status port, the spool, message
   debugging): those keep their running values, and the reload says so, naming each
   element.
 
 The result is the *effective* config: the file's values where a reload applies them, the
-running ones elsewhere. Everything the server derives after a reload derives from it, so
+running ones elsewhere. Everything the daemon derives after a reload derives from it, so
 what runs is always one consistent ``Config``, never a mix of two files.
 
-Rule: which config sections a reload applies and which wait for a restart is decided here
-alone; the server only carries the plan out.
+Rule: which config sections a reload applies and which wait for a restart is decided by
+:func:`plan_reload` alone; ``daemon/reloading.py`` only carries the plan out.
 """
 
 from __future__ import annotations

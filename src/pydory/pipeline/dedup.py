@@ -39,7 +39,7 @@ A checkpoint that landed batches before this stage existed has no state, and Spa
 refuses to add a stateful operator to it (``STREAMING_STATEFUL_OPERATOR_MISSING_STATE_
 DIRECTORY``): :func:`drops_second_copies` tells, and such a checkpoint lands as before.
 
-Rule: how a second copy is recognised and dropped lives here alone.
+Rule: how a second copy is recognised and dropped lives here alone (``drop_second_copies``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ run reads only the lake files committed since, checks their identities against t
 ranges (a second copy that landed in a later batch is found so), and only the books
 records published since. Without a state every run reads everything.
 
-Rule: the only code that reads the lake by identity and the books topic.
+Rule: ``fleet_audit`` is the only code that reads the lake by identity and the books topic.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ its spool could not take them (``unprotected``), whose fate a crash loses; and a
 stop's partly settled group, replayed whole, whose already settled messages are counted
 again by the next run (``excess``: they land once but may be settled twice).
 
-Rule: the fleet audit's verdict is decided here alone.
+Rule: the fleet audit's verdict is decided here alone (``reconcile_fleet``).
 """
 
 from __future__ import annotations

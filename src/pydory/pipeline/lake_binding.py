@@ -18,7 +18,7 @@ its first batch is numbered after the lake's and nothing already landed lands ag
 
 Pure file-system logic on local paths, no Spark. Paths with a URI scheme other than
 ``file:`` (HDFS, S3...) are not checked (:attr:`Pairing.unchecked`). Rule: the lake and
-its checkpoint are compared here before any batch runs, and only here.
+its checkpoint are compared here (``check_pairing``) before any batch runs, and only here.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ offsets (the query's progress), and the rows the lake holds in those ranges.
   reading the new log below it, so up to ``end`` records were not landed; ``pydory-kafka``
   reads the new log from its earliest offset, so nothing is skipped there.
 
-Rule: a skipped record is counted here, from offsets planned and rows landed, once.
+Rule: a skipped record is counted in ``skips_of_run``, from offsets planned and rows landed, once.
 """
 
 from __future__ import annotations

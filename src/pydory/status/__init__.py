@@ -8,8 +8,12 @@ read-only view the daemon's server hands in; nothing here imports the server.
 - :mod:`.discards` — Dory's discard report (``/discards``), rendered from the books' report;
 - :mod:`.commit_point` — ``/commit_point/{json,plain}`` and its long-poll;
 - :mod:`.health` — ``/health`` (liveness) and ``/ready`` (readiness);
+- :mod:`.dory_counters` — Dory's counters under Dory's names (``/counters``);
+- :mod:`.msg_debug` — Dory's ``/msg_debug/...`` URLs;
 - :mod:`.metrics` — the Prometheus collector;
 - :mod:`.dashboard` — the live dashboard's feed and its static files (``static/``);
+- :mod:`.rendering` — JSON pages and ``/metrics`` encoded in slices of loop time;
+- :mod:`.limits` — the status port's connection limits, on the transport;
 - :mod:`.server` — aiohttp on the daemon's loop: routes, pacing, listening.
 """
 

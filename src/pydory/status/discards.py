@@ -7,7 +7,7 @@ for ``/discards/json`` and :func:`discard_report_plain` for ``/discards/plain``.
 :mod:`pydory.status.pages` writes the page header before either.
 
 Rule: Dory's ``/discards`` output (its keys, their order, its plain-text lines) is spelled
-here alone.
+here alone (:func:`discard_report_json`, :func:`discard_report_plain`).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ aiohttp logs every malformed request with a traceback (``RequestHandler.handle_e
 through its ``logger``); :class:`QuietRequestErrors` is that logger, cut down to one line
 per kind of error per REQUEST_ERROR_LOG_INTERVAL_S, with the count of those left out.
 
-Rule: limits act on the transport alone (open, bytes seen, close); everything HTTP stays
-aiohttp's.
+Rule: limits act on the transport alone (open, bytes seen, close: :class:`ConnectionGuard`);
+everything HTTP stays aiohttp's.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ datagram that arrives during a scrape waits for one slice at most, not for the p
 :class:`ReusedPage` serves a page rendered less than ``PAGE_REUSE_S`` ago again, and lets
 requests that arrive while it renders share that one rendering.
 
-Rule: a page is encoded here in slices of at most about SLICE_S of loop time; nothing else
+Rule: a page is encoded here in slices of at most about ``SLICE_S`` of loop time; nothing else
 in ``status/`` encodes a page whose size grows with the number of topics.
 """
 

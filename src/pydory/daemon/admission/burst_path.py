@@ -10,7 +10,7 @@ very partitions it would give one by one), and ``produce_burst`` in C sends them
 order. Everything else in the burst (malformed, too long, a topic unknown, rate-limited or
 traced) is left to the reference, which the intake runs next.
 
-Rule: a burst takes this path only when its outcome is the reference's, message for
+Rule: a burst takes the :class:`BurstPath` only when its outcome is the reference's, message for
 message: the pool has room for every message of the burst whatever the order (so none can
 be refused or held for memory), and no message of it is traced; else none of it does.
 """

@@ -12,8 +12,14 @@ Every step either passes the message on or discards it with a reason, in this or
                                    routed (or found bad, or auto-created)
 6. partition choice and enqueue -> accepted; librdkafka refusing at once is a discard too
 
-A held message is charged to the memory pool like any other (the overload policy applies
-to it), and holds the commit point back from the moment it is held.
+A message held at step 5 waits in the waiting room (``admission/waiting_room.py``), which
+routes it through step 6 here when the metadata comes. It is charged to the memory pool like
+any other (the overload policy applies to it), and holds the commit point back from the
+moment it is held.
+
+A burst is written ahead to the spool (``spool/write_ahead.py``) before any of its
+messages is judged here; with the spool overload policy and memory short, it is kept on
+disk and judged later (:meth:`Intake.admit_deferred`).
 
 From "accepted" on, the message is the daemon's: dispatch reports it delivered or
 discarded, and delivery's ``DeliveryLedger`` (delivery/outcomes.py) releases its pool
@@ -23,8 +29,9 @@ message through dispatch and comes back to the ledger. Its identity (``produce``
 headers: :mod:`pydory.daemon.spool.identity`) is given per burst, by the write-ahead
 (or by ``ids`` without a spool), and travels with it to ``send``.
 
-Rule: the moment a message is accepted is here alone: a message passes every check above, in
-that order, or is discarded with the reason of the first it fails; nothing after this module
+Rule: the moment a message is accepted is in :class:`Intake` alone (the ``BurstPath`` it hands a
+burst to decides as its reference path would): a message passes every check above, in that
+order, or is discarded with the reason of the first it fails; nothing after this module
 refuses a message without an outcome.
 """
 
@@ -32,27 +39,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from itertools import repeat
-
-from confluent_kafka import KafkaError
 
 from pydory.daemon.admission.burst_path import BurstPath
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
+from pydory.daemon.admission.waiting_room import WaitingRoom
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.accounting import DEFAULT_UNKNOWN_TOPIC_LIMIT, Books
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transport
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import MemoryPool, message_cost, pool_cost
 from pydory.daemon.delivery.dispatcher import Dispatcher
-from pydory.daemon.delivery.outcomes import (
-    DeliveryLedger,
-    Discard,
-    EnqueueRefused,
-    LeftForNextStart,
-    Tokens,
-    failure_outcome,
-)
+from pydory.daemon.delivery.outcomes import EnqueueRefused, Tokens
 from pydory.daemon.delivery.router import Router
 from pydory.daemon.spool.identity import Headers, MessageIds
 from pydory.daemon.spool.write_ahead import WriteAhead
@@ -71,17 +69,9 @@ log = logging.getLogger(__name__)
 
 #: Kafka's per-record overhead in a v2 record batch, and the batch header: a message whose
 #: key + value + this exceeds messageMaxBytes can never be accepted by the broker.
-KAFKA_RECORD_OVERHEAD, _NONE_TAKEN = 61 + 21, frozenset[str]()
-
-
-@dataclass
-class _PendingTopic:
-    """Messages waiting for metadata: the metadata that shows a topic being auto-created
-    (one per topic), or the first metadata of all (one for every topic, so that a flood
-    of distinct topic names before it grows one list, bounded by the pool, and no map)."""
-
-    # with cost, token, headers
-    messages: list[tuple[Message, int, int, Headers | None]] = field(default_factory=list)
+KAFKA_RECORD_OVERHEAD = 61 + 21
+#: The topics the burst path sent when there is no burst path: none.
+_NONE_TAKEN = frozenset[str]()
 
 
 class Intake:
@@ -116,20 +106,34 @@ class Intake:
         self._router = router
         self._dispatcher = dispatcher
         self._commit_point = commit_point
-        # Settles what never reached a producer, as delivery settles what did.
-        self._ledger = DeliveryLedger(books, pool, commit_point)
         self._max_data = message_max_bytes - KAFKA_RECORD_OVERHEAD
         self._prefix_size = prefix_size
-        self._on_unknown_topic = on_unknown_topic
-        self._autocreate = autocreate
-        self._pending: dict[str, _PendingTopic] = {}
-        self._pending_limit = unknown_topic_limit
-        self._before_metadata = _PendingTopic()
+        #: Messages whose topic the metadata does not show yet (admission's step 5).
+        self.waiting_room = WaitingRoom(
+            books=books,
+            pool=pool,
+            router=router,
+            tokens=commit_point,
+            enqueue=self._enqueue,
+            on_unknown_topic=on_unknown_topic,
+            autocreate=autocreate,
+            write_ahead=write_ahead,
+            creation_limit=unknown_topic_limit,
+        )
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._write_ahead = write_ahead
         self._ids = ids
-        self._burst_path = BurstPath(pool, router, limiter.is_unlimited, commit_point.open,
-            dispatcher, self._msg_debug, self._refused) if BurstPath.usable() else None  # fmt: skip
+        self._burst_path: BurstPath | None = None
+        if BurstPath.usable():
+            self._burst_path = BurstPath(
+                pool,
+                router,
+                limiter.is_unlimited,
+                commit_point.open,
+                dispatcher,
+                self._msg_debug,
+                self._refused,
+            )
         #: When the pool is short, hold on to a message read (charging it anyway) instead
         #: of discarding it: the backpressure policy pauses the inputs meanwhile, and a
         #: spool replay waits for room between bursts. Either way the overshoot is one burst.
@@ -143,7 +147,7 @@ class Intake:
         """A config reload: the largest message and topic autocreation, from the next
         message on (messages already admitted keep the decisions taken for them)."""
         self._max_data = message_max_bytes - KAFKA_RECORD_OVERHEAD
-        self._autocreate = autocreate
+        self.waiting_room.autocreate = autocreate
 
     # -- from the input agents -------------------------------------------------------------
 
@@ -160,8 +164,10 @@ class Intake:
         self._books.received(transport, len(burst))
         self._admit_burst(burst)
 
-    #: The frames one read of a stream connection completed.
-    frames = messages
+    def frames(self, frames: Sequence[bytes], transport: Transport) -> None:
+        """The whole frames one read of a stream connection completed: admitted as a
+        burst, like the datagrams of one read (see :meth:`messages`)."""
+        self.messages(frames, transport)
 
     def replayed(
         self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
@@ -293,8 +299,17 @@ class Intake:
                 continue
             token = open_token()
             try:  # AnyPartition (no PartitionKey), the first attempt
-                send(topic, any_partition(topic), value, key or None,
-                     max(timestamp_ms, 0), None, 1, token, headers=headers)  # fmt: skip
+                send(
+                    topic,
+                    any_partition(topic),
+                    value,
+                    key or None,
+                    max(timestamp_ms, 0),
+                    None,
+                    1,
+                    token,
+                    headers=headers,
+                )
             except EnqueueRefused as refusal:
                 self._refused(refusal, topic, value, timestamp_ms, cost, token)
             else:
@@ -420,7 +435,7 @@ class Intake:
             self._refuse(DiscardReason.RATE_LIMIT, message)
             return
         if not known:
-            self._unknown_topic(message, cost, headers)
+            self.waiting_room.unknown_topic(message, cost, headers)
             return
         self._enqueue(message, cost, self._commit_point.open(), headers)
 
@@ -481,120 +496,21 @@ class Intake:
             refusal.reason, topic, timestamp_ms, prefix=value, detail=refusal.detail
         )
 
-    # -- unknown topics ----------------------------------------------------------------------
-
-    def _unknown_topic(self, message: Message, cost: int, headers: Headers | None) -> None:
-        # Held, not yet sent: it holds the commit point back all the same.
-        if not self._router.has_metadata:
-            # Kafka has not answered yet (Dory's sockets open at once and buffer too).
-            held = (message, cost, self._commit_point.open(), headers)
-            self._before_metadata.messages.append(held)
-            return
-        if self._autocreate is None:
-            self._pool.release(cost)
-            self._discard_bad_topic(message)
-            self._on_unknown_topic(message.topic)
-            return
-        self._hold_for_creation(message, cost, self._commit_point.open(), headers)
-
-    def _hold_for_creation(
-        self, message: Message, cost: int, token: int, headers: Headers | None
-    ) -> None:
-        """Hold ``message`` until metadata shows its topic (autocreate is on)."""
-        assert self._autocreate is not None
-        topic = message.topic
-        pending = self._pending.get(topic)
-        if pending is not None:
-            pending.messages.append((message, cost, token, headers))
-            return
-        if len(self._pending) >= self._pending_limit:
-            # A client cycling through names must not start a creation (and a task) each.
-            self._counters.inc(counter_names.AUTOCREATE_OVER_LIMIT)
-            self._pool.release(cost)
-            self._commit_point.close(token)
-            self._discard_bad_topic(message)
-            return
-        # Held before asking: the creation may settle at once (no task group yet).
-        self._pending[topic] = _PendingTopic([(message, cost, token, headers)])
-        self._autocreate(topic)
-
-    def _discard_bad_topic(self, message: Message) -> None:
-        self._books.discarded(
-            DiscardReason.BAD_TOPIC,
-            message.topic,
-            message.timestamp_ms,
-            prefix=message.value,
-            key=message.key,
-        )
+    # -- the waiting room (admission/waiting_room.py) ---------------------------------------
 
     def topic_creation_settled(self, topic: str) -> None:
         """Metadata was refreshed after trying to create ``topic``: route what waited for it."""
-        pending = self._pending.pop(topic, None)
-        if pending is None:
-            return
-        for message, cost, token, headers in pending.messages:
-            if self._router.knows(topic):
-                self._enqueue(message, cost, token, headers)
-            else:
-                self._pool.release(cost)
-                self._commit_point.close(token)
-                self._discard_bad_topic(message)
+        self.waiting_room.topic_creation_settled(topic)
 
     def metadata_arrived(self) -> None:
-        """The first metadata is in: route what waited for it, in the order received. A
-        topic it does not show is a bad topic, or is auto-created (topicAutocreate)."""
-        held, self._before_metadata = self._before_metadata, _PendingTopic()
-        for message, cost, token, headers in held.messages:
-            topic = message.topic
-            if self._router.knows(topic):
-                self._enqueue(message, cost, token, headers)
-            elif self._autocreate is not None:
-                self._hold_for_creation(message, cost, token, headers)
-            else:
-                self._pool.release(cost)
-                self._commit_point.close(token)
-                self._discard_bad_topic(message)
-                self._on_unknown_topic(topic)
+        """The first metadata is in: route what waited for it, in the order received."""
+        self.waiting_room.metadata_arrived()
 
     @property
     def pending_topic_messages(self) -> int:
         """Messages held for metadata: Dory's "new" queue."""
-        held = len(self._before_metadata.messages)
-        return held + sum(len(p.messages) for p in self._pending.values())
+        return self.waiting_room.waiting
 
     def settle_pending_topics(self) -> None:
-        """Shutdown: route or discard every message still waiting for topic creation,
-        and settle those still waiting for the first metadata (:meth:`_settle_unrouted`)."""
-        for topic in list(self._pending):
-            self.topic_creation_settled(topic)
-        held, self._before_metadata = self._before_metadata, _PendingTopic()
-        for message, cost, token, _headers in held.messages:
-            self._settle_unrouted(message, cost, token)
-
-    def _settle_unrouted(self, message: Message, cost: int, token: int) -> None:
-        """Shutdown before any metadata: ``message`` was taken in and never reached a
-        producer, as if purged from librdkafka's queue when the shutdown ran out of time.
-        It meets that outcome, decided where every delivery outcome is
-        (``outcomes.failure_outcome``): left for the next start when it is in the spool,
-        else discarded ``shutdown_delay``."""
-        topic = message.topic
-        outcome = failure_outcome(
-            KafkaError._PURGE_QUEUE,
-            "no metadata yet",
-            error_is_fatal=False,
-            producer_fatal_error=None,
-            topic_known=False,
-            attempt=1,
-            max_attempts=1,
-            shutting_down=True,
-            in_spool=self._write_ahead is not None and self._write_ahead.in_spool(token),
-        )
-        self._books.accepted(topic)
-        ledger = self._ledger
-        if isinstance(outcome, LeftForNextStart):
-            ledger.left_for_next_start(topic, cost, token)
-        else:
-            assert isinstance(outcome, Discard), outcome  # a purge never left the daemon
-            ledger.discarded(
-                outcome.reason, topic, message.timestamp_ms, outcome.detail, cost, token
-            )
+        """Shutdown: settle every message still waiting for metadata."""
+        self.waiting_room.settle_all()

@@ -8,7 +8,7 @@ is charged anyway: the overshoot is one read burst), and reading resumes as soon
 deliveries give memory back. The time spent paused is counted. ``spool``: while memory
 is short, each burst read is kept in the spool only (written ahead as always, not
 admitted), and bursts are read back and admitted, in order, as deliveries free memory
-(``Intake.admit_deferred``, driven by the server): clients are never slowed, and the
+(``Intake.admit_deferred``, driven by ``spool/lifecycle.py``): clients are never slowed, and the
 spool's size cap bounds what waits. If the spool refuses a burst too, that burst meets
 Dory's discard.
 
@@ -16,8 +16,10 @@ Dory's discard.
 :meth:`wait_for_room` returns once the pool has room, an event set by the pool itself,
 never a polling loop.
 
-Rule: what happens when memory runs short (discard, or pause every input until it is back)
-is decided here alone, from the pool's depletion and recovery.
+Rule: what admission and the inputs do when the pool runs short (discard, pause every input
+until memory is back, or keep bursts on disk) is decided by :class:`Overload` alone, from the
+pool's depletion and recovery. (A stream connection's partial frame, not yet a message,
+waits for room on its own: ``inputs/stream_connection.py``.)
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ comes back (and moves to the topics Kafka has once Kafka has it).
 
 Single-threaded: driven from the daemon's event loop only, so there are no locks.
 
-Rule: whether a topic's message is within its rate is decided here alone, on a clock passed
-in.
+Rule: whether a topic's message is within its rate is decided by :class:`TopicRateLimiter`
+alone, on a clock passed in.
 """
 
 from __future__ import annotations

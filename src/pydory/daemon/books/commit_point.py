@@ -31,8 +31,8 @@ satisfies: no timer.
 :class:`CommitPoint` is the logic (injectable clocks and input probe, no I/O of its own);
 :mod:`pydory.status.commit_point` serves it on the status server.
 
-Rule: when the commit point moves is decided here alone, from the tokens opened and closed
-and the input marks reached; no I/O.
+Rule: when the commit point moves is decided by :class:`CommitPoint` alone, from the tokens
+opened and closed and the input marks reached; no I/O.
 """
 
 from __future__ import annotations

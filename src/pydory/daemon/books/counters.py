@@ -1,6 +1,7 @@
 """Named event counters, like Dory's ``/counters``, and every counter's name.
 
-Rule: a counter's name is spelled here alone. The stage that counts an event and the page
+Rule: a counter's name is spelled here alone (``ACCEPTED`` and the rest; :class:`Counters`
+holds their values). The stage that counts an event and the page
 that shows it both name the counter through this module, so a typo is an import error
 (and a mypy error), not a counter that reads 0 for ever. Names are plain strings: they are
 the keys of ``/counters`` and of the ``pydory_events_total`` metric, stable across

@@ -7,8 +7,8 @@ lists keep the newest first, move a repeated item to the front instead of duplic
 and hold at most ``recent_limit`` items. :mod:`pydory.status.discards` renders the
 snapshots as Dory's pages.
 
-Rule: what one reporting period holds, and how it is frozen into a report, is decided here
-alone.
+Rule: what one reporting :class:`Period` holds, and how it is frozen into a
+:class:`PeriodReport`, is decided here alone.
 """
 
 from __future__ import annotations

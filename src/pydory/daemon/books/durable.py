@@ -26,8 +26,8 @@ protected; a clean one ``accepted = delivered + possibly_delivered + discarded +
 left_for_next_start`` (``in_flight`` 0) over all of them. The record's JSON is
 documented in docs/accounting.md ("The books topic").
 
-Rule: the only code that knows the durable books record, its file, and how a crashed
-run's books are rebuilt.
+Rule: the only code that knows the durable books record (:class:`RunBooks`), its file
+(:class:`BooksFile`), and how a crashed run's books are rebuilt (``rebuild_crashed``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The books' vocabulary: where a message came from, why it was dropped, and what a
 discard event carries to the outputs besides the books.
 
-Rule: a discard reason, a transport and the line between "before" and "after
-acceptance" are defined here alone; every stage names them through this module.
+Rule: a discard reason (:class:`DiscardReason`), a transport (:class:`Transport`) and the
+line between "before" and "after acceptance" (``AFTER_ACCEPTANCE``) are defined here alone;
+every stage names them through this module.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ Its users name the file in log lines and the counters it updates: the discard lo
 (:mod:`pydory.daemon.books.discard_log`) and the message debug files
 (:mod:`pydory.daemon.books.msg_debug`).
 
-Rule: this is the only code that writes and rotates a log file on disk, and it does so
-off the event loop.
+Rule: the daemon's own log files (the discard log, the message debug files) are written
+and rotated only by :class:`RotatingFile`, off the event loop (:class:`QueuedWriter`'s
+thread). (The daemon's ``<logging>`` file is Python logging's: ``daemon/logsetup.py``.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Without a spool there is no books file (nothing survives the process but what Ka
 has): the run's record is still published, and a SIGKILL leaves its last one
 ``final: false`` (``ended: running``) for good.
 
-Rule: the only code that decides when the durable books are written and published.
+Rule: :class:`DurableBooks` is the only code that decides when the durable books are written
+and published.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ topic's messages leave intake's short path for the reference path, which traces 
 other topics keep the short path.
 
 Rule: which topics are traced, and when tracing stops by itself (time and byte limits), is
-decided here alone; the data path asks ``active`` and ``traces(topic)`` only.
+decided here alone; the data path asks ``MsgDebug.active`` and ``MsgDebug.traces`` only.
 """
 
 from __future__ import annotations

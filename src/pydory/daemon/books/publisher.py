@@ -18,7 +18,7 @@ daemon's own copy.
 Its own librdkafka producer (the cluster's properties, idempotent, no identity header):
 the books are never in the data path's books, nor in its pool.
 
-Rule: the only code that writes to the books topic.
+Rule: :class:`BooksPublisher` is the only code that writes to the books topic.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ broker at most once every 30 seconds, and not at all the close of an idle connec
 broker's idle reaper), so a long outage counts fewer failures than Dory's would; they
 still rise every 30 seconds per broker while it lasts.
 
-Rule: a librdkafka error becomes a broker-trouble counter here alone.
+Rule: a librdkafka error becomes a broker-trouble counter here alone (``count_broker_trouble``).
 """
 
 from __future__ import annotations

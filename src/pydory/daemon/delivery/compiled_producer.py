@@ -11,7 +11,7 @@ statistics, errors and log lines librdkafka queued (its event API).
 One copy of librdkafka in the process: the extension links none; ``bind`` gives it the
 library confluent-kafka loaded (``loaded_librdkafka``).
 
-Rule: a compiled poll's results become ``DeliveryReports`` entries here alone.
+Rule: a compiled poll's results become ``DeliveryReports`` entries in ``CompiledProducer`` alone.
 """
 
 from __future__ import annotations

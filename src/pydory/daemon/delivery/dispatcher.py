@@ -20,7 +20,7 @@ or after a fatal error) is served by a thread of its own (``producer``): it flus
 purges, and hands its reports to the loop in batches.
 
 Rule: every accepted message handed to ``send`` reaches the ledger exactly once, with its
-token: delivered, or discarded; a reroute is a new ``send`` of the same message.
+token: delivered, or discarded; a reroute is a new ``Dispatcher.send`` of the same message.
 """
 
 from __future__ import annotations

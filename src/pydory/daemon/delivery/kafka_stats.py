@@ -19,7 +19,7 @@ Where librdkafka's numbers come from (STATISTICS.md, src/rdkafka.c ``rd_kafka_st
   each partition the broker leads.
 - times are in microseconds.
 
-Rule: librdkafka's statistics JSON is read here alone, into frozen snapshots; every other
+Rule: librdkafka's statistics JSON is read here alone, into a frozen ``StatsSnapshot``; every other
 module reads the snapshots.
 """
 

@@ -12,7 +12,7 @@ each broker it could not use (address, and refused, timed out, unresolved...), w
 metadata client's error callback keeps (``MetadataClient``); the pause delay spaces the
 warnings, and librdkafka's log lines are rate-limited by ``daemon/logsetup.py``.
 
-Rule: metadata is fetched (and topics auto-created) here alone, off the loop, and handed to
+Rule: ``MetadataService`` alone fetches metadata (and creates topics), off the loop, hands it to
 the router whole.
 """
 

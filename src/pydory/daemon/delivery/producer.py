@@ -11,7 +11,7 @@ tear down in parallel and the loop never waits for one. A delivery callback (or 
 compiled poll) only appends reports to :class:`DeliveryReports`; every decision is taken
 later, on the loop, by the dispatcher (and :mod:`outcomes`).
 
-Rule: a sending producer is polled, flushed, purged and destroyed here alone, each on
+Rule: a sending ``ProducerHandle`` is polled, flushed, purged and destroyed here alone, each on
 its proper thread (``send_message`` itself is the dispatcher's call), and its delivery
 callback only records the report.
 """

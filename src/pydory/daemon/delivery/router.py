@@ -18,7 +18,7 @@ Dory's rules (spec §1):
   the next one, round-robin: over time every available partition gets an equal share, and
   so every broker a share proportional to the partitions it leads, while batches stay full.
 
-Rule: the partition a message goes to is chosen here alone (Dory's PartitionKey and
+Rule: the partition a message goes to is chosen by ``Router`` alone (Dory's PartitionKey and
 AnyPartition rules), from the metadata snapshot the router holds; pure logic.
 """
 

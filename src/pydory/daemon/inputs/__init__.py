@@ -2,8 +2,7 @@
 
 The three transports (UNIX datagram, UNIX stream, loopback TCP) as thin adapters on the
 event loop: they read bytes, cut stream bytes into frames, apply a listener's quotas, and
-hand whole bursts to admission. Rule: nothing here decodes a message or decides its fate;
-an input only reads, frames, and reports what its socket still holds.
+hand whole bursts to admission.
 
 Seed 004's model: no thread per connection; readiness callbacks on one event loop.
 Framing and decoding live in ``pydory.wire``, every decision about a message in the
@@ -17,5 +16,10 @@ Framing and decoding live in ``pydory.wire``, every decision about a message in 
 - ``sockets``: the kernel's side (socket files, limits, what a socket holds unread);
 - ``marks``: the commit point's input marks;
 - ``intake_port``: what the inputs hand their bytes to;
+- ``turns``: each stream input's share of a loop turn;
 - ``input_set``: the inputs a server runs, through start-up, reloads and shutdown.
+
+Rule: no module here decodes a message or books its outcome: every message an input reads,
+whole or cut short (a broken stream, an unclean disconnect, a datagram too large or over its
+sender's quota), is handed to admission through ``intake_port``, which decides.
 """

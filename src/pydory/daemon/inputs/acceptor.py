@@ -23,8 +23,8 @@ connections are capped, pydory.status.limits), librdkafka's reconnections, a spo
 segment or a log file still find descriptors while the listeners wait; they are taken
 back before the listeners accept again.
 
-Rule: a stream connection is accepted only here, and never while the process is at its
-file descriptor limit.
+Rule: a stream connection is accepted only by an :class:`Acceptor`, and never while the
+process is at its file descriptor limit (:class:`FdLimit`).
 """
 
 from __future__ import annotations

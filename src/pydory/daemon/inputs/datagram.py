@@ -15,9 +15,10 @@ With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 d
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
 the same oversized rule and the same "found empty" count; ``recv_into`` is the reference.
 
-Rule: every datagram read is handed on, in the order read: whole ones in bursts, one too
-large (MSG_TRUNC tells its size) as ``datagram_too_large`` after the ones before it (and
-those over their sender's quota, as ``over_quota``, at the end of their burst).
+Rule: every datagram a :class:`DatagramInput` reads is handed on, in the order read: whole
+ones in bursts, one too large (MSG_TRUNC tells its size) as ``datagram_too_large`` after the
+ones before it (and those over their sender's quota, as ``over_quota``, at the end of their
+burst).
 """
 
 from __future__ import annotations

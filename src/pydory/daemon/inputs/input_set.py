@@ -5,7 +5,7 @@ One datagram socket and up to two stream listeners (UNIX stream, TCP), as the co
 ``<inputSources>`` asks, plus the stream listeners a reload retired: those no longer
 accept, but read the connections open on them until their clients close them (closing a
 TCP connection would lose what its client writes meanwhile, unknown to it). Rule:
-everything that pauses, marks or closes "the inputs" goes through here, so a retired
+everything that pauses, marks or closes "the inputs" goes through :class:`InputSet`, so a retired
 listener is never forgotten by the overload policy, the commit point or the shutdown.
 
 A reload changes the inputs in two steps, so that a failure changes nothing:

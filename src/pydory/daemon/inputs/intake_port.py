@@ -3,7 +3,7 @@
 Every transport (pydory.daemon.inputs.datagram, .stream, .stream_connection) calls these
 methods and nothing else of admission; pydory.daemon.admission.intake implements them, and
 the tests' fakes (tests/helpers.py) stand in for it. Rule: the inputs reach admission only
-through this protocol: no module under ``inputs/`` imports ``admission/``.
+through this protocol, :class:`Intake`: no module under ``inputs/`` imports ``admission/``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ holding bytes (pydory.daemon.books.commit_point explains why it needs them). Eac
 notes its own part (``mark_unread``: the datagram queue, a connection's bytes, a backlog of
 clients waiting); the notes are the classes here, and they read the inputs through the
 small protocols below, so that this module imports no input and every input may import it.
-Rule: when what a socket held at the mark counts as read is decided here alone.
+Rule: when what a socket held at the mark counts as read is decided here alone
+(:func:`mark_inputs` takes the marks, each :class:`InputMark` says when it is reached).
 """
 
 from __future__ import annotations

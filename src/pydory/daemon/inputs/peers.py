@@ -23,7 +23,8 @@ they cannot read (a property test holds them to it); the callers then treat the
 connection as a client of its own, as before uids were looked up.
 
 Rule: a client's identity comes from the kernel alone (credentials, socket ownership),
-read only here.
+read only here; a kernel reply or a ``/proc/net/tcp`` line it cannot read is a
+:class:`PeerLookupError`, nothing else.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ property test: a client never sends more than ``quota * (T + window)`` plus one 
 any T seconds, its long-run rate is its quota, and a client that keeps within its quota
 (reads no larger than a window's worth) is never throttled.
 
-Rule: nothing here does I/O or reads a clock of its own: the caller passes ``now`` (the
+Rule: nothing here (:class:`ListenerQuota`, :class:`ClientQuota`, :class:`DatagramQuota`)
+does I/O or reads a clock of its own: the caller passes ``now`` (the
 input agent reads its injected clock), and the input agents act: the pausing
 (pydory.daemon.inputs.stream_connection), the discarding (pydory.daemon.inputs.datagram).
 """

@@ -12,8 +12,9 @@
 
 Who is on a socket (for the quotas) is pydory.daemon.inputs.peers's.
 
-Rule: the inputs ask the kernel what a socket holds and what it allows only through here,
-and a socket file is replaced or removed only here.
+Rule: the inputs ask the kernel what a socket holds and what it allows only through here
+(``read_buffered``, ``kernel_datagram_limit``), and a socket file is replaced or removed
+only here (``prepare_socket_path``, ``remove_socket_file``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ removed stops accepting but serves its open connections until their clients clos
 
 Rule: a listener stops (shutdown or reload) without dropping what clients already sent:
 its connections, and those waiting in its listen backlog, are read first (at shutdown,
-within SHUTDOWN_DRAIN_S).
+within ``SHUTDOWN_DRAIN_S``).
 """
 
 from __future__ import annotations

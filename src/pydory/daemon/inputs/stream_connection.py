@@ -40,8 +40,8 @@ wake-up cost more than the messages it brought: issue 25), then lowered back to 
 no message waits longer than that; the kernel reports a peer's close whatever the mark.
 (UNIX stream sockets ignore the mark in poll: they are read as before.)
 
-Rule: a connection is read only when none of the input's pause, its throttle, its wait
-for room and its wait for a turn holds.
+Rule: a :class:`StreamInputProtocol` connection is read only when none of the input's pause,
+its throttle, its wait for room and its wait for a turn holds.
 """
 
 from __future__ import annotations

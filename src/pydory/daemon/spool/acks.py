@@ -33,8 +33,9 @@ mark can only ever make recovery resend more, never skip a message it did not se
 settled. Writing a mark is best effort: a disk that refuses it stops the marks of that
 segment (logged once), which only means a fuller replay.
 
-Rule: the only code that knows the acknowledgement mark's layout, and the only code that
-decides which frames are marked settled.
+Rule: the only code that knows the acknowledgement mark's layout (``ACK_MAGIC`` and the
+rest), and the only code that decides which frames are marked settled
+(:class:`SettledGroups`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ recovery could not trust (the first ``CORRUPT_COPY_BYTES`` of a larger region), 
 copies together stay within ``CORRUPT_KEEP_BYTES``, the oldest deleted first. A copy that
 cannot be written (a full disk) is reported, never raised: it must not stop a start.
 
-Rule: the only code that writes ``corrupt/``.
+Rule: :class:`CorruptCopies` is the only code that writes ``corrupt/``.
 """
 
 from __future__ import annotations

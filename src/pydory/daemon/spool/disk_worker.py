@@ -15,8 +15,8 @@ removes, never a segment without its mark, which it would replay whole). A job l
 crash leaves what it would have removed on disk, as if the crash had come a moment
 earlier: settled frames are marked, so the next start does not send them again.
 
-Rule: the only thread of the spool besides the loop's; it touches nothing but what it
-was handed and its own counters.
+Rule: :class:`DiskWorker` is the only thread of the spool besides the loop's; it touches
+nothing but what it was handed and its own counters.
 """
 
 from __future__ import annotations

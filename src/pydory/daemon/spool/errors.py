@@ -1,7 +1,8 @@
 """What a spool operation raises: the disk refused it, the spool is full, or it is in use.
 
-Rule: the spool reports a refused operation to its callers as one of these, defined here
-only (a disk error is wrapped, never passed on as a bare ``OSError``).
+Rule: the spool reports a refused operation to its callers as one of these (a
+:class:`SpoolError`), defined here only (a disk error is wrapped, never passed on as a bare
+``OSError``).
 """
 
 from __future__ import annotations

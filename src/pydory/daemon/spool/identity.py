@@ -24,8 +24,9 @@ ASCII ``<host>/<incarnation: 16 hex digits>/<stream>/<sequence>``, e.g.
 The header is on by default; ``<messageIdentity enable="false">`` sends no header (for
 consumers that cannot take record headers); identities are still given and spooled.
 
-Rule: the only code that knows how an identity is formed and rendered (pydory.hotpath's
-``identity_headers``, compiled where built, only appends the sequence to the prefix made here).
+Rule: the only code that knows how an identity is formed and rendered (:class:`MessageIds`;
+``pydory.hotpath``'s ``identity_headers``, compiled where built, only appends the sequence
+to the prefix made here).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 refused the directory can say which process holds it. The lock itself is the ``flock``
 :class:`pydory.daemon.spool.segments.Spool` holds on that file.
 
-Rule: the pid text is advice only: failing to write or read it never stops a daemon.
+Rule: the pid text is advice only: failing to write it (:func:`write_pid`) or read it
+(:func:`read_pid`) never stops a daemon.
 """
 
 from __future__ import annotations

@@ -57,7 +57,10 @@ when they do not chain, the frame headers it can still see in the damage, at lea
 Every length is checked against its frame before anything is allocated, so a corrupt or
 hostile file yields a report, never an exception or a huge allocation.
 
-Rule: this is the only module that knows the byte layout of a segment file.
+Rule: the byte layout of a segment file is defined here, and read only here. One other
+code writes it: ``_cwire.c``'s ``encode_payload_frames`` (``pydory.hotpath.payload_frames``)
+writes the frames of :func:`encode_payloads_reference` byte for byte, from the marker and
+the payload head given here (``tests/test_cwire.py`` holds the two equal).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ a segment that cannot be read is left in place for the next start. The :class:`S
 <pydory.daemon.spool.segments.Spool>` drives it: ``recover()``, ``recovery_report`` and
 ``finish_recovery()`` delegate here.
 
-Rule: the only code that reads, repairs or removes the segment files found at ``open()``.
+Rule: :class:`SegmentRecovery` is the only code that reads, repairs or removes the segment
+files found at ``open()``.
 """
 
 from __future__ import annotations

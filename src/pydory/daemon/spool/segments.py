@@ -23,9 +23,9 @@ afresh: :mod:`pydory.daemon.spool.identity`), and deleted when it rotates or at
 ``close()``. Settled frames of a segment still in use are marked in its side file
 (:mod:`pydory.daemon.spool.acks`), so a crash replays only the others.
 
-Rule: the only code that holds the spool directory's lock, names its segment files,
-and writes, truncates or deletes this run's segments (when they are fsynced:
-:mod:`pydory.daemon.spool.syncing`).
+Rule: :class:`Spool` is the only code that holds the spool directory's lock, names its
+segment files (``SEGMENT_NAME``), and writes, truncates or deletes this run's segments (when
+they are fsynced: :mod:`pydory.daemon.spool.syncing`).
 """
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ class Spool:
         incarnation: int | None = None,
         disk_worker: DiskWorker | None = None,
     ) -> None:
+        """``segment_bytes``: a segment rotates once it reaches this size; ``clock``: the
+        interval policy's clock; ``incarnation``: this run's (new if None);
+        ``disk_worker``: the thread the interval's syncs and the deletions run on (None:
+        in the caller)."""
         if segment_bytes < 1 or max_bytes < 1:
             raise ValueError("segment_bytes and max_bytes must be positive")
         # The daemon's worker takes the interval's syncs and the deletions off its loop.
@@ -135,11 +139,11 @@ class Spool:
         self._outstanding = 0
         #: ``(start, end)`` file offsets of the last append's frames in its segment.
         self.last_append = (0, 0)
+        #: Messages appended since open().
         self.appended_total = 0
-        """Messages appended since open()."""
-        self._errors = 0  # disk errors met here; the syncs count theirs
+        #: Bursts refused because the spool was at its size cap.
         self.full_total = 0
-        """Bursts refused because the spool was at its size cap."""
+        self._errors = 0  # disk errors met here; the syncs count theirs
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -179,7 +183,11 @@ class Spool:
         self._next_id = max(self._next_id, found[-1][0] + 1 if found else 1)
 
     def _scan(self) -> list[tuple[int, str]]:
-        found, marks = [], {}
+        """The segments an earlier run left, ``(id, path)`` oldest first (their bytes
+        counted for the recovery); an acknowledgement mark whose segment is gone deleted,
+        and the next id set past every id a segment or a mark has used."""
+        found: list[tuple[int, str]] = []
+        marks: dict[int, str] = {}
         for name in os.listdir(self.directory):
             match = SEGMENT_NAME.fullmatch(name)
             if match is None:
@@ -500,10 +508,8 @@ class Spool:
             raise self._error(f"cannot create spool segment [{path}]", exc) from exc
         self._next_id += 1  # an id is never reused, even for a file that failed
         try:
-            stream, self._next_stream = self._next_stream, self._next_stream + 1
-            header = encode_header(segment_id, self.incarnation, stream)
-            if os.write(fd, header) != len(header):  # only a full disk writes short here
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # noqa: TRY301
+            stream = self._new_stream()
+            _write_header(fd, encode_header(segment_id, self.incarnation, stream))
             # The new name must survive a power cut too, or its records vanish with it.
             self._sync.created(fd)
         except OSError as exc:
@@ -517,9 +523,18 @@ class Spool:
         self._current = segment
         return segment
 
+    def _new_stream(self) -> int:
+        """The stream number of a new segment, or of one cut back: never used before in
+        this run, so a frame's (stream, sequence) names one message."""
+        stream = self._next_stream
+        self._next_stream += 1
+        return stream
+
     def _fsync(self, current: _Segment | None) -> None:
         """Sync what waits (:meth:`SegmentSync.sync`); SpoolError if ``current`` fails."""
-        open_current = None if current is None or current.fd is None else (current.id, current.fd)
+        open_current = None
+        if current is not None and current.fd is not None:
+            open_current = (current.id, current.fd)
         try:
             self._sync.sync(open_current)
         except OSError as exc:
@@ -545,8 +560,9 @@ class Spool:
 
     def _retire(self, segment: _Segment) -> None:
         """Stop writing to ``segment`` (it stays until its messages are settled)."""
-        if segment.fd is not None:
-            fd, segment.fd = segment.fd, None
+        fd = segment.fd
+        if fd is not None:
+            segment.fd = None
             self._sync.retired(segment.id, fd)  # its unsynced writes: with the next sync
         if self._current is segment:
             self._current = None
@@ -560,12 +576,11 @@ class Spool:
             return
         self.before_fold(segment.id, segment.stream)
         self._acks.forget(segment.id, segment.path)
-        stream, self._next_stream = self._next_stream, self._next_stream + 1
-        header = encode_header(segment.id, self.incarnation, stream)
+        stream = self._new_stream()
         try:
             os.ftruncate(segment.fd, 0)
-            if os.write(segment.fd, header) != len(header):  # O_APPEND: at 0
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # noqa: TRY301
+            # O_APPEND: written at 0, after the cut.
+            _write_header(segment.fd, encode_header(segment.id, self.incarnation, stream))
         except OSError as exc:
             self._retire(segment)
             self._delete(segment)
@@ -577,6 +592,8 @@ class Spool:
         segment.stream = stream
 
     def _delete(self, segment: _Segment) -> None:
+        """Delete a settled segment and then its acknowledgement mark (on the disk worker,
+        if there is one), its outcome tally folded first."""
         if segment.fd is not None:
             self._retire(segment)
         self._sync.deleted(segment.id)
@@ -597,3 +614,10 @@ class Spool:
             raise self._error(f"cannot delete spool segment [{segment.path}]", exc) from exc
         with contextlib.suppress(OSError):
             os.unlink(ack_path(segment.path))
+
+
+def _write_header(fd: int, header: bytes) -> None:
+    """Write a segment's header; OSError (ENOSPC) if it is written short: only a full disk
+    writes a few dozen bytes short."""
+    if os.write(fd, header) != len(header):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

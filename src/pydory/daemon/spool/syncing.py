@@ -12,8 +12,10 @@ A new segment's header and name (its directory entry) are synced with the same s
 With ``always`` nothing waits: an append returns only when its bytes, and the file's
 name, are on the disk.
 
-Rule: the only code that fsyncs this run's segment files and their directory, and that
-decides when.
+Rule: when this run's segment files and their directory are fsynced is decided by
+:class:`SegmentSync` alone; the syncs run here, or on the ``DiskWorker`` it hands an
+interval's syncs to. (A segment of an earlier run that recovery repaired is synced by
+``Spool``, under the same policy.)
 """
 
 from __future__ import annotations

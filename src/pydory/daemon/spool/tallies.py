@@ -24,8 +24,8 @@ A message of a group still unmarked at the crash is replayed by the next start, 
 killed run did with it; the rebuilt books are then
 ``accepted = delivered + possibly_delivered + discarded + handed_over`` per topic.
 
-Rule: the only code that knows a tally's outcomes, its bytes, and what a run settled per
-group and per segment stream.
+Rule: the only code that knows a tally's outcomes (``OUTCOMES``), its bytes
+(:func:`encode_tally`), and what a run settled per group and per segment stream.
 """
 
 from __future__ import annotations

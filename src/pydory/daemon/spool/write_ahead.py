@@ -4,7 +4,7 @@ Each read burst is appended to the spool as it came from the clients (Dory's own
 bytes: topic, key, value, timestamp and partition key, each framed with its length and
 CRC), in one write, before intake admits a single message of it. A segment of the spool
 is deleted once every message in it is settled, so what a crashed daemon leaves on disk
-is exactly what it had not finished with; the next start replays it (``Server``).
+is exactly what it had not finished with; the next start replays it (``spool/lifecycle.py``).
 
 Settling needs no bookkeeping per message: :class:`WriteAhead` stands in for the commit
 point before intake and the delivery ledger, and folds the spool segment into the token
@@ -26,9 +26,10 @@ When the spool cannot take a burst (its size cap, a full or failing disk), the b
 processed without the write-ahead, counted (``spool_unprotected`` messages), and the
 caller's overload policy decides whether the inputs pause until the spool has room.
 
-Rule: a burst reaches admission only after it is in the spool (or counted as unprotected
-when the disk refuses it), and a spool segment is settled only through the tokens handed out
-here.
+Rule: a burst reaches admission's checks only after it is in the spool (or counted as
+unprotected when the disk refuses it; datagrams over their sender's quota, discarded
+unread, are never spooled), and a spool segment is settled only through the tokens
+:class:`WriteAhead` hands out.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class WriteAhead:
         self._deferred: collections.deque[_DeferredBurst] = collections.deque()
         #: While a deferred burst is admitted: the generation its messages already hold.
         self._resumed_generation: int | None = None
-        #: Set while bursts wait on disk for memory (the server's drainer waits on it).
+        #: Set while bursts wait on disk for memory (``spool/lifecycle.py``'s drainer waits on it).
         self.deferred_waiting = asyncio.Event()
 
     # -- a burst -------------------------------------------------------------------------
