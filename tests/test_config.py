@@ -658,11 +658,33 @@ def test_missing_required_element() -> None:
 
 
 def test_missing_required_section() -> None:
+    start = MINIMAL.index("    <initialBrokers>")
+    end = MINIMAL.index("</initialBrokers>") + len("</initialBrokers>")
+    error = the_error(MINIMAL[:start] + MINIMAL[end:])
+    assert error.reason == "Missing required element [initialBrokers]"
+    assert error.path == "/doryConfig"
+
+
+def test_a_file_without_compression_loads_uncompressed_as_dorys_does() -> None:
+    """Dory's conf.cc reads <compression> only when present (issue 33)."""
     start = MINIMAL.index("    <compression>")
     end = MINIMAL.index("    <initialBrokers>")
-    error = the_error(MINIMAL[:start] + MINIMAL[end:])
-    assert error.reason == "Missing required element [compression]"
-    assert error.path == "/doryConfig"
+    config = parse_config(MINIMAL[:start] + MINIMAL[end:])
+    assert config.compression_for("anything").type is CompressionType.NONE
+    assert config.warnings == ()
+
+
+def test_a_file_without_batching_loads_with_dorys_zero_limits_and_says_so() -> None:
+    """Dory starts without <batching> and, its messageMaxBytes being 0, discards every
+    message; pydory does the same, and says so (issue 33)."""
+    start = MINIMAL.index("    <batching>")
+    end = MINIMAL.index("    <compression>")
+    config = parse_config(MINIMAL[:start] + MINIMAL[end:])
+    assert config.batching.message_max_bytes == 0
+    assert config.batching.produce_request_data_limit == 0
+    assert len(config.warnings) == 1
+    assert "No <batching> section" in config.warnings[0]
+    assert "too_long" in config.warnings[0]
 
 
 @pytest.mark.parametrize(

@@ -289,6 +289,69 @@ def test_a_config_with_what_dory_accepts_serves_and_says_what_it_ignores(
     assert "Traceback" not in output
 
 
+def without_section(tag: str) -> Callable[[str], str]:
+    """An edit that removes the section ``<tag>`` from a rendered config."""
+    return lambda text: re.sub(rf"\s*<{tag}>.*?</{tag}>", "", text, count=1, flags=re.S)
+
+
+def books_topic(http_port: int, topic: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/books/json", timeout=60) as r:
+        found = [t for t in json.load(r)["topics"] if t["topic"] == topic]
+    return found[0] if found else {"accepted": 0, "discarded": {}, "in_flight": 0}
+
+
+@pytest.mark.parametrize(
+    ("section", "outcome"),
+    [("compression", "delivered"), ("batching", "too_long")],
+)
+def test_a_config_without_compression_or_batching_runs_as_dorys_does(
+    mock_cluster: MockCluster, socket_dir: str, tmp_path: Path, section: str, outcome: str
+) -> None:
+    """Dory's conf.cc reads <batching> and <compression> only when present: without
+    <compression> it sends uncompressed; without <batching> its messageMaxBytes is 0 and it
+    discards every message. pydory refused both files before issue 33."""
+    mock_cluster.create_topic(TOPIC, 2)
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    path = dory_config(config, tmp_path, without_section(section))
+    assert f"<{section}>" not in path.read_text()
+    log = (tmp_path / "dory.log").open("wb")
+    process = subprocess.Popen(
+        [str(DORY), "--config-path", str(path)], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        url = f"http://127.0.0.1:{config.http_port}/books/json"
+        wait_until(lambda: answers(url) or process.poll() is not None, 600, "the daemon")
+        assert process.poll() is None, (tmp_path / "dory.log").read_text()
+        with DatagramSender(config.datagram_path) as datagram:
+            datagram.send(TOPIC, b"as Dory would")
+
+        def settled() -> bool:
+            books = books_topic(config.http_port, TOPIC)
+            return bool(books["accepted"] + sum(books["discarded"].values()) == 1) and (
+                books["in_flight"] == 0
+            )
+
+        wait_until(settled, 600, "the message settled")
+        books = books_topic(config.http_port, TOPIC)
+        if outcome == "delivered":
+            assert books["delivered"] == 1
+        else:
+            assert books["discarded"] == {"too_long": 1}
+            assert books["accepted"] == 0
+    finally:
+        process.terminate()
+        assert process.wait(timeout=600) == 0
+        log.close()
+    check = subprocess.run(
+        [sys.executable, "-m", "pydory", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert check.returncode == 0, check.stderr
+    assert ("No <batching> section" in check.stderr) == (section == "batching")
+
+
 def answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5):
@@ -484,6 +547,52 @@ def test_dory_daemon_forks_prints_the_pid_and_returns_as_dorys_init_script_needs
     finally:
         os.kill(pid, signal.SIGTERM)
         wait_until(lambda: not Path(f"/proc/{pid}").exists() or zombie(pid), 60, "its exit")
+
+
+def test_dory_daemon_whose_parent_is_pid_1_stays_in_the_foreground_as_dorys_does(
+    mock_cluster: MockCluster, socket_dir: str, tmp_path: Path
+) -> None:
+    """Dory's ``Docker/start.sh`` runs ``dory --daemon`` as a child of the container's
+    first process; Dory's Daemonize() does not fork when ``getppid() == 1``, so the
+    container lives. pydory forked there: the container's script ended and took the
+    daemon with it. Here a shell is PID 1 of a new PID namespace, as in a container."""
+    mock_cluster.create_topic(TOPIC, 2)
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir)
+    path = dory_config(config, tmp_path, lambda text: text)
+    environment = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+    # `; echo` keeps the shell from exec'ing dory (which would make dory PID 1 itself).
+    script = f'"{DORY}" --daemon --config-path "{path}"; echo "dory exited $?"'
+    container = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{config.http_port}/server_info/json"
+        wait_until(lambda: answers(url) or container.poll() is not None, 600, "the daemon")
+        assert container.poll() is None, container.communicate()
+        with DatagramSender(config.datagram_path) as datagram:
+            datagram.send(TOPIC, b"from a container")
+        wait_until(lambda: delivered(config.http_port) == 1, 600, "a delivery")
+        # Still the shell's child: nothing forked away from it.
+        found = subprocess.run(
+            ["pgrep", "-f", f"dory.*--config-path {path}$"], capture_output=True, text=True
+        )
+        (pid,) = (int(word) for word in found.stdout.split())
+        shell = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert Path(f"/proc/{shell}/cmdline").read_bytes().startswith(b"sh\0-c\0")
+        os.kill(pid, signal.SIGTERM)
+        stdout, stderr = container.communicate(timeout=600)
+    finally:
+        if container.poll() is None:
+            container.kill()
+            container.wait()
+    # Dory prints no pid when it does not fork, and exits 0 on SIGTERM.
+    assert stdout == "dory exited 0\n", stderr
+    assert container.returncode == 0
 
 
 def zombie(pid: int) -> bool:

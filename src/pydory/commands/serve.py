@@ -3,8 +3,11 @@
 ``--daemon`` means what it means to Dory (``server/daemonize.cc``): once the config is
 read and valid, fork; the parent prints the child's pid on stdout and exits 0 (Dory's init
 script waits for that), the child starts a new session, points stdin, stdout and stderr
-at /dev/null, moves to ``/`` and runs the daemon. Under systemd (``NOTIFY_SOCKET`` set)
-it refuses instead: systemd supervises the process itself and waits for its readiness.
+at /dev/null, moves to ``/`` and runs the daemon. When the parent is PID 1 (init, or a
+container's first process: Dory's ``Docker/start.sh`` runs ``dory --daemon`` there) Dory
+does not fork: it is "already a daemon" and stays in the foreground, printing nothing, and
+so does pydory (a fork there would end the container). Under systemd (``NOTIFY_SOCKET``
+set) it refuses instead: systemd supervises the process itself and waits for its readiness.
 """
 
 from __future__ import annotations
@@ -171,8 +174,12 @@ SYSTEMD_REFUSAL = (
 
 def daemonize() -> int:
     """Dory's Daemonize(): fork; in the parent return the child's pid, in the child (a new
-    session, stdin/stdout/stderr on /dev/null, working directory "/") return 0. Call it
-    before any thread or event loop exists: a fork keeps only the calling thread."""
+    session, stdin/stdout/stderr on /dev/null, working directory "/") return 0. With PID 1
+    as the parent, return 0 without forking, as Dory does (``getppid() == 1``: "already a
+    daemon"). Call it before any thread or event loop exists: a fork keeps only the
+    calling thread."""
+    if os.getppid() == 1:
+        return 0
     sys.stdout.flush()
     sys.stderr.flush()
     child = os.fork()

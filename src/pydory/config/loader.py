@@ -647,6 +647,8 @@ def _read_config(reader: _Reader, root: Element) -> Config:
         required=tuple(section.tag for section in DOCUMENT if section.required),
         optional=tuple(section.tag for section in DOCUMENT if not section.required),
     )
+    if "batching" not in sections:
+        reader.warn(root, _WITHOUT_BATCHING)
     return Config(
         **{section.field: section.read(reader, sections.get(section.tag)) for section in DOCUMENT}
     )
@@ -662,9 +664,17 @@ class Section:
     required: bool = False
 
 
-# Stand-ins while reading a file that lacks a required section (it is an error anyway).
-_PLACEHOLDER_BATCHING = BatchingConfig(0, 1, False, None, None, NO_BATCHING)
-_PLACEHOLDER_COMPRESSION = CompressionConfig(CompressionCodec("", CompressionType.NONE))
+# A file without <batching> or <compression> is one Dory accepts (conf.cc reads both
+# sections only when present), so it loads here with Dory's empty builders' values.
+#: Dory's batching without <batching>: produceRequestDataLimit and messageMaxBytes 0, no
+#: batching. Every message is then larger than messageMaxBytes: Dory discards them all.
+DORY_WITHOUT_BATCHING = BatchingConfig(0, 0, False, None, None, NO_BATCHING)
+#: Dory's compression without <compression>: none, for every topic.
+DORY_WITHOUT_COMPRESSION = CompressionConfig(CompressionCodec("", CompressionType.NONE))
+_WITHOUT_BATCHING = (
+    "No <batching> section: Dory then has messageMaxBytes 0 and discards every message as too "
+    "long; pydory does the same (too_long). Add <batching> to deliver messages"
+)
 
 
 # --- batching ---------------------------------------------------------------------------------
@@ -672,7 +682,7 @@ _PLACEHOLDER_COMPRESSION = CompressionConfig(CompressionCodec("", CompressionTyp
 
 def _read_batching(reader: _Reader, element: Element | None) -> BatchingConfig:
     if element is None:
-        return _PLACEHOLDER_BATCHING  # reported as a missing required element
+        return DORY_WITHOUT_BATCHING  # and a warning, from _read_config
     reader.attributes(element)
     parts = reader.children(
         element,
@@ -798,7 +808,7 @@ def _read_topic_batching(
 
 def _read_compression(reader: _Reader, element: Element | None) -> CompressionConfig:
     if element is None:
-        return _PLACEHOLDER_COMPRESSION  # reported as a missing required element
+        return DORY_WITHOUT_COMPRESSION
     reader.attributes(element)
     parts = reader.children(
         element,
@@ -808,7 +818,7 @@ def _read_compression(reader: _Reader, element: Element | None) -> CompressionCo
     named = _named_configs(
         reader, parts.get("namedConfigs"), "Compression", partial(_read_codec, reader)
     )
-    no_codec = _PLACEHOLDER_COMPRESSION.default_topic
+    no_codec = DORY_WITHOUT_COMPRESSION.default_topic
     read_topic = _config_reference(reader, named, "Compression", no_codec)
     default_topic, topic_configs = _per_topic(reader, parts, "Compression", read_topic, no_codec)
     return CompressionConfig(
@@ -1355,8 +1365,8 @@ def _read_librdkafka(reader: _Reader, element: Element | None) -> Mapping[str, s
 #: Every top-level section: required ones first, then as Dory's docs list them (an unknown
 #: element's error lists them in this order); they are read in this order too.
 DOCUMENT = (
-    Section("batching", "batching", _read_batching, required=True),
-    Section("compression", "compression", _read_compression, required=True),
+    Section("batching", "batching", _read_batching),
+    Section("compression", "compression", _read_compression),
     Section("initialBrokers", "initial_brokers", _read_initial_brokers, required=True),
     Section("topicRateLimiting", "rate_limiting", _read_rate_limiting),
     Section("inputSources", "inputs", _read_input_sources),

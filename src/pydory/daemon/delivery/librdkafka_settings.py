@@ -163,7 +163,9 @@ def producer_profile(config: Config, topic: str) -> ProducerProfile:
     message_max = config.batching.message_max_bytes
     if thresholds is None:
         # Batching disabled: send as soon as possible, one request per message or so.
-        linger_ms, batch_messages, batch_bytes = 0, 1, message_max
+        # (max 1: a file without <batching> has messageMaxBytes 0, and librdkafka's
+        # batch.size starts at 1; every message is too long for it then anyway.)
+        linger_ms, batch_messages, batch_bytes = 0, 1, max(1, message_max)
     else:
         linger_ms, batch_messages, batch_bytes = _batch_limits(thresholds, message_max)
     codec = config.compression_for(topic)
