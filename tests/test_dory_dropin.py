@@ -624,6 +624,25 @@ def test_dory_daemon_under_systemd_refuses_and_says_what_to_do(
 # --- 5. small: unknown URLs -----------------------------------------------------------------
 
 
+def test_sigquit_does_nothing_to_the_daemon_as_to_dory(
+    mock_cluster: MockCluster, socket_dir: str, tmp_path: Path
+) -> None:
+    """Dory blocks SIGQUIT (its signal thread handles only SIGINT, SIGTERM and SIGUSR1);
+    Python's default for it is a core dump, which ended pydory without its shutdown."""
+    mock_cluster.create_topic(TOPIC, 2)
+    config = DaemonConfig(mock_cluster.bootstrap_servers, socket_dir, log_to_stdout=True)
+    daemon = DaemonProcess(config, tmp_path / "dory.xml", tmp_path / "daemon.log")
+    try:
+        os.kill(daemon.process.pid, signal.SIGQUIT)
+        wait_until(lambda: "SIGQUIT ignored" in daemon.log_path.read_text(), 600, "its line")
+        assert daemon.process.poll() is None
+        with DatagramSender(config.datagram_path) as datagram:
+            datagram.send(TOPIC, b"after SIGQUIT")
+        wait_until(lambda: delivered(config.http_port) == 1, 600, "a delivery")
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_an_unknown_url_answers_404_a_listed_difference(
     serve: tuple[DaemonProcess, DaemonConfig],
 ) -> None:

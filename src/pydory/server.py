@@ -317,6 +317,9 @@ class Server:
             loop.add_signal_handler(sig, self._request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         loop.add_signal_handler(signal.SIGUSR1, self._reopen_log_files)
+        # Dory blocks every signal it does not handle: SIGQUIT does nothing to it. Its
+        # default here (a core dump) would end the daemon without its shutdown.
+        loop.add_signal_handler(signal.SIGQUIT, _ignore_sigquit)
 
     def _reopen_log_files(self) -> None:
         """SIGUSR1 (logrotate): reopen the log file, the discard log file and the message
@@ -329,7 +332,7 @@ class Server:
     def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGQUIT):
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
 
@@ -386,3 +389,7 @@ async def _until_done(task: asyncio.Task[None]) -> None:
     """Await ``task``, started before the task group: its failure takes the server down
     like any background task's, and cancelling this cancels it."""
     await task
+
+
+def _ignore_sigquit() -> None:
+    log.warning("SIGQUIT ignored, as Dory ignores it: stop the daemon with SIGTERM or SIGINT")

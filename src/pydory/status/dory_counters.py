@@ -30,13 +30,20 @@ def _counter(name: str) -> Reading:
 
 
 def _messages_created(view: DaemonView) -> int:
-    return sum(t.accepted for t in view.books.per_topic().values())
+    """Dory's count from a message's receipt: the accepted ones, those waiting for metadata
+    (accepted, or found a bad topic, when it comes), and those that waited and were found
+    a bad topic. A waiting message moves from the second term to one of the others, so
+    the count never goes down."""
+    accepted = sum(t.accepted for t in view.books.per_topic().values())
+    waited_then_bad = view.counters.get(counter_names.WAITED_THEN_BAD_TOPIC)
+    return accepted + view.pending_topic_messages() + waited_then_bad
 
 
 def _messages_destroyed(view: DaemonView) -> int:
-    """Accepted messages with an outcome (delivered, possibly delivered, left in the spool
-    for the next start, discarded): every one but those in flight."""
-    return sum(t.accepted - t.in_flight for t in view.books.per_topic().values())
+    """Created messages with an outcome (delivered, possibly delivered, left in the spool
+    for the next start, discarded): every one but those in flight or waiting."""
+    in_flight = sum(t.in_flight for t in view.books.per_topic().values())
+    return _messages_created(view) - in_flight - view.pending_topic_messages()
 
 
 #: Dory's counters that pydory counts, and where each value comes from.

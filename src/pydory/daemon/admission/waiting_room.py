@@ -114,9 +114,16 @@ class WaitingRoom:
         self._hold_for_creation(message, cost, self._tokens.open(), headers)
 
     def _hold_for_creation(
-        self, message: Message, cost: int, token: int, headers: Headers | None
+        self,
+        message: Message,
+        cost: int,
+        token: int,
+        headers: Headers | None,
+        *,
+        was_waiting: bool = False,
     ) -> None:
-        """Hold ``message`` until metadata shows its topic (autocreate is on)."""
+        """Hold ``message`` until metadata shows its topic (autocreate is on);
+        ``was_waiting``: it waited for the first metadata before."""
         assert self.autocreate is not None
         topic = message.topic
         waiting = self._for_creation.get(topic)
@@ -126,7 +133,7 @@ class WaitingRoom:
         if len(self._for_creation) >= self._creation_limit:
             # A client cycling through names must not start a creation (and a task) each.
             self._counters.inc(counter_names.AUTOCREATE_OVER_LIMIT)
-            self._found_bad(message, cost, token)
+            self._found_bad(message, cost, token, waited=was_waiting)
             return
         # Held before asking: the creation may settle at once (no task group yet).
         self._for_creation[topic] = _Waiting([(message, cost, token, headers)])
@@ -141,9 +148,12 @@ class WaitingRoom:
             key=message.key,
         )
 
-    def _found_bad(self, message: Message, cost: int, token: int) -> None:
-        """A held message whose topic the metadata still does not show: its bytes and
-        token released, a ``bad_topic`` discard."""
+    def _found_bad(self, message: Message, cost: int, token: int, *, waited: bool) -> None:
+        """A message whose topic the metadata still does not show: its bytes and token
+        released, a ``bad_topic`` discard. ``waited``: it was held here before (and so
+        counted in Dory's MsgCreate, which counts a message from its receipt)."""
+        if waited:
+            self._counters.inc(counter_names.WAITED_THEN_BAD_TOPIC)
         self._pool.release(cost)
         self._tokens.close(token)
         self._discard_bad_topic(message)
@@ -157,7 +167,7 @@ class WaitingRoom:
             if self._router.knows(topic):
                 self._enqueue(message, cost, token, headers)
             else:
-                self._found_bad(message, cost, token)
+                self._found_bad(message, cost, token, waited=True)
 
     def metadata_arrived(self) -> None:
         """The first metadata is in: route what waited for it, in the order received. A
@@ -168,9 +178,9 @@ class WaitingRoom:
             if self._router.knows(topic):
                 self._enqueue(message, cost, token, headers)
             elif self.autocreate is not None:
-                self._hold_for_creation(message, cost, token, headers)
+                self._hold_for_creation(message, cost, token, headers, was_waiting=True)
             else:
-                self._found_bad(message, cost, token)
+                self._found_bad(message, cost, token, waited=True)
                 self._on_unknown_topic(topic)
 
     def settle_all(self) -> None:

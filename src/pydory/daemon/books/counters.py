@@ -60,6 +60,10 @@ HELD_WHEN_MEMORY_SHORT = "held_when_memory_short"
 #: Messages for a topic to auto-create, discarded bad_topic because <maxUnknownTopics>
 #: topics already waited for their creation (admission/intake.py).
 AUTOCREATE_OVER_LIMIT = "autocreate_over_limit"
+#: Messages that waited for metadata and were then discarded bad_topic, never accepted
+#: (admission/waiting_room.py): Dory counts a message in MsgCreate from its receipt, so a
+#: waiting message stays in MsgCreate through this count when it leaves discarded.
+WAITED_THEN_BAD_TOPIC = "waited_then_bad_topic"
 CONNECTION_OPENED = {transport: f"connection_opened_{transport}" for transport in Transport}
 CONNECTION_CLOSED = {transport: f"connection_closed_{transport}" for transport in Transport}
 STREAM_SOCKET_ERROR = {transport: f"stream_socket_error_{transport}" for transport in Transport}
