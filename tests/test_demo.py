@@ -31,7 +31,7 @@ def demo_run(
         [sys.executable, "-m", "pydory", "demo", "--count", str(COUNT), "--workdir", str(workdir)],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=1800,  # a safety net only: 90 s alone, 280 s seen at load 50
         check=False,
     )
     return done, workdir
@@ -113,7 +113,7 @@ def test_the_demo_with_sigkills_lands_every_accepted_message_once_and_says_so(
         ],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=1800,  # a safety net only: 90 s alone, 280 s seen at load 50
         check=False,
     )  # fmt: skip
 
