@@ -647,7 +647,8 @@ def _topic_spec(text: str) -> tuple[str, int, int]:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m pydory.testing.kafka_broker",
-        description="Run Apache Kafka (KRaft) on loopback; print the bootstrap string first.",
+        description="Run Apache Kafka (KRaft) on loopback; print the bootstrap string first. "
+        "'python -m pydory.testing.kafka_broker topics --help': make topics on a running one.",
     )
     parser.add_argument("--brokers", type=int, default=1, help="number of nodes (default 1)")
     parser.add_argument(
@@ -663,6 +664,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["topics"]:  # on a running Kafka: pydory.testing.kafka_topics
+        from pydory.testing import kafka_topics
+
+        return kafka_topics.main(argv[1:])
     args = _parse_args(argv)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
