@@ -1,8 +1,9 @@
 """`pydory config check PATH`: validate a config file and show the effective settings.
 
 Exit status 0 and the settings (every section, defaults filled in, under the XML's own
-element names in the file's order: ``pydory.commands.config_listing``) on stdout; or exit status 1 and every error on stderr, in Dory's format
-``Error in config file: (line L, column C) /element/path: reason``.
+element names in the file's order: ``pydory.commands.config_listing``) on stdout; or
+exit status 1 and every error on stderr, in Dory's format ``Error in config file: (line
+L, column C) /element/path: reason``.
 """
 
 from __future__ import annotations
