@@ -14,7 +14,9 @@ What counts as a fixed deadline, read from the source (an AST scan of ``tests/``
   a loop that goes on, not a deadline;
 - a number as the deadline argument of ``wait_for(x, N)``, ``wait_until(x, N)``,
   ``x.wait(N)`` (an Event, Condition or process wait) and ``x.join(N)``;
-- a parameter named ``timeout``, ``timeout_s`` or ``deadline_s`` whose default is a number;
+- a parameter named ``timeout``, ``timeout_s``, ``deadline_s`` or ``budget_s`` whose default
+  is a number;
+- ``time.monotonic() + N``, a deadline computed in place;
 - a name ending in ``TIMEOUT_S`` or ``TIMEOUT_MS`` assigned a number (a module's constant).
 
 A wait that is meant to end at its timeout (the test checks that something does *not*
@@ -35,7 +37,7 @@ MARKER = "# not a deadline"
 TIMEOUT_KEYWORDS = {"timeout": 1.0, "timeout_s": 1.0, "timeout_ms": 0.001}
 POLLS = {"consume", "poll"}
 POSITIONAL_DEADLINE = {"wait_for": 1, "wait_until": 1, "wait": 0, "join": 0, "settimeout": 0}
-DEFAULT_NAMES = {"timeout", "timeout_s", "deadline_s"}
+DEFAULT_NAMES = {"timeout", "timeout_s", "deadline_s", "budget_s"}
 CONSTANT_SUFFIXES = {"TIMEOUT_S": 1.0, "TIMEOUT_MS": 0.001}
 
 
@@ -87,6 +89,11 @@ def _deadlines_of(node: ast.AST) -> Iterator[tuple[int, float]]:
             value = _number(default)
             if argument.arg in DEFAULT_NAMES and value is not None:
                 yield default.lineno, value
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        now = isinstance(node.left, ast.Call) and _name(node.left) == "monotonic"
+        value = _number(node.right)
+        if now and value is not None:
+            yield node.right.lineno, value
     elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
         value = _number(node.value)
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -133,10 +140,13 @@ def test_the_scan_finds_each_kind_of_fixed_deadline() -> None:
             "PAGE_TIMEOUT_MS = 20_000",
             "RECEIVE_TIMEOUT_S: float = 10",
             "START_TIMEOUT_S = 60.0",
+            "deadline = time.monotonic() + 30",
+            "def loop(budget_s: float = 20.0): ...",
+            "start = time.monotonic() + 0.05  # not a deadline: the first send's moment",
         ]
     )
 
     found = sorted(fixed_deadlines(source))
 
-    assert [line for line, _ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14]
-    assert found[-2:] == [(13, 20.0), (14, 10.0)]
+    assert [line for line, _ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 16, 17]
+    assert found[-4:] == [(13, 20.0), (14, 10.0), (16, 30.0), (17, 20.0)]
