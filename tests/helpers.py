@@ -4,9 +4,11 @@ dispatcher that records what the intake sends, and a stream intake for input tes
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -24,9 +26,57 @@ TOTALS_LINE = re.compile(
 )
 #: The (reason, count) pairs in the logged discard dict.
 DISCARD_COUNTS = re.compile(r"'(\w+)':\s*(\d+)")
+#: The time logsetup's format puts at the start of a daemon's log line.
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+def logged_at(line: str) -> float:
+    """The daemon's own time of a log line (seconds since the epoch)."""
+    found = LOG_TIME.match(line)
+    assert found is not None, f"no time at the start of {line!r}"
+    return datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def shutdown_span_s(lines: Sequence[str]) -> float:
+    """From the daemon's "shutting down" line to its last totals line, by its own clock."""
+    began = next(logged_at(line) for line in lines if "pydory shutting down" in line)
+    ended = max(logged_at(line) for line in lines if TOTALS_LINE.search(line))
+    return ended - began
+
+
+class SchedulingDelay(threading.Thread):
+    """How late a 10 ms sleep wakes while it runs: the machine's load, measured, so a
+    bound on elapsed time can grow with it instead of failing on a busy runner."""
+
+    TICK_S = 0.01
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.worst_s = 0.0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            before = time.monotonic()
+            if self._stop_event.wait(self.TICK_S):  # not a deadline: the probe's tick
+                return
+            self.worst_s = max(self.worst_s, time.monotonic() - before - self.TICK_S)
+
+    def __enter__(self) -> SchedulingDelay:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def margin_s(self, quiet_s: float = 1.0) -> float:
+        """``quiet_s`` on a quiet machine, plus 20 times the worst lateness seen: a step of
+        the stop waits on the scheduler at most a few dozen times."""
+        return quiet_s + 20 * self.worst_s
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0, what: str = "") -> None:
     """Wait for an outcome the daemon reaches asynchronously (delivery reports)."""
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -303,12 +303,12 @@ def received_through(kind: int, batch: int, count: int, compiled: bool) -> list[
     with receiver:
         reader.start()
         with sender:
-            sender.settimeout(10)
-            writer = Writer(sender, messages, batch, stream, time.monotonic() + 10, compiled)
+            sender.settimeout(60)
+            writer = Writer(sender, messages, batch, stream, time.monotonic() + 60, compiled)
             assert writer.compiled is compiled
             writer.send_messages(count // 3)
             writer.send_messages(count - count // 3)  # the index carries on
-        reader.join(timeout=10)
+        reader.join(timeout=60)
     return got
 
 

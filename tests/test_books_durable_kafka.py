@@ -73,7 +73,7 @@ def test_a_sigkilled_runs_books_are_rebuilt_and_published_with_the_next_ones(
     finally:
         killed.kill()  # mid-stream: the client is still sending
         stream.stopped.set()
-        stream.join(timeout=30)
+        stream.join(timeout=60)
     restarted = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "daemon.log")
     try:
         wait_until(
@@ -132,12 +132,12 @@ def test_with_topic_autocreate_the_daemon_creates_the_books_topic_compacted(
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     try:
         wait_until(
-            lambda: books_topic in admin.list_topics(timeout=10).topics, 60, "the books topic"
+            lambda: books_topic in admin.list_topics(timeout=60).topics, 60, "the books topic"
         )
     finally:
         assert daemon.stop() == 0
     resource = ConfigResource(ConfigResource.Type.TOPIC, books_topic)
-    described = admin.describe_configs([resource])[resource].result(timeout=30)
+    described = admin.describe_configs([resource])[resource].result(timeout=60)
     assert described["cleanup.policy"].value == "compact"
     (record,) = books_records(kafka_broker.bootstrap_servers, books_topic).values()
     assert (record["host"], record["final"], record["ended"]) == ("host-b", True, "clean")

@@ -313,8 +313,8 @@ def test_waiting_for_a_moment_already_passed_returns_at_once() -> None:
     world = World(now=100.0)
     commit_point = world.commit_point()
     world.now = 101.0
-    assert run(commit_point.wait_past(None, timeout_s=0))
-    assert run(commit_point.wait_past(WALL_OFFSET + 100.5, timeout_s=0))
+    assert run(commit_point.wait_past(None, timeout_s=0))  # not a deadline
+    assert run(commit_point.wait_past(WALL_OFFSET + 100.5, timeout_s=0))  # not a deadline
 
 
 def test_settling_the_last_old_message_wakes_the_waiter() -> None:
@@ -358,10 +358,10 @@ def test_a_waiter_times_out_while_a_message_is_stuck() -> None:
         commit_point = world.commit_point()
         token = commit_point.open()
         world.now = 101.0
-        assert not await commit_point.wait_past(None, timeout_s=0.05)
+        assert not await commit_point.wait_past(None, timeout_s=0.05)  # not a deadline
         assert not commit_point._waiters  # forgotten, so no sweep timer keeps running
         commit_point.close(token)
-        assert await commit_point.wait_past(None, timeout_s=0)
+        assert await commit_point.wait_past(None, timeout_s=0)  # not a deadline
 
     run(scenario())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,19 +18,52 @@ SAMPLE = Path(__file__).parent / "data" / "dory_conf.xml"
 def test_check_prints_every_section_of_the_sample(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "check", str(SAMPLE)]) == 0
     out = capsys.readouterr().out
-    for section in ("batching", "compression", "rate_limiting", "inputs", "input_config",
-                    "delivery", "http", "discard_logging", "kafka", "msg_debug", "logging",
-                    "librdkafka"):  # fmt: skip
+    for section in ("batching", "compression", "topicRateLimiting", "inputSources",
+                    "inputConfig", "msgDelivery", "httpInterface", "discardLogging",
+                    "kafkaConfig", "msgDebug", "logging", "librdkafka",
+                    "initialBrokers"):  # fmt: skip
         assert f"[{section}]" in out
     lines = set(out.splitlines())
-    assert "named_configs.low_latency.time_ms = 500" in lines
-    assert "named_configs.low_latency.messages = disable" in lines
-    assert "named_configs.low_latency.bytes = 262144" in lines
-    assert "default_topic.thresholds.time_ms = 10000" in lines
-    assert "named_configs.infinity.max_count = unlimited" in lines
-    assert "unix_datagram.mode = 0222" in lines
-    assert "unix_stream.path = off" in lines
-    assert "bootstrap_servers = broker_host_1:9092,broker_host_2:9092" in lines
+    assert "namedConfigs/config[low_latency]/time = 500" in lines
+    assert "namedConfigs/config[low_latency]/messages = disable" in lines
+    assert "namedConfigs/config[low_latency]/bytes = 262144" in lines
+    assert "defaultTopic/@action = combinedTopics" in lines
+    assert "namedConfigs/config[infinity]/@maxCount = unlimited" in lines
+    assert "unixDatagram/mode = 0222" in lines
+    assert "unixStream/path = (none)" in lines
+    assert "shutdownMaxDelay = 30000" in lines
+    assert "topicAutocreate/@enable = false" in lines
+    assert "broker = broker_host_1:9092" in lines
+
+
+def test_check_speaks_the_xml_names_never_python_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["config", "check", str(SAMPLE)]) == 0
+    settings = [line for line in capsys.readouterr().out.splitlines()[1:] if " = " in line]
+
+    assert len(settings) > 80
+    for line in settings:
+        path = re.sub(r"\[[^]]*\]", "", line.split(" = ")[0])  # names in [] are the user's
+        assert "_" not in path, line  # no snake_case: elements and attributes are camelCase
+
+
+def test_check_lists_the_sections_in_the_files_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = SAMPLE.read_text(encoding="ascii")
+    start, end = text.index("    <msgDelivery>"), text.index("</msgDelivery>\n") + 15
+    moved = text[:start] + text[end:]
+    moved = moved.replace("    <batching>", text[start:end] + "    <batching>", 1)
+    path = tmp_path / "moved.xml"
+    path.write_text(moved, encoding="ascii")
+
+    assert main(["config", "check", str(path)]) == 0
+    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+
+    assert headers[:3] == ["[msgDelivery]", "[batching]", "[compression]"]
+    # Sections the file leaves out come after the file's, defaults filled in.
+    assert headers[-1] in ("[spool]", "[quotas]", "[messageIdentity]")
 
 
 def test_check_shows_per_topic_overrides(
@@ -44,8 +78,8 @@ def test_check_shows_per_topic_overrides(
     path.write_text(text, encoding="ascii")
     assert main(["config", "check", str(path)]) == 0
     lines = set(capsys.readouterr().out.splitlines())
-    assert "topic_configs.clicks.action = perTopic" in lines
-    assert "topic_configs.clicks.thresholds.time_ms = 500" in lines
+    assert "topicConfigs/topic[clicks]/@action = perTopic" in lines
+    assert "topicConfigs/topic[clicks]/@config = low_latency" in lines
 
 
 def test_check_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,7 +151,7 @@ def test_installed_script_checks_the_sample(tmp_path: Path) -> None:
         [script, "config", "check", SAMPLE], capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0, ok.stderr
-    assert "time_ms = 500" in ok.stdout
+    assert "namedConfigs/config[low_latency]/time = 500" in ok.stdout
     bad = subprocess.run(
         [script, "config", "check", bad_copy(tmp_path)], capture_output=True, text=True, timeout=60
     )

@@ -45,7 +45,7 @@ def poll_until(
                 into.extend(part or [])
         return done(gathered)
 
-    wait_until(more, timeout_s=30, what="the reports")
+    wait_until(more, timeout_s=60, what="the reports")
     return gathered
 
 

@@ -141,7 +141,7 @@ class PacedClient(threading.Thread):
     def finish(self) -> list[int]:
         """Stop sending; the numbers of every message sent."""
         self._finish.set()
-        self.join(timeout=30)
+        self.join(timeout=60)
         assert not self.is_alive(), f"{self.name} did not stop"
         if self.error is not None:
             raise AssertionError(f"{self.name} failed") from self.error
@@ -209,7 +209,7 @@ def wait_for_cluster(condition: Callable[[], bool], timeout_s: float, what: str)
 
 def leaders_now(cluster: KafkaCluster, topic: str) -> dict[int, int]:
     try:
-        return cluster.leaders(topic, timeout_s=5)
+        return cluster.leaders(topic, timeout_s=60)
     except KafkaException:
         return {}  # no metadata for a moment: ask again
 
@@ -239,7 +239,7 @@ def elect_preferred_leaders(cluster: KafkaCluster, topic: str) -> None:
     """Hand each partition back to its preferred (first) replica."""
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-    results = admin.elect_leaders(ElectionType.PREFERRED, partitions).result(timeout=30)
+    results = admin.elect_leaders(ElectionType.PREFERRED, partitions).result(timeout=60)
     for partition, error in results.items():
         # ELECTION_NOT_NEEDED: the preferred replica leads that partition already.
         if error is not None and "ELECTION_NOT_NEEDED" not in str(error):
@@ -585,7 +585,7 @@ def test_a_leader_moved_by_controlled_shutdown_mid_stream_loses_and_duplicates_n
         kafka_cluster.stop_broker(victim)
         wait_for_cluster(
             led_without(kafka_cluster, topic, victim),
-            timeout_s=30,
+            timeout_s=60,
             what=f"metadata to show broker {victim}'s partitions led elsewhere",
         )
         stop = Fault(f"stop of broker {victim}", partitions, start, stream.mark())
@@ -599,7 +599,7 @@ def test_a_leader_moved_by_controlled_shutdown_mid_stream_loses_and_duplicates_n
         elect_preferred_leaders(kafka_cluster, topic)
         wait_for_cluster(
             lambda: all(leaders_now(kafka_cluster, topic).get(p) == victim for p in partitions),
-            timeout_s=30,
+            timeout_s=60,
             what=f"broker {victim} to lead {partitions} again",
         )
         back = Fault(f"move back to broker {victim}", partitions, start, stream.mark())

@@ -93,7 +93,7 @@ def send_on_every_transport(config: DaemonConfig, topic: str) -> list[bytes]:
 
 
 def metric(daemon: DaemonProcess, name: str) -> float:
-    with urllib.request.urlopen(f"{daemon.url}/metrics", timeout=30) as response:
+    with urllib.request.urlopen(f"{daemon.url}/metrics", timeout=60) as response:
         for line in response.read().decode().splitlines():
             if line.startswith(f"{name} "):
                 return float(line.split()[1])
@@ -101,7 +101,7 @@ def metric(daemon: DaemonProcess, name: str) -> float:
 
 
 def plain_page(daemon: DaemonProcess, name: str) -> str:
-    with urllib.request.urlopen(f"{daemon.url}/{name}", timeout=30) as response:
+    with urllib.request.urlopen(f"{daemon.url}/{name}", timeout=60) as response:
         return str(response.read().decode())
 
 

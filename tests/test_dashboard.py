@@ -36,7 +36,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 #: How long the browser waits for something the page shows within a few refreshes.
-PAGE_TIMEOUT_MS = 20_000
+PAGE_TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
@@ -146,7 +146,8 @@ class Traffic:
             DatagramSender(self._path) as sender,
             socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as raw,
         ):
-            while not self._stop.wait(0.05) and time.monotonic() < deadline:
+            tick_s = 0.05  # not a deadline: the interval between two bursts
+            while not self._stop.wait(tick_s) and time.monotonic() < deadline:
                 tick += 1
                 burst = 40 + 30 * (tick % 20 > 10)  # a rate that changes, for the charts
                 sender.send_many(
@@ -160,6 +161,45 @@ class Traffic:
                     raw.sendto(struct.pack(">i", len(good) + 1) + good[4:], self._path)
                 if tick % 11 == 0:
                     sender.send(self._topics[1], b"x" * 3000)  # too long for Kafka
+
+
+#: The dashboard's values (headline numbers, facts, table cells, legend counts) that do
+#: not fit their cell, as "name: text (why)": wider than the cell (scrollWidth over
+#: clientWidth), or wrapped: its text on more than one line (text boxes that do not
+#: overlap vertically; a smaller unit beside a number shares its line).
+VALUES_THAT_DO_NOT_FIT = """() => {
+  const values = document.querySelectorAll(
+    ".kpi .value, .kpi .sub, .facts dt, .facts dd, table.data td, .legend li");
+  const textLines = (element) => {
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    const boxes = [];
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const range = document.createRange();
+      range.selectNodeContents(node);
+      boxes.push(...[...range.getClientRects()].filter((r) => r.width > 0));
+    }
+    boxes.sort((a, b) => a.top - b.top);
+    let lines = 0;
+    let bottom = -Infinity;
+    for (const box of boxes) {
+      if (box.top >= bottom - 1) lines += 1;
+      bottom = Math.max(bottom, box.bottom);
+    }
+    return lines;
+  };
+  const problems = [];
+  for (const element of values) {
+    if (!element.textContent.trim() || element.getClientRects().length === 0) continue;
+    const name = element.dataset.fact || element.className || element.tagName;
+    const lines = textLines(element);
+    if (element.scrollWidth > element.clientWidth + 1) {
+      problems.push(`${name}: ${element.textContent} (overflows its cell)`);
+    } else if (lines > 1) {
+      problems.push(`${name}: ${element.textContent} (wraps onto ${lines} lines)`);
+    }
+  }
+  return problems;
+}"""
 
 
 @pytest.mark.slow
@@ -229,6 +269,11 @@ def test_the_dashboard_is_live_in_chromium(daemon: RunningDaemon, topics: list[s
                 page.wait_for_timeout(4000)
                 ARTIFACTS.mkdir(exist_ok=True)
                 page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+                # Every value fits its cell: none cut off, none wrapped onto a second line.
+                for width in (1440, 1280, 1100, 900):  # both sides of the layout's break
+                    page.set_viewport_size({"width": width, "height": 900})
+                    crowded = page.evaluate(VALUES_THAT_DO_NOT_FIT)
+                    assert crowded == [], f"at {width} px:\n" + "\n".join(crowded)
             assert errors == []
         finally:
             browser.close()

@@ -12,7 +12,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from pydory.cli import main
-from pydory.demo import RATE_LIMIT_MAX_COUNT
+from pydory.demo import RATE_LIMIT_MAX_COUNT, counted
+from pydory.demo_kills import what_became_of_them
 
 COUNT = 300  # messages per well-behaved client: enough for every stage to have work
 #: With --sigkill: enough that the clients still send after each restart. Stream clients
@@ -31,10 +32,18 @@ def demo_run(
         [sys.executable, "-m", "pydory", "demo", "--count", str(COUNT), "--workdir", str(workdir)],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=1800,  # a safety net only: 90 s alone, 280 s seen at load 50
         check=False,
     )
     return done, workdir
+
+
+def assert_a_clean_terminal(done: subprocess.CompletedProcess[str]) -> None:
+    """What a newcomer's terminal shows: no escape codes, and Spark's and the JVM's log
+    lines (WARN, INFO) in the log files the demo names, not here."""
+    assert "\x1b" not in done.stdout + done.stderr
+    for line in (done.stdout + done.stderr).splitlines():
+        assert not re.search(r"\b(WARN|INFO|ERROR)\b", line), line
 
 
 @pytest.mark.slow
@@ -46,6 +55,7 @@ def test_the_demo_balances_and_says_so(
     assert done.returncode == 0, done.stdout + done.stderr
     stages = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("[")]
     assert stages == ["kafka", "daemon", "clients", "settle", "books", "land", "audit"]
+    assert_a_clean_terminal(done)
     kafka_line = next(line for line in done.stdout.splitlines() if line.startswith("[1/7]"))
     assert "Apache Kafka 4." in kafka_line, kafka_line  # the real broker is the default
     assert "topic         accepted  delivered  landed  dup  missing  discarded" in done.stdout
@@ -113,20 +123,31 @@ def test_the_demo_with_sigkills_lands_every_accepted_message_once_and_says_so(
         ],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=1800,  # a safety net only: 90 s alone, 280 s seen at load 50
         check=False,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_a_clean_terminal(done)
     lines = done.stdout.rstrip().splitlines()
     stages = [line.split()[1] for line in lines if line.startswith("[")]
     assert stages == ["kafka", "daemon", "clients", "settle", "land", "audit"]
     assert "the daemon SIGKILLed 2 times" in next(line for line in lines if "[3/6]" in line)
     assert re.fullmatch(
-        r"demo: 2 SIGKILLs while the clients sent, [\d,]+ messages replayed from the spool, "
-        r"[\d,]+ second copies dropped by the landing job, 0 left in the lake",
+        r"demo: 2 SIGKILLs while the clients sent, [\d,]+ messages? replayed from the spool, "
+        r"[\d,]+ second cop(y|ies) dropped by the landing job, 0 left in the lake",
         lines[-2],
     ), lines[-2]
+    counts = re.fullmatch(
+        r"demo: the clients sent ([\d,]+) messages?; the daemon accepted ([\d,]+); "
+        r"([\d,]+) are in the lake, once each(\. The [\d,]+ never accepted were in a killed "
+        r"daemon's socket buffers .*)?",
+        lines[-3],
+    )
+    assert counts is not None, lines[-3]
+    sent, accepted, landed = (int(n.replace(",", "")) for n in counts.groups()[:3])
+    assert sent >= accepted >= landed > 0
+    assert (counts[4] is not None) == (sent > accepted)
     assert lines[-1].startswith("demo: OK, the fleet audit balanced"), lines[-1]
     report = json.loads((workdir / "audit.json").read_text())
     assert report["balanced"] is True
@@ -140,3 +161,41 @@ def test_the_demo_refuses_sigkill_on_the_mock_cluster(capsys: pytest.CaptureFixt
 
     assert status == 1
     assert "--sigkill needs Apache Kafka" in capsys.readouterr().err
+
+
+def test_the_sigkill_demo_says_what_became_of_the_messages_sent() -> None:
+    topic = {
+        "accepted": 8_958,
+        "landed": 8_950,
+        "discarded": {"shutdown_delay": 3},
+        "possibly_delivered": 6,
+        "possibly_delivered_found": 1,
+        "outstanding": 0,
+        "in_flight": 0,
+    }
+    report = {"hosts": [{"topics": [topic]}]}
+
+    line = what_became_of_them(10_000, report)
+
+    assert line == (
+        "demo: the clients sent 10,000 messages; the daemon accepted 8,958; 8,950 are in the "
+        "lake, once each. The 1,042 never accepted were in a killed daemon's socket buffers "
+        "(written by the clients, not yet read: a SIGKILL drops them, so no daemon ever took "
+        "them on). Of the accepted, 8 are not in the lake: discarded (shutdown_delay) 3, "
+        "possibly delivered, not found 5"
+    )
+    every_one = {**topic, "landed": 8_958, "discarded": {}, "possibly_delivered": 0}
+    assert what_became_of_them(8_958, {"hosts": [{"topics": [every_one]}]}) == (
+        "demo: the clients sent 8,958 messages; the daemon accepted 8,958; 8,958 are in the "
+        "lake, once each"
+    )
+
+
+def test_counts_say_one_thing_or_many_things() -> None:
+    assert counted(1, "batch") == "1 batch"
+    assert counted(2, "batch") == "2 batches"
+    assert counted(0, "record") == "0 records"
+    assert counted(1, "process") == "1 process"
+    assert counted(10_000, "message") == "10,000 messages"
+    assert counted(1, "second copy", "second copies") == "1 second copy"
+    assert counted(41, "second copy", "second copies") == "41 second copies"

@@ -379,7 +379,7 @@ class GatedFile:
     def write(self, entries: Sequence[bytes]) -> None:
         if entries:
             self.entering.set()
-            assert self.gate.wait(30), "the test never opened the gate"
+            assert self.gate.wait(60), "the test never opened the gate"
         self.lines.extend(entries)
 
     def reopen(self) -> None:
@@ -409,7 +409,7 @@ def test_entries_are_written_in_order_by_the_writer_thread(tmp_path: Path) -> No
     for n in range(5):
         log_file.discarded(event(DiscardReason.NO_MEMORY, f"t{n}", message=b"v%d" % n))
     log_file.possible_duplicate("t5", TS_MS)
-    assert log_file.flush(timeout=30)
+    assert log_file.flush(timeout=60)
     lines = read_lines(path)
     assert [(line.event, line.topic) for line in lines] == [
         *(("DISC", f"t{n}") for n in range(5)),
@@ -424,12 +424,12 @@ def test_a_full_queue_drops_and_counts_instead_of_waiting(gated: GatedFile) -> N
     counters = Counters()
     log_file = discard_log_file(gated, counters, max_backlog_entries=3)
     log_file.discarded(event(DiscardReason.RATE_LIMIT))
-    assert gated.entering.wait(30)  # the writer holds entry 1; the queue is empty again
+    assert gated.entering.wait(60)  # the writer holds entry 1; the queue is empty again
     for _ in range(5):
         log_file.discarded(event(DiscardReason.RATE_LIMIT))
     assert counters.get(DISCARD_LOG_DROPPED) == 2  # 1 in the writer's hands + 3 queued fit
     gated.gate.set()
-    assert log_file.flush(timeout=30)
+    assert log_file.flush(timeout=60)
     assert len(gated.lines) == 4
     log_file.close()
 
@@ -438,7 +438,7 @@ def test_the_queue_is_bounded_in_bytes_too(gated: GatedFile) -> None:
     counters = Counters()
     log_file = discard_log_file(gated, counters, max_backlog_bytes=1000)
     log_file.discarded(event(DiscardReason.TOO_LONG, message=b"first"))
-    assert gated.entering.wait(30)  # the writer holds the first; the queue is empty
+    assert gated.entering.wait(60)  # the writer holds the first; the queue is empty
     log_file.discarded(event(DiscardReason.TOO_LONG, message=b"x" * 600))
     log_file.discarded(event(DiscardReason.TOO_LONG, message=b"x" * 600))  # 1200 > 1000
     log_file.discarded(event(DiscardReason.TOO_LONG, message=b"x" * 300))  # 900 fits
@@ -681,7 +681,7 @@ def test_sigusr1_makes_a_serving_daemon_reopen_its_discard_log(
     )
     config_path = tmp_path / "dory_conf.xml"
     config_path.write_text(config.render())
-    client = StatusClient(f"http://127.0.0.1:{config.http_port}", timeout_s=2)
+    client = StatusClient(f"http://127.0.0.1:{config.http_port}", timeout_s=60)
 
     def counter(name: str) -> int | None:
         try:

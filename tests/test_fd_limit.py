@@ -99,7 +99,7 @@ def test_at_the_fd_limit_the_daemon_says_so_counts_answers_and_loses_no_client(
         # The status port answers at the limit: every figure here comes through it.
         wait_until(
             lambda: counter(daemon, counter_names.ACCEPT_FD_LIMIT_EPISODES) == 1,
-            30,
+            60,
             what="an episode at the fd limit",
         )
         refused = counter(daemon, counter_names.ACCEPT_FD_LIMIT_REFUSED)
@@ -115,8 +115,8 @@ def test_at_the_fd_limit_the_daemon_says_so_counts_answers_and_loses_no_client(
     # Descriptors free again: every client is read (those that waited included), and the
     # episode ends with one line counting the accepts refused.
     received = counter_names.RECEIVED["unix_stream"]
-    wait_until(lambda: counter(daemon, received) == CLIENTS, 30, what="every client's message")
-    wait_until(lambda: ENDED.search(daemon.log_path.read_text()) is not None, 30, what="the end")
+    wait_until(lambda: counter(daemon, received) == CLIENTS, 60, what="every client's message")
+    wait_until(lambda: ENDED.search(daemon.log_path.read_text()) is not None, 60, what="the end")
     log = daemon.log_path.read_text()
     ended = ENDED.findall(log)
     assert len(ended) == 1

@@ -33,7 +33,7 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def get(url: str) -> tuple[int, dict[str, Any]]:
     """The status and JSON body of a GET, an HTTP error status included."""
     try:
-        with _DIRECT.open(url, timeout=30) as response:
+        with _DIRECT.open(url, timeout=60) as response:
             return response.status, json.load(response)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)

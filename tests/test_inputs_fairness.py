@@ -218,7 +218,7 @@ async def flood_beside_datagrams(intake: ReadsPerTurn, socket_dir: str) -> None:
         for child in children:
             if child.poll() is None:
                 child.kill()
-            child.wait(10)
+            child.wait(60)
         await stream_input.close()
         datagram_input.close()
 

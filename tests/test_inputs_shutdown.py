@@ -237,19 +237,19 @@ def blocked_loop() -> Iterator[Callable[[RunningDaemon], threading.Event]]:
 
         def hold() -> None:
             entered.set()
-            gate.wait(30)
+            gate.wait(60)
 
         blocker = threading.Thread(target=daemon.call, args=(hold, 60), daemon=True)
         blocker.start()
         blockers.append(blocker)
-        assert entered.wait(10)
+        assert entered.wait(60)
         return gate
 
     yield block
     for gate in gates:
         gate.set()
     for blocker in blockers:
-        blocker.join(10)
+        blocker.join(60)
 
 
 def test_a_daemon_stopped_with_a_burst_unread_reads_delivers_and_counts_it(
@@ -308,7 +308,7 @@ class Hammer(threading.Thread):
     def __init__(self, family_type: int, path: str, payloads: Iterator[bytes], limit: int):
         super().__init__(daemon=True)
         self.sock = socket.socket(socket.AF_UNIX, family_type)
-        self.sock.settimeout(10)
+        self.sock.settimeout(60)
         self.path = path
         self.payloads = payloads
         self.limit = limit
@@ -370,11 +370,11 @@ def test_clients_sending_through_a_shutdown_lose_nothing_the_kernel_accepted(
         for hammer in (datagrams, stream):
             hammer.start()
         for hammer in (datagrams, stream):
-            assert hammer.warmed_up.wait(30)
+            assert hammer.warmed_up.wait(60)
     finally:
         daemon.stop()
     for hammer in (datagrams, stream):
-        hammer.join(30)
+        hammer.join(60)
         assert not hammer.is_alive()
     snapshot = daemon.server.snapshot()
     framer_messages, remainder = split_frames(bytes(stream.accepted_bytes))

@@ -37,7 +37,7 @@ def assert_round_trip(bootstrap_servers: str, topic: str, count: int) -> None:
     """Produce ``count`` numbered messages, read them all back, compare exactly."""
     sent = numbered_messages(count)
     reports = produce_all(bootstrap_servers, topic, sent)
-    records = consume_all(bootstrap_servers, topic, expected=count, timeout_s=30)
+    records = consume_all(bootstrap_servers, topic, expected=count, timeout_s=60)
 
     assert Counter((r.key, r.value) for r in records) == Counter(sent)
     assert {(r.partition, r.value) for r in records} == {(d.partition, d.value) for d in reports}
@@ -47,7 +47,7 @@ def assert_round_trip(bootstrap_servers: str, topic: str, count: int) -> None:
 
 
 def partition_leaders(bootstrap_servers: str, topic: str) -> dict[int, int]:
-    metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(topic, timeout=10)
+    metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(topic, timeout=60)
     return {p: info.leader for p, info in metadata.topics[topic].partitions.items()}
 
 
@@ -67,7 +67,7 @@ def test_bootstrap_lists_every_broker(mock_cluster_factory: Callable[..., MockCl
     addresses = cluster.bootstrap_servers.split(",")
     assert len(addresses) == 2
     assert all(address.startswith("127.0.0.1:") for address in addresses)
-    metadata = AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(timeout=10)
+    metadata = AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(timeout=60)
     assert set(metadata.brokers) == set(cluster.broker_ids) == {1, 2}
 
 
@@ -209,11 +209,11 @@ def test_idempotent_producer_survives_a_broker_outage(
     produce_range(producer, topic, before, log)
     # Go down once the broker has acknowledged some: the rest are in flight or queued.
     on_down = [n for n in before if n % FAULT_PARTITIONS in on_down_broker]
-    serve_until(producer, lambda: any(n in log.delivered for n in on_down), timeout_s=30)
+    serve_until(producer, lambda: any(n in log.delivered for n in on_down), timeout_s=60)
     mock_cluster.broker_down(DOWN_BROKER)
     produce_range(producer, topic, during, log)
     reachable = [n for n in during if n % FAULT_PARTITIONS not in on_down_broker]
-    serve_until(producer, lambda: all(n in log.delivered for n in reachable), timeout_s=30)
+    serve_until(producer, lambda: all(n in log.delivered for n in reachable), timeout_s=60)
 
     assert all(n in log.delivered for n in reachable), "healthy brokers stalled"
     stuck = [n for n in during if n % FAULT_PARTITIONS in on_down_broker]
@@ -225,7 +225,7 @@ def test_idempotent_producer_survives_a_broker_outage(
     assert log.failed == []
     assert sorted(log.delivered) == list(range(FAULT_COUNT))
 
-    records = consume_all(mock_cluster.bootstrap_servers, topic, FAULT_COUNT, timeout_s=30)
+    records = consume_all(mock_cluster.bootstrap_servers, topic, FAULT_COUNT, timeout_s=60)
     by_partition = values_by_partition(records)
     for partition in range(FAULT_PARTITIONS):
         expected = list(range(partition, FAULT_COUNT, FAULT_PARTITIONS))
@@ -247,12 +247,12 @@ def test_process_serves_until_signalled(stop_signal: signal.Signals) -> None:
             assert bootstrap.count("127.0.0.1:") == 2
 
             produce_all(bootstrap, "demo", [(b"k", b"hello")])
-            records = consume_all(bootstrap, "demo", expected=1, timeout_s=20)
+            records = consume_all(bootstrap, "demo", expected=1, timeout_s=60)
             assert [(r.key, r.value) for r in records] == [(b"k", b"hello")]
             assert len(partition_leaders(bootstrap, "demo")) == 3
 
             process.send_signal(stop_signal)
-            assert process.wait(timeout=20) == 0
+            assert process.wait(timeout=60) == 0
         finally:
             if process.poll() is None:
                 process.kill()
@@ -260,6 +260,6 @@ def test_process_serves_until_signalled(stop_signal: signal.Signals) -> None:
 
 def test_process_rejects_a_bad_topic_spec() -> None:
     command = [sys.executable, "-m", "pydory.testing.mock_cluster", "--topic", "nopartitions"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "NAME:PARTITIONS" in result.stderr

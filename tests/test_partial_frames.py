@@ -125,9 +125,9 @@ def test_partial_frames_are_charged_and_the_one_without_room_is_closed(
             timeout_s=PARTIAL_FRAME_WAIT_S + 30,
             what="the connection without room closed",
         )
-        writer.join(30)
+        writer.join(60)
         assert not writer.is_alive()
-        big.settimeout(30)
+        big.settimeout(60)
         with contextlib.suppress(ConnectionResetError):
             assert big.recv(1) == b""  # closed by the daemon
         counters = daemon.counters()

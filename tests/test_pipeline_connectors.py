@@ -124,7 +124,7 @@ def land_with(
                 connector,
             ]
         )
-        assert recorder.terminated.wait(timeout=30), "the landing query never terminated"
+        assert recorder.terminated.wait(timeout=60), "the landing query never terminated"
     finally:
         spark.streams.removeListener(recorder)
     assert status == 0, f"the {connector} landing failed"

@@ -282,7 +282,7 @@ def test_max_offsets_per_trigger_caps_every_batch(
 def earliest_offset(bootstrap: str, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-earliest"})
     try:
-        low, _high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        low, _high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=60)
     finally:
         consumer.close()
     return int(low)
@@ -577,7 +577,7 @@ def test_an_option_for_batch_reads_only_fails_the_stream_naming_it(
 def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
     """Delete ``topic`` and create it again (offsets start at 0 again)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result(timeout=30)
+    admin.delete_topics([topic])[topic].result(timeout=60)
 
     def created() -> bool:
         try:  # refused while the broker still deletes the old topic

@@ -233,7 +233,7 @@ class CountingIntake:
     def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
         self.changed.set()
 
-    async def until(self, condition: object, timeout_s: float = 20) -> None:
+    async def until(self, condition: object, timeout_s: float = 60) -> None:
         assert callable(condition)
         async with asyncio.timeout(timeout_s):
             while not condition():

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from helpers import assert_balanced, settled, wait_until
+from helpers import SchedulingDelay, assert_balanced, settled, wait_until
 from pydory.daemon.books.events import Transport
 from pydory.testing.daemon import DaemonConfig, RunningDaemon
 from pydory.testing.mock_cluster import MockCluster
@@ -205,7 +205,7 @@ def polite_phase(daemon: RunningDaemon, clock: PoliteClock, topic: str) -> Polit
     """Run the polite client once and measure it."""
     clock.read_at.clear()
     result = result_of(client(POLITE, daemon.tcp_port, topic, POLITE_RATE, POLITE_COUNT))
-    wait_until(lambda: len(clock.read_at) == POLITE_COUNT, 30, what="every polite message")
+    wait_until(lambda: len(clock.read_at) == POLITE_COUNT, 60, what="every polite message")
     seqs = range(POLITE_COUNT)
     latencies = clock.latencies(seqs)
     reads = sorted(clock.read_at[i][1] for i in seqs)
@@ -255,7 +255,7 @@ def run_flood_scenario(
         flood = result_of(flooder)
         wait_until(settled(daemon, flood_topic, flood["messages"]), 60, what="the flood")
         flood["drained_s"] = time.monotonic() - flood_started
-        wait_until(settled(daemon, polite_topic, 2 * POLITE_COUNT), 30, what="the polite")
+        wait_until(settled(daemon, polite_topic, 2 * POLITE_COUNT), 60, what="the polite")
         snapshot = daemon.snapshot()
         counters = page(config, "counters/json")["counters"]
         metrics = page(config, "metrics")
@@ -274,7 +274,7 @@ def run_flood_scenario(
 
 
 def page(config: DaemonConfig, name: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{config.http_port}/{name}", timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{config.http_port}/{name}", timeout=60) as r:
         return json.load(r) if name.endswith("json") else r.read().decode()
 
 
@@ -312,9 +312,10 @@ def within_bound(alone: PoliteFigures, beside: PoliteFigures) -> list[str]:
 def test_a_flooder_is_slowed_loses_nothing_and_leaves_the_polite_client_unaffected(
     mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
 ) -> None:
-    alone, beside, flood, books, counters = run_flood_scenario(
-        mock_cluster, unique_topic, socket_dir, quota=True
-    )
+    with SchedulingDelay() as lateness:
+        alone, beside, flood, books, counters = run_flood_scenario(
+            mock_cluster, unique_topic, socket_dir, quota=True
+        )
     print(f"polite alone:  {alone}\npolite beside: {beside}\nflooder: {flood}")
     assert within_bound(alone, beside) == []
     # The flooder lost nothing: every message it wrote was read, accepted and delivered.
@@ -327,7 +328,7 @@ def test_a_flooder_is_slowed_loses_nothing_and_leaves_the_polite_client_unaffect
     assert counters["quota_throttled_ms_tcp"] > 1000
     credit = FLOOD_QUOTA_BPS * FLOOD_WINDOW_MS / 1000 + 256 * 1024
     assert (flood["bytes"] - credit) / FLOOD_QUOTA_BPS < flood["drained_s"]
-    assert flood["drained_s"] < flood["bytes"] / FLOOD_QUOTA_BPS + 3.0
+    assert flood["drained_s"] < flood["bytes"] / FLOOD_QUOTA_BPS + lateness.margin_s(3.0)
 
 
 @needs_a_second_uid
@@ -381,11 +382,11 @@ def test_the_connection_above_the_limit_is_closed_at_once_the_first_n_delivered(
         wait_until(lambda: daemon.call(lambda: stream_input.connection_count) == limit)
         extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         extra.connect(config.stream_path)  # the kernel accepts; the daemon closes it
-        extra.settimeout(5)
+        extra.settimeout(60)  # a safety net only
         began = time.monotonic()
-        with contextlib.suppress(ConnectionResetError):  # a reset: as good as an EOF
-            assert extra.recv(1) == b""
-        assert time.monotonic() - began < 1.0
+        with SchedulingDelay() as lateness, contextlib.suppress(ConnectionResetError):
+            assert extra.recv(1) == b""  # a reset: as good as an EOF
+        assert time.monotonic() - began < lateness.margin_s(1.0)  # at once, by the load
         assert writes_fail(extra, encode_any_partition(topic, b"refused"))  # it knows
         extra.close()
         values = [[b"c%d-%d" % (n, i) for i in range(200)] for n in range(limit)]
@@ -393,7 +394,7 @@ def test_the_connection_above_the_limit_is_closed_at_once_the_first_n_delivered(
             sock.sendall(b"".join(encode_any_partition(topic, v) for v in mine))
         for sock in clients:
             sock.close()
-        wait_until(settled(daemon, topic, limit * 200), 30, what="the first N's messages")
+        wait_until(settled(daemon, topic, limit * 200), 60, what="the first N's messages")
         snapshot = daemon.snapshot()
         counters = {c["name"]: c["value"] for c in page(config, "counters/json")["counters"]}
         metrics = page(config, "metrics")
@@ -495,8 +496,8 @@ def test_datagrams_over_their_senders_quota_are_discarded_as_rate_limit(
         def counter(name: str) -> int:
             return int(daemon.call(lambda: daemon.server.counters.get(name)))
 
-        wait_until(lambda: counter(received) == sent, 30, what="every datagram")
-        wait_until(lambda: daemon.snapshot()["topics"][topic]["in_flight"] == 0, 30)
+        wait_until(lambda: counter(received) == sent, 60, what="every datagram")
+        wait_until(lambda: daemon.snapshot()["topics"][topic]["in_flight"] == 0, 60)
         snapshot = daemon.snapshot()
         counters = {c["name"]: c["value"] for c in page(config, "counters/json")["counters"]}
     finally:

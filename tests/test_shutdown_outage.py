@@ -59,7 +59,7 @@ def closing_totals(log_path: Path, topic: str) -> tuple[int, ...]:
 def commit_point_passed(daemon: DaemonProcess) -> Callable[[], bool]:
     def check() -> bool:
         url = f"{daemon.url}/commit_point/json?after=now&timeout=5"
-        with urllib.request.urlopen(url, timeout=30) as reply:
+        with urllib.request.urlopen(url, timeout=60) as reply:
             return bool(json.load(reply)["passed"])
 
     return check

@@ -109,7 +109,7 @@ def read_topic(bootstrap: str, topic: str) -> list[tuple[bytes, bytes | None]]:
     )
     records: list[tuple[bytes, bytes | None]] = []
     try:
-        partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        partitions = sorted(consumer.list_topics(topic, timeout=60).topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         at_end: set[int] = set()
         deadline = time.monotonic() + 120
@@ -153,7 +153,7 @@ def test_a_sigkill_mid_stream_replays_few_and_each_under_its_first_identity(
         finally:
             daemon.kill()  # mid-stream: the client is still sending
             stream.stopped.set()
-            stream.join(timeout=30)
+            stream.join(timeout=60)
         accepted |= spool_values(spool_dir)
         next_number = stream.next + 1_000_000  # a fresh range: no value sent twice
     restarted = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "daemon.log")

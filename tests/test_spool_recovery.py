@@ -612,10 +612,10 @@ def test_replayed_messages_the_full_spool_refuses_keep_the_old_segments_until_se
             deleting = asyncio.ensure_future(
                 delete_replayed_segments_when_settled(spool, commit_point, ended)
             )
-            await asyncio.wait_for(waiting(commit_point), 10)
+            await asyncio.wait_for(waiting(commit_point), 60)
             assert old.exists()  # still unsettled
             commit_point.close(token, len(payloads))
-            await asyncio.wait_for(deleting, 10)
+            await asyncio.wait_for(deleting, 60)
             assert not old.exists()
 
     asyncio.run(run())
@@ -635,9 +635,9 @@ def test_a_stop_before_they_settle_leaves_the_old_segments_for_the_next_start(
             deleting = asyncio.ensure_future(
                 delete_replayed_segments_when_settled(spool, commit_point, commit_point.wall_now())
             )
-            await asyncio.wait_for(waiting(commit_point), 10)
+            await asyncio.wait_for(waiting(commit_point), 60)
             commit_point.release_waiters()  # shutdown
-            await asyncio.wait_for(deleting, 10)
+            await asyncio.wait_for(deleting, 60)
         assert old.exists()
 
     asyncio.run(run())

@@ -55,7 +55,7 @@ def fetch(port: int, path: str, method: str = "GET") -> Reply:
     data = b"" if method == "POST" else None
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, method=method)
     try:
-        with _opener.open(request, timeout=10) as response:
+        with _opener.open(request, timeout=60) as response:
             return Reply(
                 response.status, response.headers["Content-Type"], response.read().decode()
             )
@@ -67,7 +67,7 @@ def sample(name: str) -> str:
     return (SAMPLES / name).read_text()
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0, what: str = "") -> None:
     """Wait for an outcome the daemon reaches asynchronously (delivery reports, refresh)."""
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -305,8 +305,8 @@ def test_not_http_at_all_is_named_as_such() -> None:
         thread = threading.Thread(target=answer_garbage, daemon=True)
         thread.start()
         with pytest.raises(NotAStatusPage, match="did not answer HTTP"):
-            StatusHttp(f"127.0.0.1:{port}", timeout_s=10).get_json("/books/json")
-        thread.join(10)
+            StatusHttp(f"127.0.0.1:{port}", timeout_s=60).get_json("/books/json")
+        thread.join(60)
 
 
 # --- one client: nothing else in the package speaks HTTP to the status port -------------------

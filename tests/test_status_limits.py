@@ -113,7 +113,7 @@ def test_an_idle_keep_alive_connection_is_closed(
 ) -> None:
     limits = StatusLimits(header_timeout_s=LONG_S, idle_timeout_s=SHORT_S, max_connections=CAP)
     with daemon_with(monkeypatch, mock_cluster, socket_dir, limits) as daemon:
-        connection = http.client.HTTPConnection("127.0.0.1", port_of(daemon), timeout=10)
+        connection = http.client.HTTPConnection("127.0.0.1", port_of(daemon), timeout=60)
         try:
             connection.request("GET", "/server_info/json")
             response = connection.getresponse()

@@ -29,7 +29,7 @@ def short_dir() -> Iterator[Path]:
 def bound_socket(address: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(address)
-    sock.settimeout(30)
+    sock.settimeout(60)
     return sock
 
 

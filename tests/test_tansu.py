@@ -30,7 +30,7 @@ def test_round_trip(tansu_broker: TansuBroker, unique_topic: Callable[[str], str
 
     reports = produce_all(tansu_broker.bootstrap_servers, topic, sent)
     # Count by consuming, not by high watermark: Tansu's watermarks undercount.
-    records = consume_all(tansu_broker.bootstrap_servers, topic, ROUND_TRIP_COUNT, timeout_s=30)
+    records = consume_all(tansu_broker.bootstrap_servers, topic, ROUND_TRIP_COUNT, timeout_s=60)
 
     assert Counter((r.key, r.value) for r in records) == Counter(sent)
     assert {(r.partition, r.value) for r in records} == {(d.partition, d.value) for d in reports}
@@ -49,7 +49,7 @@ def test_created_topic_has_the_requested_partitions(
     topic = unique_topic("partitions")
     tansu_broker.create_topic(topic, partitions=3)
     admin = AdminClient({"bootstrap.servers": tansu_broker.bootstrap_servers})
-    metadata = admin.list_topics(topic, timeout=10)
+    metadata = admin.list_topics(topic, timeout=60)
     assert sorted(metadata.topics[topic].partitions) == [0, 1, 2]
 
 

@@ -75,7 +75,7 @@ class Canary:
                 "fetch.wait.max.ms": 5,
             }
         )
-        low, _ = self._consumer.get_watermark_offsets(TopicPartition(CANARY, 0), timeout=30)
+        low, _ = self._consumer.get_watermark_offsets(TopicPartition(CANARY, 0), timeout=60)
         self._consumer.assign([TopicPartition(CANARY, 0, low)])
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._socket.connect(datagram_path)

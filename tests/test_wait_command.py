@@ -39,7 +39,7 @@ def pydory_wait(daemon: RunningDaemon, *args: str) -> int:
 
 
 def commit_point_page(daemon: RunningDaemon) -> dict[str, Any]:
-    with _opener.open(f"{status_url(daemon)}/commit_point/json", timeout=10) as response:
+    with _opener.open(f"{status_url(daemon)}/commit_point/json", timeout=60) as response:
         page: dict[str, Any] = json.load(response)
     return page
 
@@ -161,7 +161,7 @@ def test_under_load_the_commit_point_keeps_passing_what_was_sent_before_each_wai
         sender = OrderedSender(config.stream_path, topic)
         sender.start()
         try:
-            assert sender.sent_some.wait(30)
+            assert sender.sent_some.wait(60)
             for _ in range(3):
                 sent_before = sender.sent
                 assert pydory_wait(daemon, "--timeout", "30") == 0
@@ -169,7 +169,7 @@ def test_under_load_the_commit_point_keeps_passing_what_was_sent_before_each_wai
                 rounds.append((sent_before, delivered, commit_point_page(daemon)["commit_point"]))
         finally:
             sender.stop.set()
-            sender.join(30)
+            sender.join(60)
         assert pydory_wait(daemon, "--timeout", "30") == 0
         total = sender.sent
         snapshot = daemon.snapshot()
@@ -210,7 +210,7 @@ def test_wait_answers_not_passed_at_once_when_the_daemon_shuts_down(
         wait_until(lambda: daemon.call(lambda: daemon.server.commit_point.waiters) == 1)
     finally:
         daemon.stop()
-    waiter.join(30)
+    waiter.join(60)
     assert outcome == [1]
     assert "shutting down" in capsys.readouterr().err
 

@@ -182,7 +182,7 @@ def test_the_clean_venv_has_no_spark_and_no_test_broker(lean_venv: Path) -> None
 
 
 def books(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/books/json", timeout=10) as response:
+    with urllib.request.urlopen(f"{url}/books/json", timeout=60) as response:
         page: dict[str, Any] = json.load(response)
         return page
 

@@ -133,6 +133,14 @@ class DemoPaths:
         self.spool = self.workdir / "spool"
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and its noun, singular for one: "1 batch", "2 batches", "1,042 messages"."""
+    if count == 1:
+        return f"1 {noun}"
+    many = plural or (f"{noun}es" if noun.endswith(("s", "sh", "ch", "x")) else f"{noun}s")
+    return f"{count:,} {many}"
+
+
 class DemoFailed(PydoryError):
     """A demo stage could not complete; the message says which and where to look."""
 
@@ -183,7 +191,7 @@ def embedded_kafka(
         with MockCluster(brokers) as cluster:
             for name, partitions in topics.partitions.items():
                 cluster.create_topic(name, partitions)
-            described = f"librdkafka mock cluster, {brokers} brokers"
+            described = f"librdkafka mock cluster, {counted(brokers, 'broker')}"
             yield cluster.bootstrap_servers, described, topics
     elif kind == "tansu":
         topics = DemoTopics.named("demo.")
@@ -217,8 +225,9 @@ def _apache_kafka(brokers: int, base_dir: Path) -> Iterator[tuple[str, str, Demo
         for name, partitions in topics.partitions.items():
             cluster.create_topic(name, partitions, replication_factor=min(brokers, 3))
         pids = ", ".join(str(cluster.pid(node)) for node in cluster.broker_ids)
-        noun = "broker" if brokers == 1 else "brokers"
-        described = f"Apache Kafka {cluster.version} (KRaft), {brokers} {noun} (pid {pids})"
+        described = (
+            f"Apache Kafka {cluster.version} (KRaft), {counted(brokers, 'broker')} (pid {pids})"
+        )
         yield cluster.bootstrap_servers, described, topics
 
 
@@ -439,7 +448,10 @@ def land(bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafk
     query = landed_query(bootstrap, topics, paths, master, kafka)
     batches = [p for p in query.recentProgress if p.numInputRows]
     records = sum(p.numInputRows for p in batches)
-    return f"Spark AvailableNow query: {records} records in {len(batches)} batch(es)"
+    return (
+        f"Spark AvailableNow query: {counted(records, 'record')} in "
+        f"{counted(len(batches), 'batch')}"
+    )
 
 
 def landing_connector(kafka: str) -> Literal["native", "python"]:
@@ -604,7 +616,8 @@ def _run_stages(
         with progress.stage("clients") as result:
             run_clients(runs, config.datagram_path, topics.events)
             result.append(
-                f"{len(runs)} processes sent {sum(r.messages for r in runs)} messages "
+                f"{counted(len(runs), 'process')} sent "
+                f"{counted(sum(r.messages for r in runs), 'message')} "
                 "over unix datagram, unix stream and tcp"
             )
         with progress.stage("settle") as result:
@@ -621,5 +634,6 @@ def _run_stages(
                 report = audit(topics, paths, master)
                 landed = sum(topic.landed for topic in report.topics)
                 verdict = "balanced" if report.balanced else "DOES NOT BALANCE"
-                result.append(f"{landed} rows read through the lake's commit log: {verdict}")
+                read = counted(landed, "row")
+                result.append(f"{read} read through the lake's commit log: {verdict}")
     return report

@@ -26,7 +26,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydory.demo import (
     CLIENT_TIMEOUT_S,
@@ -36,6 +36,7 @@ from pydory.demo import (
     DemoPaths,
     DemoTopics,
     Progress,
+    counted,
     demo_daemon_config,
     embedded_kafka,
     landed_query,
@@ -156,6 +157,44 @@ def fleet_audit(
     return report
 
 
+def what_became_of_them(sent: int, report: dict[str, Any]) -> str:
+    """Sent, accepted, in the lake, and why the three differ: the line a reader needs
+    beside "exactly once" (which speaks of the accepted ones only)."""
+    topics = [topic for host in report["hosts"] for topic in host["topics"]]
+    accepted = sum(topic["accepted"] for topic in topics)
+    landed = sum(topic["landed"] for topic in topics)
+    line = (
+        f"demo: the clients sent {counted(sent, 'message')}; the daemon accepted {accepted:,}; "
+        f"{landed:,} are in the lake, once each"
+    )
+    if sent > accepted:
+        line += (
+            f". The {sent - accepted:,} never accepted were in a killed daemon's socket "
+            "buffers (written by the clients, not yet read: a SIGKILL drops them, so no "
+            "daemon ever took them on)"
+        )
+    if accepted > landed:
+        line += f". Of the accepted, {accepted - landed:,} are not in the lake: "
+        line += _not_landed(topics)
+    return line
+
+
+def _not_landed(topics: Sequence[dict[str, Any]]) -> str:
+    """Why accepted messages are not in the lake, as the books say (reason: count)."""
+    reasons: dict[str, int] = {}
+    for topic in topics:
+        for reason, count in topic["discarded"].items():
+            reasons[f"discarded ({reason})"] = reasons.get(f"discarded ({reason})", 0) + count
+        unfound = topic["possibly_delivered"] - topic["possibly_delivered_found"]
+        for name, count in (
+            ("possibly delivered, not found", unfound),
+            ("outstanding", topic["outstanding"]),
+            ("in flight", topic["in_flight"]),
+        ):
+            reasons[name] = reasons.get(name, 0) + count
+    return ", ".join(f"{name} {count:,}" for name, count in reasons.items() if count) or "none"
+
+
 def run_sigkill_demo(
     kills: int,
     kafka: str = "kafka",
@@ -184,9 +223,11 @@ def run_sigkill_demo(
     print(f"daemon:  {paths.daemon_log}, {paths.config}, spool {paths.spool}")
     print(f"spark:   {paths.spark_log}")
     copies = report.as_dict()["second_copies_in_lake"]
+    print(what_became_of_them(run.sent, report.as_dict()))
     print(
-        f"demo: {run.kills} SIGKILLs while the clients sent, {run.replayed:,} messages replayed "
-        f"from the spool, {dropped:,} second copies dropped by the landing job, "
+        f"demo: {counted(run.kills, 'SIGKILL')} while the clients sent, "
+        f"{counted(run.replayed, 'message')} replayed from the spool, "
+        f"{counted(dropped, 'second copy', 'second copies')} dropped by the landing job, "
         f"{copies:,} left in the lake"
     )
     return verdict(
@@ -231,9 +272,10 @@ def _run_stages(
                 raise DemoFailed(f"{error}; see {paths.daemon_log}") from None
             moments = ", ".join(f"{k:,}" for k in run.thresholds)
             result.append(
-                f"{len(clients)} client threads sent {run.sent:,} messages over unix datagram, "
-                f"unix stream and tcp; the daemon SIGKILLed {run.kills} times (after {moments} "
-                "more accepted) and restarted on its spool"
+                f"{counted(len(clients), 'client thread')} sent {counted(run.sent, 'message')} "
+                f"over unix datagram, unix stream and tcp; the daemon SIGKILLed "
+                f"{counted(run.kills, 'time')} (after {moments} more accepted) and restarted "
+                "on its spool"
             )
         with progress.stage("settle") as result:
             try:
@@ -243,7 +285,7 @@ def _run_stages(
             require_clean_exit(daemon.stop(), paths)
             result.append(
                 f"the last run settled every message and stopped cleanly (exit 0); "
-                f"{run.replayed:,} messages replayed from the spool in all"
+                f"{counted(run.replayed, 'message')} replayed from the spool in all"
             )
         with stderr_to(paths.spark_log):
             with progress.stage("land") as result:
@@ -251,8 +293,8 @@ def _run_stages(
                 records = sum(p.numInputRows for p in query.recentProgress)
                 dropped = second_copies_dropped(query, tuple(topics.partitions))
                 result.append(
-                    f"Spark AvailableNow query: {records:,} records read, {dropped:,} second "
-                    "copies dropped by pydory-id"
+                    f"Spark AvailableNow query: {counted(records, 'record')} read, "
+                    f"{counted(dropped, 'second copy', 'second copies')} dropped by pydory-id"
                 )
             with progress.stage("audit") as result:
                 report = fleet_audit(bootstrap, topics, paths, master, kafka)

@@ -1,8 +1,9 @@
 """`pydory config check PATH`: validate a config file and show the effective settings.
 
-Exit status 0 and the settings (every section, named configs resolved, per-topic
-overrides) on stdout; or exit status 1 and every error on stderr, in Dory's format
-``Error in config file: (line L, column C) /element/path: reason``.
+Exit status 0 and the settings (every section, defaults filled in, under the XML's own
+element names in the file's order: ``pydory.commands.config_listing``) on stdout; or
+exit status 1 and every error on stderr, in Dory's format ``Error in config file: (line
+L, column C) /element/path: reason``.
 """
 
 from __future__ import annotations
@@ -13,23 +14,12 @@ import enum
 import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydory.commands import Subparsers, add_command_group, add_subcommand
 from pydory.config import Config, load_config
 from pydory.errors import ConfigError, ConfigErrors
-
-# What None means, per field name, in the plain-text listing.
-_NONE_MEANS = {
-    "time_ms": "disable",
-    "messages": "disable",
-    "bytes": "disable",
-    "max_count": "unlimited",
-    "max_msg_prefix_size": "unlimited",
-    "mode": "unspecified",
-    "file_mode": "unspecified",
-    "level": "default",
-}
 
 
 def register(subparsers: Subparsers) -> None:
@@ -68,8 +58,10 @@ def run_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"valid": True, "config": config_as_dict(config)}, indent=2))
     else:
-        print(f"# {args.path}: valid. Effective settings (defaults filled in):")
-        print(render_plain(config))
+        from pydory.commands.config_listing import file_sections, listing
+
+        print(f"# {args.path}: valid. Effective settings (defaults filled in), by element:")
+        print(listing(config, file_sections(Path(args.path).read_bytes())))
     return 0
 
 
@@ -99,39 +91,3 @@ def _to_data(value: Any, field_name: str = "") -> Any:
     if field_name.endswith("mode") and isinstance(value, int):
         return f"0{value:03o}"
     return value
-
-
-def render_plain(config: Config) -> str:
-    """The settings as ``field = value`` lines, one ``[section]`` block per section."""
-    blocks = []
-    for section, content in config_as_dict(config).items():
-        lines: list[str] = []
-        if isinstance(content, dict):
-            lines.append(f"[{section}]")
-            _flatten(content, "", lines)
-        else:
-            _flatten(content, section, lines)
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
-
-
-def _flatten(value: Any, key: str, lines: list[str]) -> None:
-    if isinstance(value, dict):
-        if not value:
-            lines.append(f"{key} = (none)" if key else "(none)")
-        for name, item in value.items():
-            _flatten(item, f"{key}.{name}" if key else str(name), lines)
-    elif isinstance(value, list):
-        lines.append(f"{key} = {', '.join(_plain_item(item) for item in value)}")
-    else:
-        field_name = key.rsplit(".", 1)[-1]
-        shown = _NONE_MEANS.get(field_name, "off") if value is None else value
-        if isinstance(shown, bool):
-            shown = str(shown).lower()
-        lines.append(f"{key} = {shown}")
-
-
-def _plain_item(item: Any) -> str:
-    if isinstance(item, dict):
-        return ":".join(str(part) for part in item.values())
-    return str(item)

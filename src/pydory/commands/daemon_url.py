@@ -1,32 +1,83 @@
 """Where the commands that talk to a running daemon (`status`, `wait`, `reload`) find its
 status server, how long they wait for it, and what they say when the config file that
-names it cannot be used."""
+names it cannot be used.
+
+Rule: the one search order for a daemon's status server lives here: ``--url``, then
+``--config-path``, then ``PYDORY_STATUS_URL``, then the config at the documented default
+path (``/etc/pydory/pydory.xml``, install.md), then Dory's 127.0.0.1:9090; and what a
+refused connection says about it (which one was tried, what to pass instead).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pydory.errors import ConfigError
 from pydory.status_client import DEFAULT_PORT, StatusUrlError, status_base_url
 
 #: Dory's default httpInterface port, on loopback.
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+#: The environment variable naming a status URL when no option does.
+URL_VARIABLE = "PYDORY_STATUS_URL"
+#: Where docs/install.md puts the config of a daemon installed as a service.
+DEFAULT_CONFIG_PATH = "/etc/pydory/pydory.xml"
+#: What to pass when the daemon is elsewhere: said after every refused connection.
+HOW_TO_POINT = (
+    f"pass --url HOST:PORT or --config-path FILE (the daemon's config), or set {URL_VARIABLE}"
+)
 
 
-def daemon_url(url: str | None, config_path: str | None) -> str:
-    """The status server's base URL: ``url`` (any form ``pydory.status_client`` takes:
-    ``host:port``, ``http://host:port/``...), else the httpInterface port of the config at
-    ``config_path`` on 127.0.0.1, else DEFAULT_URL.
+@dataclass(frozen=True)
+class DaemonLocation:
+    """A status server's base URL and how it was found (for the messages)."""
 
-    Raises ConfigError for an invalid config file and OSError for an unreadable one.
+    url: str
+    found_by: str
+
+    def unreachable(self, error: Exception) -> str:
+        """The line a command prints when nothing answered at ``url``."""
+        return f"{error}; {self.url} is {self.found_by}: {HOW_TO_POINT}"
+
+
+def locate_daemon(
+    url: str | None,
+    config_path: str | None,
+    environ: Mapping[str, str] | None = None,
+    default_config_path: str | None = None,
+) -> DaemonLocation:
+    """The status server to ask, by the module's search order.
+
+    Raises ConfigError for an invalid config file and OSError for an unreadable one when
+    the file was named (``--config-path``); StatusUrlError for a bad ``PYDORY_STATUS_URL``.
+    A config at the default path that cannot be used is passed over, and said so.
     """
+    env = os.environ if environ is None else environ
+    default_path = DEFAULT_CONFIG_PATH if default_config_path is None else default_config_path
     if url is not None:
-        return status_base_url(url)
+        return DaemonLocation(status_base_url(url), "the --url given")
     if config_path is not None:
-        from pydory.config import load_config  # the XML parser: only when a file is named
+        return DaemonLocation(_config_url(config_path), f"the port of --config-path {config_path}")
+    if env.get(URL_VARIABLE):
+        return DaemonLocation(status_base_url(env[URL_VARIABLE]), f"${URL_VARIABLE}")
+    if os.path.exists(default_path):
+        try:
+            return DaemonLocation(_config_url(default_path), f"the port of {default_path}")
+        except (ConfigError, OSError) as error:
+            problem = config_failure(error, default_path).splitlines()[0]
+            return DaemonLocation(DEFAULT_URL, f"Dory's default ({default_path}: {problem})")
+    return DaemonLocation(
+        DEFAULT_URL,
+        f"Dory's default (no --url, ${URL_VARIABLE} or {default_path} to say otherwise)",
+    )
 
-        return f"http://127.0.0.1:{load_config(config_path).http.port}"
-    return DEFAULT_URL
+
+def _config_url(config_path: str) -> str:
+    from pydory.config import load_config  # the XML parser: only when a file is read
+
+    return f"http://127.0.0.1:{load_config(config_path).http.port}"
 
 
 def config_failure(error: ConfigError | OSError, config_path: str) -> str:
@@ -46,8 +97,9 @@ def add_daemon_location(
     where.add_argument(
         "--url",
         type=status_url,
-        help=f"the daemon's status server: HOST:PORT or http://HOST:PORT "
-        f"(default {DEFAULT_URL}, Dory's default port)",
+        help=f"the daemon's status server: HOST:PORT or http://HOST:PORT (default: "
+        f"${URL_VARIABLE}, else the port of {DEFAULT_CONFIG_PATH}, else {DEFAULT_URL}, "
+        f"Dory's default)",
     )
     where.add_argument("--config-path", metavar="FILE", help=config_help)
 

@@ -28,12 +28,12 @@ from pydory.commands.daemon_url import (
     add_daemon_location,
     add_timeout_option,
     config_failure,
-    daemon_url,
+    locate_daemon,
 )
 from pydory.commands.status import StatusClient
 from pydory.config import load_config
 from pydory.errors import ConfigError
-from pydory.status_client import DaemonUnreachable, NotAStatusPage
+from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusUrlError
 
 DEFAULT_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.2
@@ -68,14 +68,22 @@ def run(args: argparse.Namespace) -> int:
                 problem = f"pydory reload: the config is invalid; not reloading:\n{problem}"
             print(problem, file=sys.stderr)
             return EXIT_REFUSED
-    client = StatusClient(daemon_url(args.url, args.config_path))
+    try:
+        location = locate_daemon(args.url, args.config_path)
+    except StatusUrlError as error:
+        print(f"pydory reload: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    client = StatusClient(location.url)
     try:
         before = _config_page(client)
         pid = int(before["pid"])
         attempted = int(before["reloads"]["attempted"])
         os.kill(pid, signal.SIGHUP)
         outcome = _wait_for_outcome(client, attempted + 1, args.timeout)
-    except (DaemonUnreachable, ProcessLookupError, PermissionError) as error:
+    except DaemonUnreachable as error:
+        print(f"pydory reload: {location.unreachable(error)}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except (ProcessLookupError, PermissionError) as error:
         print(f"pydory reload: {_explain(error)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except NotAStatusPage as error:

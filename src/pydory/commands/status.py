@@ -32,12 +32,18 @@ from pydory.commands.daemon_url import (
     add_daemon_location,
     add_timeout_option,
     config_failure,
-    daemon_url,
+    locate_daemon,
 )
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason
 from pydory.errors import ConfigError
-from pydory.status_client import DaemonUnreachable, NotAStatusPage, PageNotFound, StatusHttp
+from pydory.status_client import (
+    DaemonUnreachable,
+    NotAStatusPage,
+    PageNotFound,
+    StatusHttp,
+    StatusUrlError,
+)
 
 DEFAULT_TIMEOUT_S = 5.0
 EXIT_UNREACHABLE = 2
@@ -85,10 +91,14 @@ def register(subparsers: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of `pydory status`."""
     try:
-        base_url = daemon_url(args.url, args.config_path)
+        location = locate_daemon(args.url, args.config_path)
     except (ConfigError, OSError) as error:
         print(config_failure(error, args.config_path), file=sys.stderr)
         return 1
+    except StatusUrlError as error:
+        print(f"pydory status: {error}", file=sys.stderr)
+        return 1
+    base_url = location.url
     client = StatusClient(base_url, args.timeout)
     try:
         if args.view is None:
@@ -98,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             page = client.get(PAGES[args.view])
             print(json.dumps(page, indent=4) if args.json else RENDERERS[args.view](page))
     except DaemonUnreachable as error:
-        print(f"pydory status: {error}", file=sys.stderr)
+        print(f"pydory status: {location.unreachable(error)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except NotAStatusPage as error:
         print(f"pydory status: {error}", file=sys.stderr)

@@ -19,9 +19,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydory.commands import Subparsers, add_command
-from pydory.commands.daemon_url import add_daemon_location, config_failure, daemon_url
+from pydory.commands.daemon_url import (
+    DaemonLocation,
+    add_daemon_location,
+    config_failure,
+    locate_daemon,
+)
 from pydory.errors import ConfigError
-from pydory.status_client import DaemonUnreachable, NotAStatusPage, PageNotFound, StatusHttp
+from pydory.status_client import (
+    DaemonUnreachable,
+    NotAStatusPage,
+    PageNotFound,
+    StatusHttp,
+    StatusUrlError,
+)
 
 #: The status server's longest long-poll (pydory.status.commit_point.LONG_POLL_MAX_S, which
 #: it clamps a longer one to; tests/test_cli_startup.py checks they agree). Not imported:
@@ -111,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     deadline = started + args.timeout
     try:
-        url = _base_url(args)
+        location = _location(args)
         after = "now" if args.until is None else repr(args.until)
         while True:
             poll_s = min(max(0.0, deadline - time.monotonic()), LONG_POLL_MAX_S)
-            answer = _ask(url, after, poll_s)
+            answer = _ask(location, after, poll_s)
             if answer.passed:
                 if not args.quiet:
                     print(_passed_message(answer, time.monotonic() - started))
@@ -130,22 +141,27 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
 
 
-def _base_url(args: argparse.Namespace) -> str:
+def _location(args: argparse.Namespace) -> DaemonLocation:
     try:
-        return daemon_url(args.url, args.config_path)
+        return locate_daemon(args.url, args.config_path)
     except (ConfigError, OSError) as error:
         raise _Unreachable(config_failure(error, args.config_path)) from None
+    except StatusUrlError as error:
+        raise _Unreachable(str(error)) from None
 
 
-def _ask(base_url: str, after: str, timeout_s: float) -> _Answer:
+def _ask(location: DaemonLocation, after: str, timeout_s: float) -> _Answer:
     """One long-poll of ``/commit_point/json``."""
+    base_url = location.url
     status = StatusHttp(base_url)
     query = {"after": after, "timeout": f"{timeout_s:.3f}"}
     try:
         page = status.get_json("/commit_point/json", query, timeout_s=timeout_s + HTTP_SLACK_S)
     except PageNotFound:
         raise _Unreachable(f"{base_url} serves no commit point (not a pydory daemon?)") from None
-    except (DaemonUnreachable, NotAStatusPage) as error:
+    except DaemonUnreachable as error:
+        raise _Unreachable(location.unreachable(error)) from None
+    except NotAStatusPage as error:
         raise _Unreachable(str(error)) from None
     return _answer_of(page, status.url_of("/commit_point/json", query))
 

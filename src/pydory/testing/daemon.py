@@ -43,7 +43,7 @@ class RunningDaemon:
             self.server.ready.set()
             self.server.metadata_ready.set()
 
-    def start(self, timeout: float = 30.0, *, wait_for_metadata: bool = True) -> RunningDaemon:
+    def start(self, timeout: float = 60.0, *, wait_for_metadata: bool = True) -> RunningDaemon:
         """Start the daemon; return once its inputs are open and, unless
         ``wait_for_metadata`` is False, its first metadata is in (until then it holds
         what it reads: tests that want routing from the first message wait)."""
@@ -70,7 +70,7 @@ class RunningDaemon:
             raise LookupError("TCP input is not enabled")
         return port
 
-    def call(self, fn: Any, timeout: float = 10.0) -> Any:
+    def call(self, fn: Any, timeout: float = 60.0) -> Any:
         """Run ``fn()`` on the daemon's loop (read the books consistently)."""
         return self.server.call_soon(fn, timeout)
 

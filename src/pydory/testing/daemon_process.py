@@ -75,7 +75,7 @@ class DaemonProcess:
         raise AssertionError("no VmHWM in /proc/PID/status")
 
     def page(self, name: str) -> Any:
-        return StatusHttp(self.url, timeout_s=30).get_json(name)
+        return StatusHttp(self.url, timeout_s=60).get_json(name)
 
     def books(self) -> dict[str, Any]:
         books: dict[str, Any] = self.page("books/json")
@@ -88,7 +88,7 @@ class DaemonProcess:
         """SIGKILL: no flush, no shutdown, nothing written after this instant."""
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
+        self.process.wait(timeout=60)
         self._log.close()
 
     def stop(self) -> int:
@@ -100,5 +100,5 @@ class DaemonProcess:
         finally:
             if self.process.poll() is None:
                 self.process.kill()
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=60)
             self._log.close()

@@ -266,7 +266,7 @@ class KafkaCluster(StopsOnExit):
         partitions: int,
         replication_factor: int = 1,
         config: Mapping[str, str] | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float = 60.0,
     ) -> None:
         """Create ``name`` and wait until every partition has a leader known to the client."""
         admin_create_topic(
@@ -279,7 +279,7 @@ class KafkaCluster(StopsOnExit):
         )
         self.wait_for_leaders(name, partitions, timeout_s)
 
-    def leaders(self, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+    def leaders(self, topic: str, timeout_s: float = 60.0) -> dict[int, int]:
         """``{partition: leader node id}`` as the cluster's metadata says now (-1: none)."""
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
         metadata = admin.list_topics(topic, timeout=timeout_s)
@@ -288,13 +288,13 @@ class KafkaCluster(StopsOnExit):
             raise KafkaException(topic_metadata.error)
         return {p: info.leader for p, info in topic_metadata.partitions.items()}
 
-    def in_sync_replicas(self, topic: str, timeout_s: float = 10.0) -> dict[int, list[int]]:
+    def in_sync_replicas(self, topic: str, timeout_s: float = 60.0) -> dict[int, list[int]]:
         """``{partition: in-sync replica ids}`` from the cluster's metadata."""
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
         metadata = admin.list_topics(topic, timeout=timeout_s)
         return {p: sorted(info.isrs) for p, info in metadata.topics[topic].partitions.items()}
 
-    def wait_for_leaders(self, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
+    def wait_for_leaders(self, topic: str, partitions: int, timeout_s: float = 60.0) -> None:
         """Wait until all ``partitions`` of ``topic`` have a leader."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -647,7 +647,8 @@ def _topic_spec(text: str) -> tuple[str, int, int]:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m pydory.testing.kafka_broker",
-        description="Run Apache Kafka (KRaft) on loopback; print the bootstrap string first.",
+        description="Run Apache Kafka (KRaft) on loopback; print the bootstrap string first. "
+        "'python -m pydory.testing.kafka_broker topics --help': make topics on a running one.",
     )
     parser.add_argument("--brokers", type=int, default=1, help="number of nodes (default 1)")
     parser.add_argument(
@@ -663,6 +664,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["topics"]:  # on a running Kafka: pydory.testing.kafka_topics
+        from pydory.testing import kafka_topics
+
+        return kafka_topics.main(argv[1:])
     args = _parse_args(argv)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -90,7 +90,7 @@ def admin_create_topic(
     name: str,
     partitions: int,
     replication_factor: int = 1,
-    timeout_s: float = 10.0,
+    timeout_s: float = 60.0,
     config: Mapping[str, str] | None = None,
 ) -> None:
     """Create ``name`` through the Kafka Admin API and wait until the broker confirms.
@@ -147,7 +147,7 @@ def _record_delivery(reports: list[Delivered], error: KafkaError | None, message
 
 
 def consume_all(
-    bootstrap_servers: str, topic: str, expected: int, timeout_s: float = 30.0
+    bootstrap_servers: str, topic: str, expected: int, timeout_s: float = 60.0
 ) -> list[ConsumedRecord]:
     """Read ``topic`` from the beginning of every partition, in partition order per partition.
 

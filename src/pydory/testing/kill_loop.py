@@ -63,7 +63,7 @@ CONDITION_TIMEOUT_S = 120.0
 _POLL_S = 0.02  # between two looks at a condition: counters, files, a refused socket
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 # A sendto blocked on a full queue wakes at the latest after this, and tries again.
-_DATAGRAM_TIMEOUT_S = 5.0
+_DATAGRAM_TIMEOUT_S = 5.0  # not a deadline: a blocked sendto wakes and retries
 #: The errors that mean "no daemon is there right now": nothing was taken.
 _NOBODY_THERE = (errno.ECONNREFUSED, errno.ENOENT)
 
@@ -370,8 +370,8 @@ class LandingJob:
         self.process.kill()
         if jvm is not None:
             os.kill(jvm, signal.SIGKILL)
-        self.process.wait(30)
-        self._reader.join(30)
+        self.process.wait(60)
+        self._reader.join(60)
         if jvm is not None:
             _wait_gone(jvm)
 
@@ -384,7 +384,7 @@ class LandingJob:
             raise KillLoopError(
                 f"the landing job ran over {timeout_s:g} s:\n{self.output}"
             ) from None
-        self._reader.join(30)
+        self._reader.join(60)
         return status
 
     def stop(self, timeout_s: float = CONDITION_TIMEOUT_S) -> int:
@@ -417,7 +417,7 @@ def jvm_child_of(pid: int) -> int | None:
     return None
 
 
-def _wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+def _wait_gone(pid: int, timeout_s: float = 60.0) -> None:
     """Until ``pid`` (not our child: reaped by whoever adopted it) has exited."""
     deadline = time.monotonic() + timeout_s
     stat = Path(f"/proc/{pid}/stat")

@@ -53,7 +53,7 @@ def free_loopback_ports(count: int) -> list[int]:
     return [free_loopback_port() for _ in range(count)]
 
 
-def accepts_connections(host: str, port: int, timeout_s: float = 0.2) -> bool:
+def accepts_connections(host: str, port: int, timeout_s: float = 0.2) -> bool:  # not a deadline
     """Whether a TCP connection to ``host:port`` succeeds within ``timeout_s``."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s):

@@ -87,7 +87,7 @@ class TansuBroker(StopsOnExit):
         """The broker's process id, or None once stopped."""
         return None if self._process is None else self._process.pid
 
-    def create_topic(self, name: str, partitions: int, timeout_s: float = 10.0) -> None:
+    def create_topic(self, name: str, partitions: int, timeout_s: float = 60.0) -> None:
         """Create ``name`` with ``partitions`` partitions through the Admin API."""
         admin_create_topic(self.bootstrap_servers, name, partitions, timeout_s=timeout_s)
 

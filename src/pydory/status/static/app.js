@@ -117,6 +117,8 @@ function svgElement(name, attributes) {
   return element;
 }
 
+const SHORT_VALUE = 24; // characters
+
 function facts(id, pairs) {
   const list = byId(id);
   list.replaceChildren();
@@ -127,6 +129,8 @@ function facts(id, pairs) {
     dd.textContent = value;
     dd.dataset.fact = term;
     if (className) dd.className = className;
+    // A short value (a number and its unit) never wraps; a long one (a path) may break.
+    if (String(value).length <= SHORT_VALUE) dd.classList.add("one-line");
     list.append(dt, dd);
   }
 }
@@ -435,12 +439,11 @@ function renderMetadata(doc) {
     ["fetch failures", formatCount(metadata.fetch_failures), metadata.fetch_failures > 0 ? "warn" : ""],
     ["update requests", formatCount(metadata.update_requests)],
     ["librdkafka stats", statsAge === "none yet" ? statsAge : `${statsAge} old`],
-    [
-      "received by input",
-      Object.entries(doc.received)
-        .map(([transport, n]) => `${transport.replace("_", " ")} ${formatCount(n)}`)
-        .join(" · "),
-    ],
+    // One fact per input: three on one line wrapped in this narrow card.
+    ...Object.entries(doc.received).map(([transport, n]) => [
+      `received, ${transport.replace("_", " ")}`,
+      formatCount(n),
+    ]),
   ]);
 }
 

@@ -1,0 +1,152 @@
+"""No test deadline a busy machine can hit: fixed waits in the tests are far-off safety nets.
+
+The floor is ``FLOOR_S`` = 60 seconds. Why: the suite must pass on a shared 2-core runner at
+a 1-minute load of 50, where a step gets about 2/50 of a core, a 25-fold slowdown; no
+single step a test waits for (a status page, a delivery, a thread's end, a process's exit)
+takes 2.4 s on a quiet machine, so 60 s is a wait that only a hang reaches. Longer runs
+(the demo, a Spark job, the kill loop) need their own larger nets; the floor is the least.
+
+What counts as a fixed deadline, read from the source (an AST scan of ``tests/`` and
+``src/pydory/testing/``):
+
+- a keyword ``timeout=``, ``timeout_s=`` or ``timeout_ms=`` given a number (``timeout_ms``
+  in milliseconds), except in calls to ``consume``/``poll``, whose timeout is one poll of
+  a loop that goes on, not a deadline;
+- a number as the deadline argument of ``wait_for(x, N)``, ``wait_until(x, N)``,
+  ``x.wait(N)`` (an Event, Condition or process wait) and ``x.join(N)``;
+- a parameter named ``timeout``, ``timeout_s``, ``deadline_s`` or ``budget_s`` whose default
+  is a number;
+- ``time.monotonic() + N``, a deadline computed in place;
+- a name ending in ``TIMEOUT_S`` or ``TIMEOUT_MS`` assigned a number (a module's constant).
+
+A wait that is meant to end at its timeout (the test checks that something does *not*
+happen meanwhile, or a timeout is the thing under test) says so on its line with
+``# not a deadline`` (the why beside it or on the line above); the scan lets those through.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = [ROOT / "tests", ROOT / "src" / "pydory" / "testing"]
+FLOOR_S = 60.0
+MARKER = "# not a deadline"
+TIMEOUT_KEYWORDS = {"timeout": 1.0, "timeout_s": 1.0, "timeout_ms": 0.001}
+POLLS = {"consume", "poll"}
+POSITIONAL_DEADLINE = {"wait_for": 1, "wait_until": 1, "wait": 0, "join": 0, "settimeout": 0}
+DEFAULT_NAMES = {"timeout", "timeout_s", "deadline_s", "budget_s"}
+CONSTANT_SUFFIXES = {"TIMEOUT_S": 1.0, "TIMEOUT_MS": 0.001}
+
+
+def _number(node: ast.AST) -> float | None:
+    is_number = isinstance(node, ast.Constant) and isinstance(node.value, int | float)
+    if is_number and not isinstance(node.value, bool):
+        return float(node.value)
+    return None
+
+
+def _name(call: ast.Call) -> str:
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    return ""
+
+
+def fixed_deadlines(source: str) -> Iterator[tuple[int, float]]:
+    """(line, seconds) of every fixed deadline in ``source`` below the floor."""
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        for line, seconds in _deadlines_of(node):
+            if seconds < FLOOR_S and MARKER not in lines[line - 1]:
+                yield line, seconds
+
+
+def _deadlines_of(node: ast.AST) -> Iterator[tuple[int, float]]:
+    if isinstance(node, ast.Call):
+        name = _name(node)
+        for keyword in node.keywords:
+            scale = TIMEOUT_KEYWORDS.get(keyword.arg or "")
+            value = _number(keyword.value)
+            if scale is not None and value is not None and name not in POLLS:
+                yield keyword.value.lineno, value * scale
+        index = POSITIONAL_DEADLINE.get(name)
+        if index is not None and len(node.args) > index:
+            value = _number(node.args[index])
+            if value is not None:
+                yield node.args[index].lineno, value
+    elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        arguments = node.args.posonlyargs + node.args.args
+        defaulted = arguments[len(arguments) - len(node.args.defaults) :]
+        pairs = list(zip(defaulted, node.args.defaults, strict=True))
+        pairs += [
+            (a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True) if d
+        ]
+        for argument, default in pairs:
+            value = _number(default)
+            if argument.arg in DEFAULT_NAMES and value is not None:
+                yield default.lineno, value
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        now = isinstance(node.left, ast.Call) and _name(node.left) == "monotonic"
+        value = _number(node.right)
+        if now and value is not None:
+            yield node.right.lineno, value
+    elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+        value = _number(node.value)
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            for suffix, scale in CONSTANT_SUFFIXES.items():
+                if (
+                    isinstance(target, ast.Name)
+                    and target.id.endswith(suffix)
+                    and value is not None
+                ):
+                    yield node.value.lineno, value * scale
+
+
+def test_no_fixed_deadline_in_the_tests_is_below_the_floor() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {seconds:g} s"
+        for folder in SCANNED
+        for path in sorted(folder.rglob("*.py"))
+        for line, seconds in fixed_deadlines(path.read_text(encoding="utf-8"))
+    ]
+
+    assert not found, (
+        f"fixed deadlines under {FLOOR_S:g} s (a machine at load 50 reaches them; wait for "
+        f"the condition with a far-off net, or mark a wait meant to time out with "
+        f"'{MARKER}: <why>'):\n" + "\n".join(found)
+    )
+
+
+def test_the_scan_finds_each_kind_of_fixed_deadline() -> None:
+    source = "\n".join(
+        [
+            "subprocess.run(cmd, timeout=20)",
+            "urlopen(url, timeout=10)",
+            "wait_until(check, 5)",
+            "await asyncio.wait_for(task, 5)",
+            "ready.wait(30)",
+            "thread.join(10)",
+            "client.join(timeout=5)",
+            "def wait(timeout_s: float = 30.0): ...",
+            "consumer.consume(100, timeout=1)",
+            "producer.flush(timeout_ms=500)",
+            "event.wait(0.2)  # not a deadline: nothing may arrive",
+            "subprocess.run(cmd, timeout=600)",
+            "PAGE_TIMEOUT_MS = 20_000",
+            "RECEIVE_TIMEOUT_S: float = 10",
+            "START_TIMEOUT_S = 60.0",
+            "deadline = time.monotonic() + 30",
+            "def loop(budget_s: float = 20.0): ...",
+            "start = time.monotonic() + 0.05  # not a deadline: the first send's moment",
+        ]
+    )
+
+    found = sorted(fixed_deadlines(source))
+
+    assert [line for line, _ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 16, 17]
+    assert found[-4:] == [(13, 20.0), (14, 10.0), (16, 30.0), (17, 20.0)]
