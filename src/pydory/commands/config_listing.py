@@ -7,7 +7,7 @@ file has them, those it leaves out after, in Dory's order (defaults filled in). 
 the effective one: sizes in bytes, Dory's words for "off" (``disable``, ``unlimited``),
 modes in octal.
 
-Rule: the listing never shows a Python field name; every element it names is one the
+Rule: `listing` never shows a Python field name; every element it names is one the
 loader reads (the leaf sections through the loader's own tables).
 """
 

@@ -2,10 +2,11 @@
 status server, how long they wait for it, and what they say when the config file that
 names it cannot be used.
 
-Rule: the one search order for a daemon's status server lives here: ``--url``, then
-``--config-path``, then ``PYDORY_STATUS_URL``, then the config at the documented default
-path (``/etc/pydory/pydory.xml``, install.md), then Dory's 127.0.0.1:9090; and what a
-refused connection says about it (which one was tried, what to pass instead).
+Rule: the one search order for a daemon's status server lives here, in `locate_daemon`:
+``--url``, then ``--config-path``, then ``PYDORY_STATUS_URL``, then the config at the
+documented default path (``/etc/pydory/pydory.xml``, install.md), then Dory's
+127.0.0.1:9090; and what a refused connection says about it (which one was tried, what to
+pass instead).
 """
 
 from __future__ import annotations

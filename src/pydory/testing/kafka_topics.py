@@ -7,7 +7,7 @@ confluent-kafka, with ``kafka-topics.sh``'s spelling of the options it shares
 ``--replication-factor``, ``--config``, ``--if-not-exists``, ``--list``), so a step reads
 the same either way.
 
-Rule: a topic is made only as asked: an existing one is left as it is (an error unless
+Rule: a topic is made only as asked (`create`): an existing one is left as it is (an error unless
 ``--if-not-exists``), never altered.
 
 Exit status: 0; 1 when Kafka refused or did not answer (one line each on stderr); 2 for a
