@@ -37,6 +37,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyspark
 
@@ -255,7 +256,7 @@ class SparkCluster(StopsOnExit):
         else:
             terminate_then_kill(process, grace_s)
 
-    def _master_status(self) -> dict[str, object]:
+    def _master_status(self) -> dict[str, Any]:
         # Loopback: never through a proxy the environment may name.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(f"http://{LOOPBACK}:{self.web_port}/json/", timeout=5) as response:
