@@ -11,8 +11,9 @@ the Spark jobs use on that lake). :func:`lake_files` picks one for a set of path
 are strings throughout; :func:`join` appends a name to a path of either kind.
 
 A file is written whole or not at all: a hidden temporary file in the same directory,
-then a rename over the old one (atomic on a local file system and on HDFS; on an S3
-store a rename is a copy, and a reader sees the old or the new object).
+then a rename over the old one (``os.replace``; Hadoop's ``FileContext.rename`` with
+``OVERWRITE``, atomic on HDFS; on an S3 store a rename is a copy, and a reader sees the
+old or the new object).
 
 Rule: the driver's own file reads and writes of the lake, checkpoint and audit state go
 through here, whatever the path's scheme.
@@ -139,6 +140,7 @@ class HadoopFiles:
 
     def __init__(self, spark: SparkSession) -> None:
         self._jvm: Any = spark._jvm
+        self._gateway: Any = spark.sparkContext._gateway
         self._conf = spark._jsc.hadoopConfiguration()
 
     def qualify(self, path: str) -> str:
@@ -174,11 +176,13 @@ class HadoopFiles:
                 stream.write(bytearray(text.encode("utf-8")))
             finally:
                 stream.close()
-            # Hadoop's rename does not replace: the old file goes first. A crash between
-            # the two leaves the new text in the hidden temporary file, never half of it.
-            fs.delete(target, False)
-            if not fs.rename(temporary, target):
-                raise OSError(f"cannot rename {temporary.toString()} to {path}")
+            # FileSystem.rename never replaces a file; FileContext's does, in one step.
+            overwrite = self._gateway.new_array(self._jvm.org.apache.hadoop.fs.Options.Rename, 1)
+            overwrite[0] = self._jvm.org.apache.hadoop.fs.Options.Rename.OVERWRITE
+            context = self._jvm.org.apache.hadoop.fs.FileContext.getFileContext(
+                target.toUri(), self._conf
+            )
+            context.rename(temporary, target, overwrite)
 
         self._call(path, write)
 
