@@ -142,7 +142,7 @@ def test_a_checkpoint_landed_before_deduplication_keeps_landing_every_copy(
     produce(bootstrap, topic, [(0, b"a", identity(0)), (0, b"b", identity(1))])
     # The stateless query of before: its checkpoint has batches and no state.
     with monkeypatch.context() as old:
-        old.setattr(land, "drops_second_copies", lambda _checkpoint: False)
+        old.setattr(land, "drops_second_copies", lambda _checkpoint, _files=None: False)
         land_once(bootstrap, (topic,), tmp_path, "python")
     produce(bootstrap, topic, [(0, b"b", identity(1))])
 

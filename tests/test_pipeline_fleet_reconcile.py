@@ -4,6 +4,7 @@ daemons publish them, a lake summarised by identity."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -267,16 +268,13 @@ def test_ranges_merge_when_they_touch_and_answer_whether_an_identity_landed(
     state.per_run_topic[("h1", A, "t")] = [20, 20]
     state.books["h1/" + A] = {"schema": 1}
     state.books_offsets[0] = 7
-    state.files.add("file:///lake/a.parquet")
+    state.read_through_us, state.files_at_mark = 1_764_300_000_000_000, {"file:/lake/a.parquet"}
+    state.files_audited = 40
     state.save(str(tmp_path))
     again = FleetState.load(str(tmp_path), "/lake", "pydory.books")
-    assert (again.ranges, again.per_run_topic, again.books, again.books_offsets, again.files) == (
-        state.ranges,
-        state.per_run_topic,
-        state.books,
-        state.books_offsets,
-        state.files,
-    )
+    assert again == state
+    # The state is bounded: how far the lake was read, never every file read.
+    assert "files" not in json.loads((tmp_path / "fleet-audit-state.json").read_text())
     with pytest.raises(StateMismatch):
         FleetState.load(str(tmp_path), "/another-lake", "pydory.books")
 

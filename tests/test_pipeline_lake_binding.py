@@ -20,6 +20,7 @@ from pydory.pipeline.lake_binding import (
     record_landed_batch,
     seed_checkpoint,
 )
+from pydory.pipeline.lake_files import NeedsSpark
 from pydory.pipeline.offsets import PartitionId
 
 
@@ -168,9 +169,14 @@ def test_the_binding_records_the_checkpoint_and_the_last_landed_batch(tmp_path: 
     }
 
 
-def test_paths_that_are_not_local_are_not_compared(tmp_path: Path) -> None:
-    pairing = check_pairing("s3a://bucket/lake", str(tmp_path / "cp"), None)
+def test_a_file_uri_is_compared_like_its_path_and_a_remote_one_needs_spark(
+    tmp_path: Path,
+) -> None:
+    lake = make_lake(tmp_path / "lake", batches=3)
+    new = tmp_path / "new"
 
-    assert pairing.unchecked is not None
-    assert "s3a://bucket/lake is not a local path" in pairing.unchecked
-    assert ensure_checkpoint_id("hdfs://nn/cp") is None
+    with pytest.raises(LakeCheckpointMismatch, match=r"already holds batches 0 to 2"):
+        check_pairing(f"file://{lake}", f"file://{new}", None)
+    # HDFS and S3 are compared through Spark's Hadoop client (tests/test_distributed.py).
+    with pytest.raises(NeedsSpark, match="s3a://bucket/lake"):
+        check_pairing("s3a://bucket/lake", str(tmp_path / "cp"), None)

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.lake_files import join, lake_files
 from pydory.pipeline.reconcile import (
     AuditReport,
     DaemonBooks,
@@ -97,15 +98,16 @@ def summarize_lake(
 ) -> LakeSummary:
     """Aggregate the committed part of the lake per (topic, partition) in Spark.
 
-    Raises :class:`NotALake` when ``lake`` has no file-sink commit log.
+    ``lake`` is a local path or a URI (``hdfs://``, ``s3a://``...). Raises
+    :class:`NotALake` when ``lake`` has no file-sink commit log.
     """
-    path = Path(lake)
-    if not (path / COMMIT_LOG_DIR).is_dir():
+    path = os.fspath(lake)
+    if not lake_files(spark, path).is_dir(join(path, COMMIT_LOG_DIR)):
         raise NotALake(
             f"{path} has no {COMMIT_LOG_DIR}/ commit log: it is not the path of a Spark file "
-            "sink (give the landing job's --lake directory)"
+            "sink (give the landing job's --lake directory or URI)"
         )
-    copies = _copies_per_offset(spark, str(path))
+    copies = _copies_per_offset(spark, path)
     partitions = _partition_landings(copies)
     gaps: list[OffsetGap] = []
     if from_offset_zero:

@@ -44,15 +44,14 @@ Rule: how a second copy is recognised and dropped lives here alone (``drop_secon
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlparse
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pydory.daemon.spool.identity import HEADER_NAME
+from pydory.pipeline.lake_files import LakeFiles, join, lake_files
 
 __all__ = [
     "DEFAULT_WINDOW_S",
@@ -124,19 +123,12 @@ def dropped_per_topic(observed: Mapping[str, Any], topics: Sequence[str]) -> dic
     return {topic: count for topic, count in dropped.items() if count}
 
 
-def drops_second_copies(checkpoint: str) -> bool:
+def drops_second_copies(checkpoint: str, files: LakeFiles | None = None) -> bool:
     """Whether a query on ``checkpoint`` can drop second copies (has, or may start, state).
 
-    False for a local checkpoint that has committed batches and no state: it was landed
-    before this stage existed. A remote one (``hdfs://``, ``s3a://``) is not looked at.
+    False for a checkpoint that has committed batches and no state: it was landed before
+    this stage existed. ``files`` reaches a checkpoint on HDFS or S3 (local when None).
     """
-    parsed = urlparse(checkpoint)
-    if parsed.scheme not in ("", "file"):
-        return True
-    path = parsed.path if parsed.scheme == "file" else checkpoint
-    commits = os.path.join(path, "commits")
-    try:
-        committed = any(name.isdigit() for name in os.listdir(commits))
-    except OSError:  # no commit log yet: a new checkpoint
-        return True
-    return not committed or os.path.isdir(os.path.join(path, "state"))
+    files = files or lake_files(None, checkpoint)
+    committed = any(name.isdigit() for name in files.names(join(checkpoint, "commits")))
+    return not committed or files.is_dir(join(checkpoint, "state"))

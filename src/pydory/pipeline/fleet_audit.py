@@ -14,11 +14,21 @@ is audited like the others. Both sides are read with Spark:
   sequences landed (*ranges*: a stream's sequences are dense, so a few ranges stand for
   millions of identities), which is all the driver collects.
 
-Incremental (``state_dir``): the ranges, the counts, the names of the lake files already
-read and the books topic's next offsets are kept in ``fleet-audit-state.json``; a later
-run reads only the lake files committed since, checks their identities against the kept
-ranges (a second copy that landed in a later batch is found so), and only the books
-records published since. Without a state every run reads everything.
+Incremental (``state_dir``, a local directory or a URI like the lake's): the ranges, the
+counts, how far the lake was read and the books topic's next offsets are kept in
+``fleet-audit-state.json``; a later run reads only the lake files committed since, checks
+their identities against the kept ranges (a second copy that landed in a later batch is
+found so), and only the books records published since. Without a state every run reads
+everything.
+
+How far the lake was read is a mark, not a list of every file ever read (which grows with
+the lake): the newest modification time among the files read, and the names of the files
+with exactly that time. The file sink runs its batches one after another and commits a
+batch only after its files are closed, so every file of a later batch was written after
+every file of an earlier one: the files committed since the last run are those modified
+after the mark (or at it, not yet read). Spark prunes the lake's files on that condition
+(``_metadata.file_modification_time``) before reading any. The lake's times come from one
+clock (HDFS's namenode, the object store, the landing host's kernel).
 
 Rule: ``fleet_audit`` is the only code that reads the lake by identity and the books topic.
 """
@@ -31,7 +41,6 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -49,6 +58,7 @@ from pydory.pipeline.fleet_reconcile import (
     reconcile_fleet,
 )
 from pydory.pipeline.kafka_source import SOURCE_NAME
+from pydory.pipeline.lake_files import LakeFiles, join, lake_files
 
 __all__ = [
     "DEFAULT_BOOKS_TOPIC",
@@ -62,7 +72,7 @@ __all__ = [
 #: The daemon's default ``<messageIdentity><booksTopic>``.
 DEFAULT_BOOKS_TOPIC = "pydory.books"
 STATE_FILE = "fleet-audit-state.json"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1 listed every lake file read; 2 keeps a mark
 _FORMATS = {"native": "kafka", "python": SOURCE_NAME}
 _LAKE_COLUMNS = StructType(
     [StructField(IDENTITY_COLUMN, StringType()), StructField("topic", StringType())]
@@ -87,11 +97,15 @@ Stream = tuple[str, str, int]  # host, incarnation, stream
 
 @dataclass
 class FleetState:
-    """What earlier runs read: lake files, identity ranges, counts, books records."""
+    """What earlier runs read: how far in the lake, identity ranges, counts, books records."""
 
     lake: str
     books_topic: str
-    files: set[str] = field(default_factory=set)
+    #: The newest modification time (epoch microseconds) of the lake files read, -1: none.
+    read_through_us: int = -1
+    #: The files read whose modification time is the mark (a later file may share it).
+    files_at_mark: set[str] = field(default_factory=set)
+    files_audited: int = 0
     ranges: dict[Stream, list[list[int]]] = field(default_factory=dict)
     per_run_topic: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
     without_identity: dict[str, int] = field(default_factory=dict)
@@ -101,16 +115,22 @@ class FleetState:
     unreadable_books: int = 0
 
     @classmethod
-    def load(cls, state_dir: str | None, lake: str, books_topic: str) -> FleetState:
+    def load(
+        cls, state_dir: str | None, lake: str, books_topic: str, files: LakeFiles | None = None
+    ) -> FleetState:
         if state_dir is None:
             return cls(lake, books_topic)
-        path = Path(state_dir) / STATE_FILE
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        path = join(state_dir, STATE_FILE)
+        text = (files or lake_files(None, state_dir)).read_text(path)
+        if text is None:
             return cls(lake, books_topic)
+        document = json.loads(text)
         if document.get("version") != STATE_VERSION:
-            raise StateMismatch(f"{path}: state version {document.get('version')!r}")
+            raise StateMismatch(
+                f"{path}: state version {document.get('version')!r}, not {STATE_VERSION} "
+                "(written by another pydory): give a new --state directory to audit the "
+                "lake from its start"
+            )
         if (document["lake"], document["books_topic"]) != (lake, books_topic):
             raise StateMismatch(
                 f"{path} is the state of lake {document['lake']} and books topic "
@@ -119,7 +139,9 @@ class FleetState:
         return cls(
             lake,
             books_topic,
-            files=set(document["files"]),
+            read_through_us=int(document["read_through_us"]),
+            files_at_mark=set(document["files_at_mark"]),
+            files_audited=int(document["files_audited"]),
             ranges={_stream(key): value for key, value in document["ranges"].items()},
             per_run_topic={
                 _run_topic_key(key): value for key, value in document["per_run_topic"].items()
@@ -131,14 +153,15 @@ class FleetState:
             unreadable_books=int(document["unreadable_books"]),
         )
 
-    def save(self, state_dir: str) -> None:
+    def save(self, state_dir: str, files: LakeFiles | None = None) -> None:
         """Write the state whole (a new file renamed over the old one)."""
-        os.makedirs(state_dir, exist_ok=True)
         document = {
             "version": STATE_VERSION,
             "lake": self.lake,
             "books_topic": self.books_topic,
-            "files": sorted(self.files),
+            "read_through_us": self.read_through_us,
+            "files_at_mark": sorted(self.files_at_mark),
+            "files_audited": self.files_audited,
             "ranges": {"\n".join(map(str, key)): value for key, value in self.ranges.items()},
             "per_run_topic": {"\n".join(key): value for key, value in self.per_run_topic.items()},
             "without_identity": self.without_identity,
@@ -147,10 +170,9 @@ class FleetState:
             "books": self.books,
             "unreadable_books": self.unreadable_books,
         }
-        path = Path(state_dir) / STATE_FILE
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(document), encoding="utf-8")
-        os.replace(temporary, path)
+        (files or lake_files(None, state_dir)).write_text(
+            join(state_dir, STATE_FILE), json.dumps(document)
+        )
 
     def landed(self, identity: str) -> bool:
         """Whether ``identity`` (``host/incarnation/stream/sequence``) is in the lake."""
@@ -205,8 +227,9 @@ def fleet_audit(
     """Read what is new in the books topic and the lake, and prove the books; with
     ``state_dir``, keep what was read for the next run. Raises :class:`NotALake`,
     :class:`BooksTopicUnavailable` or :class:`StateMismatch`."""
-    lake_path = require_lake(lake)
-    state = FleetState.load(state_dir, lake_path, books_topic)
+    lake_path = require_lake(lake, spark)
+    state_files = None if state_dir is None else lake_files(spark, state_dir)
+    state = FleetState.load(state_dir, lake_path, books_topic, state_files)
     options = {"kafka.bootstrap.servers": bootstrap_servers, **(kafka_options or {})}
     books_read = _read_books(spark, state, options, _FORMATS[connector])
     files_read = _read_lake(spark, state)
@@ -226,7 +249,7 @@ def fleet_audit(
             "lake": lake_path,
             "books_topic": books_topic,
             "lake_files_read": files_read,
-            "lake_files_audited": len(state.files),
+            "lake_files_audited": state.files_audited,
             "books_records_read": books_read,
             "runs": len(runs),
             "unreadable_books_records": state.unreadable_books,
@@ -234,18 +257,20 @@ def fleet_audit(
         },
     )
     if state_dir is not None:
-        state.save(state_dir)
+        state.save(state_dir, state_files)
     return report
 
 
-def require_lake(lake: str | os.PathLike[str]) -> str:
-    """The lake's absolute path; raises :class:`NotALake` without a file-sink commit log
-    (reading the directory would count files of batches that never committed)."""
-    lake_path = str(Path(lake).resolve())
-    if not (Path(lake_path) / COMMIT_LOG_DIR).is_dir():
+def require_lake(lake: str | os.PathLike[str], spark: SparkSession | None = None) -> str:
+    """The lake's absolute path or qualified URI; raises :class:`NotALake` without a
+    file-sink commit log (reading the directory would count files of batches that never
+    committed). A lake on HDFS or S3 needs ``spark`` (its Hadoop client)."""
+    files = lake_files(spark, os.fspath(lake))
+    lake_path = files.qualify(os.fspath(lake))
+    if not files.is_dir(join(lake_path, COMMIT_LOG_DIR)):
         raise NotALake(
             f"{lake_path} has no {COMMIT_LOG_DIR}/ commit log: it is not the path of a Spark "
-            "file sink (give the landing job's --lake directory)"
+            "file sink (give the landing job's --lake directory or URI)"
         )
     return lake_path
 
@@ -326,14 +351,13 @@ def _books_partitions(bootstrap: str, topic: str, options: Mapping[str, str]) ->
 
 def _read_lake(spark: SparkSession, state: FleetState) -> int:
     """Read the lake files committed since the last run into ``state``; how many."""
-    committed = set(spark.read.schema(_LAKE_COLUMNS).parquet(state.lake).inputFiles())
-    new_files = sorted(committed - state.files)
+    new_files = _files_since_mark(spark, state)
     if not new_files:
         return 0
     rows = (
         spark.read.schema(_LAKE_COLUMNS)
         .option("basePath", state.lake)
-        .parquet(*new_files)
+        .parquet(*sorted(new_files))
         .select("topic", IDENTITY_COLUMN)
     )
     _count_unidentified(rows, state)
@@ -355,8 +379,30 @@ def _read_lake(spark: SparkSession, state: FleetState) -> int:
         state.add_ranges(_ranges(seen.where(~F.col("seen"))))
     finally:
         seen.unpersist()
-    state.files |= set(new_files)
+    mark = max(new_files.values())
+    at_mark = {name for name, modified in new_files.items() if modified == mark}
+    state.files_at_mark = at_mark | (
+        state.files_at_mark if mark == state.read_through_us else set()
+    )
+    state.read_through_us = mark
+    state.files_audited += len(new_files)
     return len(new_files)
+
+
+def _files_since_mark(spark: SparkSession, state: FleetState) -> dict[str, int]:
+    """The committed lake files modified after the state's mark (or at it and not yet
+    read), with their modification times in epoch microseconds."""
+    modified = F.col("_metadata.file_modification_time")
+    path = F.col("_metadata.file_path")
+    committed = spark.read.schema(_LAKE_COLUMNS).parquet(state.lake)
+    if state.read_through_us >= 0:
+        mark = F.timestamp_micros(F.lit(state.read_through_us))
+        later = modified > mark
+        if state.files_at_mark:
+            later = later | ((modified == mark) & ~path.isin(sorted(state.files_at_mark)))
+        committed = committed.where(later)
+    files = committed.select(path.alias("path"), F.unix_micros(modified).alias("us")).distinct()
+    return {row["path"]: row["us"] for row in files.collect()}
 
 
 def _count_unidentified(rows: DataFrame, state: FleetState) -> None:

@@ -74,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
         fleet_audit,
         require_lake,
     )
+    from pydory.pipeline.lake_files import is_local
     from pydory.pipeline.spark import spark_session
 
     try:
-        require_lake(args.lake)  # before Spark starts: a wrong path is told at once
+        if is_local(args.lake):
+            require_lake(args.lake)  # before Spark starts: a wrong path is told at once
         spark = spark_session(master=args.master, app_name="pydory-fleet-audit")
         report = fleet_audit(
             spark,

@@ -16,26 +16,27 @@ offsets: it is then *seeded*, its offset and commit logs given the lake's last b
 number and, per partition, the later of the chosen offset and the lake's next one, so
 its first batch is numbered after the lake's and nothing already landed lands again.
 
-Pure file-system logic on local paths, no Spark. Paths with a URI scheme other than
-``file:`` (HDFS, S3...) are not checked (:attr:`Pairing.unchecked`). Rule: the lake and
-its checkpoint are compared here (``check_pairing``) before any batch runs, and only here.
+File-system logic, no Spark job: local paths through the operating system, ``hdfs://``,
+``s3a://`` and other URIs through Spark's Hadoop client (:mod:`pydory.pipeline.lake_files`;
+each function takes the :class:`~pydory.pipeline.lake_files.LakeFiles` to use, local ones
+when none is given).
+
+Rule: the lake and its checkpoint are compared here (`check_pairing`) before any batch
+runs, and only here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.lake_files import LakeFiles, join, lake_files
 from pydory.pipeline.offsets import Offsets, offsets_to_json
 
 __all__ = [
@@ -77,8 +78,6 @@ class Pairing:
     kind: PairingKind
     #: The lake's last committed batch (-1: none); a seeded checkpoint continues after it.
     lake_batch: int
-    #: Why the pair was not compared (a non-local path), or None.
-    unchecked: str | None = None
     #: A note for the operator (e.g. starting offsets ignored when resuming), or None.
     note: str | None = None
 
@@ -90,23 +89,18 @@ class _CheckpointState:
     last_committed: int  # the commit log's last batch, -1 when none
 
 
-def check_pairing(lake: str, checkpoint: str, starting_offsets: str | None) -> Pairing:
+def check_pairing(
+    lake: str, checkpoint: str, starting_offsets: str | None, files: LakeFiles | None = None
+) -> Pairing:
     """Compare ``lake`` with ``checkpoint``; raise :class:`LakeCheckpointMismatch` if they
-    diverge. ``starting_offsets`` is the operator's explicit choice, if any."""
-    remote = [path for path in (lake, checkpoint) if not _is_local(path)]
-    if remote:
-        return Pairing(
-            PairingKind.RESUME,
-            -1,
-            unchecked=f"{remote[0]} is not a local path: the lake and checkpoint were not "
-            "compared (pydory checks local paths only)",
-        )
-    lake_dir, checkpoint_dir = _local(lake), _local(checkpoint)
-    lake_batch = _last_batch(lake_dir / "_spark_metadata")
-    state = _checkpoint_state(checkpoint_dir)
+    diverge. ``starting_offsets`` is the operator's explicit choice, if any. A file that
+    cannot be read raises ``OSError``."""
+    files = files or lake_files(None, lake, checkpoint)
+    lake_batch = _last_batch(files, join(lake, "_spark_metadata"))
+    state = _checkpoint_state(files, checkpoint)
     if state.last_planned < 0:
-        return _new_checkpoint(lake_dir, checkpoint_dir, lake_batch, starting_offsets)
-    _check_resumes(lake_dir, checkpoint_dir, lake_batch, state)
+        return _new_checkpoint(files, lake, checkpoint, lake_batch, starting_offsets)
+    _check_resumes(files, lake, checkpoint, lake_batch, state)
     note = None
     if starting_offsets is not None:
         note = (
@@ -116,65 +110,66 @@ def check_pairing(lake: str, checkpoint: str, starting_offsets: str | None) -> P
     return Pairing(PairingKind.RESUME, lake_batch, note=note)
 
 
-def ensure_checkpoint_id(checkpoint: str) -> str | None:
+def ensure_checkpoint_id(checkpoint: str, files: LakeFiles | None = None) -> str:
     """Spark's id of ``checkpoint`` (``CHECKPOINT/metadata``), created if it is new.
 
     Spark reads an existing id when the query starts; creating it first lets the lake
-    record its checkpoint before the first batch can land. None for a non-local path.
+    record its checkpoint before the first batch can land.
     """
-    if not _is_local(checkpoint):
-        return None
-    directory = _local(checkpoint)
-    existing = _checkpoint_id(directory)
+    files = files or lake_files(None, checkpoint)
+    existing = _checkpoint_id(files, checkpoint)
     if existing is not None:
         return existing
     new_id = str(uuid.uuid4())
-    _write_atomically(directory / "metadata", json.dumps({"id": new_id}))
+    files.write_text(join(checkpoint, "metadata"), json.dumps({"id": new_id}))
     return new_id
 
 
-def record_binding(lake: str, checkpoint: str, checkpoint_id: str | None) -> None:
+def record_binding(
+    lake: str, checkpoint: str, checkpoint_id: str, files: LakeFiles | None = None
+) -> None:
     """Record in ``lake`` that it belongs to ``checkpoint`` (its landed offsets kept when
     the checkpoint is the same)."""
-    if checkpoint_id is None or not _is_local(lake):
-        return
-    lake_dir = _local(lake)
-    previous = _read_binding(lake_dir) or {}
+    files = files or lake_files(None, lake, checkpoint)
+    previous = _read_binding(files, lake) or {}
     same = previous.get("checkpoint_id") == checkpoint_id
     binding = {
-        "checkpoint": str(_local(checkpoint).resolve()),
+        "checkpoint": files.qualify(checkpoint),
         "checkpoint_id": checkpoint_id,
         "landed_batch": previous.get("landed_batch") if same else None,
         "landed_offsets": previous.get("landed_offsets") if same else None,
     }
-    _write_binding(lake_dir, binding)
+    _write_binding(files, lake, binding)
 
 
-def record_landed_batch(lake: str, batch: int, end_offsets: Mapping[str, Any] | None) -> None:
+def record_landed_batch(
+    lake: str, batch: int, end_offsets: Mapping[str, Any] | None, files: LakeFiles | None = None
+) -> None:
     """After a batch landed: its number and end offsets, for the operator to read."""
-    if not _is_local(lake):
-        return
-    lake_dir = _local(lake)
-    binding = _read_binding(lake_dir)
+    files = files or lake_files(None, lake)
+    binding = _read_binding(files, lake)
     if binding is None:
         return
     binding["landed_batch"] = batch
     binding["landed_offsets"] = end_offsets
-    _write_binding(lake_dir, binding)
+    _write_binding(files, lake, binding)
 
 
-def seed_checkpoint(checkpoint: str, lake_batch: int, start: Offsets) -> None:
+def seed_checkpoint(
+    checkpoint: str, lake_batch: int, start: Offsets, files: LakeFiles | None = None
+) -> None:
     """Make the new ``checkpoint`` continue the lake: batch ``lake_batch`` planned and
     committed with end offsets ``start``, so its first batch is ``lake_batch + 1``."""
-    directory = _local(checkpoint)
+    files = files or lake_files(None, checkpoint)
     metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
     offsets = json.dumps(offsets_to_json(start), separators=(",", ":"))
-    _write_atomically(
-        directory / "offsets" / str(lake_batch),
+    files.write_text(
+        join(checkpoint, "offsets", str(lake_batch)),
         f"{_LOG_VERSION}\n{json.dumps(metadata, separators=(',', ':'))}\n{offsets}",
     )
-    _write_atomically(
-        directory / "commits" / str(lake_batch), f'{_LOG_VERSION}\n{{"nextBatchWatermarkMs":0}}'
+    files.write_text(
+        join(checkpoint, "commits", str(lake_batch)),
+        f'{_LOG_VERSION}\n{{"nextBatchWatermarkMs":0}}',
     )
 
 
@@ -182,15 +177,15 @@ def seed_checkpoint(checkpoint: str, lake_batch: int, start: Offsets) -> None:
 
 
 def _new_checkpoint(
-    lake_dir: Path, checkpoint_dir: Path, lake_batch: int, starting_offsets: str | None
+    files: LakeFiles, lake: str, checkpoint: str, lake_batch: int, starting_offsets: str | None
 ) -> Pairing:
     if lake_batch < 0:
         return Pairing(PairingKind.FRESH, lake_batch)
     if starting_offsets is not None:
         return Pairing(PairingKind.SEED, lake_batch)
     raise LakeCheckpointMismatch(
-        f"the lake {lake_dir} already holds {_batches_up_to(lake_batch)}{_owner(lake_dir)}, "
-        f"and the checkpoint {checkpoint_dir} is new. A new checkpoint numbers its batches "
+        f"the lake {lake} already holds {_batches_up_to(lake_batch)}{_owner(files, lake)}, "
+        f"and the checkpoint {checkpoint} is new. A new checkpoint numbers its batches "
         "from 0 again and Spark's file sink skips every batch number the lake already has: "
         "those records would never land. To proceed, either\n"
         f"{_RESUME_OWN}\n{_CHOOSE_OFFSETS}"
@@ -206,14 +201,14 @@ _CHOOSE_OFFSETS = (
 
 
 def _check_resumes(
-    lake_dir: Path, checkpoint_dir: Path, lake_batch: int, state: _CheckpointState
+    files: LakeFiles, lake: str, checkpoint: str, lake_batch: int, state: _CheckpointState
 ) -> None:
-    binding = _read_binding(lake_dir)
+    binding = _read_binding(files, lake)
     owner_id = None if binding is None else binding.get("checkpoint_id")
     if owner_id is not None and owner_id != state.checkpoint_id:
         raise LakeCheckpointMismatch(
-            f"the lake {lake_dir} belongs to another checkpoint{_owner(lake_dir)}, not to "
-            f"{checkpoint_dir} (id {state.checkpoint_id}). To proceed, either\n"
+            f"the lake {lake} belongs to another checkpoint{_owner(files, lake)}, not to "
+            f"{checkpoint} (id {state.checkpoint_id}). To proceed, either\n"
             f"{_RESUME_OWN}\n  - land into a new lake with this checkpoint, or\n{_CHOOSE_OFFSETS}"
         )
     # The sink commits a batch before the checkpoint's commit log records it: the lake's
@@ -240,7 +235,7 @@ def _check_resumes(
             f"either\n{_RESUME_OWN}\n{_CHOOSE_OFFSETS}"
         )
     raise LakeCheckpointMismatch(
-        f"the lake {lake_dir} and the checkpoint {checkpoint_dir} diverge: {problem}"
+        f"the lake {lake} and the checkpoint {checkpoint} diverge: {problem}"
     )
 
 
@@ -248,9 +243,9 @@ def _batches_up_to(last: int) -> str:
     return "batch 0" if last == 0 else f"batches 0 to {last}"
 
 
-def _owner(lake_dir: Path) -> str:
+def _owner(files: LakeFiles, lake: str) -> str:
     """``" (landed by checkpoint ...)"`` from the lake's record, or nothing."""
-    binding = _read_binding(lake_dir)
+    binding = _read_binding(files, lake)
     if binding is None:
         return ""
     landed = ""
@@ -263,68 +258,48 @@ def _owner(lake_dir: Path) -> str:
 # --- reading and writing -------------------------------------------------------------------
 
 
-def _is_local(path: str) -> bool:
-    scheme = urlparse(path).scheme
-    return scheme in ("", "file") or len(scheme) == 1  # a drive letter is no scheme
-
-
-def _local(path: str) -> Path:
-    return Path(urlparse(path).path if path.startswith("file:") else path)
-
-
-def _last_batch(log_dir: Path) -> int:
+def _last_batch(files: LakeFiles, log_dir: str) -> int:
     """The highest batch number in a Spark metadata log directory (-1 when none)."""
-    if not log_dir.is_dir():
-        return -1
     numbers = [
         int(match.group(1))
-        for match in (_BATCH_FILE.match(entry.name) for entry in log_dir.iterdir())
+        for match in (_BATCH_FILE.match(name) for name in files.names(log_dir))
         if match
     ]
     return max(numbers, default=-1)
 
 
-def _checkpoint_id(directory: Path) -> str | None:
+def _checkpoint_id(files: LakeFiles, checkpoint: str) -> str | None:
+    path = join(checkpoint, "metadata")
     try:
-        data = json.loads((directory / "metadata").read_text())
-    except FileNotFoundError:
-        return None
+        text = files.read_text(path)
+        data = None if text is None else json.loads(text)
     except (OSError, ValueError) as error:
         raise LakeCheckpointMismatch(
-            f"cannot read the checkpoint's id from {directory / 'metadata'}: {error}"
+            f"cannot read the checkpoint's id from {path}: {error}"
         ) from None
     found = data.get("id") if isinstance(data, dict) else None
     return found if isinstance(found, str) else None
 
 
-def _checkpoint_state(directory: Path) -> _CheckpointState:
+def _checkpoint_state(files: LakeFiles, checkpoint: str) -> _CheckpointState:
     return _CheckpointState(
-        checkpoint_id=_checkpoint_id(directory),
-        last_planned=_last_batch(directory / "offsets"),
-        last_committed=_last_batch(directory / "commits"),
+        checkpoint_id=_checkpoint_id(files, checkpoint),
+        last_planned=_last_batch(files, join(checkpoint, "offsets")),
+        last_committed=_last_batch(files, join(checkpoint, "commits")),
     )
 
 
-def _read_binding(lake_dir: Path) -> dict[str, Any] | None:
+def _read_binding(files: LakeFiles, lake: str) -> dict[str, Any] | None:
+    path = join(lake, BINDING_FILE)
     try:
-        data = json.loads((lake_dir / BINDING_FILE).read_text())
-    except FileNotFoundError:
-        return None
+        text = files.read_text(path)
+        data = None if text is None else json.loads(text)
     except (OSError, ValueError) as error:
         raise LakeCheckpointMismatch(
-            f"cannot read {lake_dir / BINDING_FILE}, which records the lake's checkpoint: {error}"
+            f"cannot read {path}, which records the lake's checkpoint: {error}"
         ) from None
     return data if isinstance(data, dict) else None
 
 
-def _write_binding(lake_dir: Path, binding: Mapping[str, Any]) -> None:
-    _write_atomically(lake_dir / BINDING_FILE, json.dumps(binding, indent=2) + "\n")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a hidden temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Spark's listener thread records batches while the main thread may record the pair.
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+def _write_binding(files: LakeFiles, lake: str, binding: Mapping[str, Any]) -> None:
+    files.write_text(join(lake, BINDING_FILE), json.dumps(binding, indent=2) + "\n")

@@ -70,6 +70,7 @@ from pydory.pipeline.lake_binding import (
     record_landed_batch,
     seed_checkpoint,
 )
+from pydory.pipeline.lake_files import LakeFiles, LocalFiles, is_local, lake_files
 from pydory.pipeline.offsets import (
     EARLIEST,
     PartitionId,
@@ -231,7 +232,7 @@ def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWri
         .load()
     )
     rows = _lake_rows(records)
-    if drops_second_copies(settings.checkpoint):
+    if drops_second_copies(settings.checkpoint, lake_files(spark, settings.checkpoint)):
         spark.conf.set(NO_DATA_BATCHES, "false")
         rows = observe_topics(rows, READ_METRICS, settings.topics)
         rows = drop_second_copies(rows, settings.dedup_window_s)
@@ -272,14 +273,12 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     """
     out = out or sys.stdout
     began = time.monotonic()
-    try:
-        pairing = check_pairing(settings.lake, settings.checkpoint, settings.starting_offsets)
-    except LakeCheckpointMismatch as error:
-        _say(out, f"refused: {error}")
-        return 1
-    for note in (pairing.unchecked, pairing.note):
-        if note is not None:
-            _say(out, note)
+    pairing = None
+    if is_local(settings.lake) and is_local(settings.checkpoint):
+        # Before Spark starts: a pair that does not belong together is told at once.
+        pairing = _pair(settings, LocalFiles(), out)
+        if pairing is None:
+            return 1
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
@@ -290,7 +289,12 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         return 1
     jvm = _JvmWatch(spark)
     try:
-        return _land(spark, settings, pairing, progress, jvm, out, began)
+        # HDFS, S3...: compared through the session's Hadoop client, once it runs.
+        files = progress.files = lake_files(spark, settings.lake, settings.checkpoint)
+        pairing = pairing or _pair(settings, files, out)
+        if pairing is None:
+            return 1
+        return _land(spark, settings, pairing, files, progress, jvm, out, began)
     except Py4JError:
         if jvm.death() is None:
             raise
@@ -305,10 +309,28 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
                 spark.stop()
 
 
+def _pair(settings: LandSettings, files: LakeFiles, out: TextIO) -> Pairing | None:
+    """The verdict on the lake and the checkpoint, or None (said to ``out``) when refused."""
+    try:
+        pairing = check_pairing(
+            settings.lake, settings.checkpoint, settings.starting_offsets, files
+        )
+    except LakeCheckpointMismatch as error:
+        _say(out, f"refused: {error}")
+        return None
+    except OSError as error:
+        _say(out, f"cannot start: cannot read the lake or the checkpoint: {error}")
+        return None
+    if pairing.note is not None:
+        _say(out, pairing.note)
+    return pairing
+
+
 def _land(
     spark: SparkSession,
     settings: LandSettings,
     pairing: Pairing,
+    files: LakeFiles,
     progress: _ProgressPrinter,
     jvm: _JvmWatch,
     out: TextIO,
@@ -317,8 +339,8 @@ def _land(
     """Prepare the checkpoint, run the query to its end, print the summary."""
     try:
         if pairing.kind is PairingKind.SEED:
-            _seed_checkpoint(spark, settings, pairing, out)
-        deduplicating = drops_second_copies(settings.checkpoint)
+            _seed_checkpoint(spark, settings, pairing, files, out)
+        deduplicating = drops_second_copies(settings.checkpoint, files)
         if not deduplicating:
             _say(
                 out,
@@ -327,15 +349,15 @@ def _land(
                 "to continue a lake), and Spark cannot add state to it. To drop them, land "
                 "into a new lake with a new checkpoint (docs/pipeline.md, 'Second copies')",
             )
-        checkpoint_id = ensure_checkpoint_id(settings.checkpoint)
+        checkpoint_id = ensure_checkpoint_id(settings.checkpoint, files)
         if pairing.kind is not PairingKind.FRESH:  # the lake exists: record the pair first
-            record_binding(settings.lake, settings.checkpoint, checkpoint_id)
+            record_binding(settings.lake, settings.checkpoint, checkpoint_id, files)
         with _stop_on_signals(progress.stop_requested) as interrupted:
             query = _run_with_restarts(spark, settings, progress, jvm, interrupted, out)
             if pairing.kind is PairingKind.FRESH:
                 # Only once the query ran, so a job that cannot start makes no lake. A
                 # batch landed before this line is adopted: the batch numbers match.
-                record_binding(settings.lake, settings.checkpoint, checkpoint_id)
+                record_binding(settings.lake, settings.checkpoint, checkpoint_id, files)
     except SparkJvmDied as error:
         _say(out, f"landing FAILED: {error}")
         return 1
@@ -450,7 +472,7 @@ def _say(out: TextIO, text: str) -> None:
 
 
 def _seed_checkpoint(
-    spark: SparkSession, settings: LandSettings, pairing: Pairing, out: TextIO
+    spark: SparkSession, settings: LandSettings, pairing: Pairing, files: LakeFiles, out: TextIO
 ) -> None:
     """Start the new checkpoint where the operator chose, past what the lake holds."""
     chosen_text = settings.starting_offsets or "earliest"  # a SEED pairing has them
@@ -468,7 +490,7 @@ def _seed_checkpoint(
         partition_id: max(offset, landed.get(partition_id, offset))
         for partition_id, offset in chosen.items()
     }
-    seed_checkpoint(settings.checkpoint, pairing.lake_batch, start)
+    seed_checkpoint(settings.checkpoint, pairing.lake_batch, start, files)
     skipped = sum(start[partition_id] - chosen[partition_id] for partition_id in start)
     _say(
         out,
@@ -593,6 +615,8 @@ class _ProgressPrinter(StreamingQueryListener):
     def __init__(self, out: TextIO, lake: str, topics: tuple[str, ...]) -> None:
         self._out = out
         self._lake = lake
+        #: How the lake is reached (set once Spark runs); local paths when None.
+        self.files: LakeFiles | None = None
         self._topics = topics
         self._lock = threading.Lock()
         self._watched: str | None = None
@@ -655,7 +679,7 @@ class _ProgressPrinter(StreamingQueryListener):
                 summary.dropped[topic] = summary.dropped.get(topic, 0) + count
         # The sink committed the batch before Spark reported it: the lake records it.
         try:
-            record_landed_batch(self._lake, progress.batchId, end)
+            record_landed_batch(self._lake, progress.batchId, end, self.files)
         except (OSError, LakeCheckpointMismatch) as error:
             # The record only informs the operator; the pair was checked at the start.
             print(

@@ -34,6 +34,9 @@ __all__ = [
     "with_spark_kafka_jars",
 ]
 
+#: Spark's master URL when none is given. ``spark://HOST:PORT`` runs the jobs on a standalone
+#: cluster (``pydory.testing.spark_cluster`` starts one on loopback), ``yarn`` or
+#: ``k8s://...`` on those; every pipeline command takes it as ``--master``.
 DEFAULT_MASTER = "local[*]"
 
 #: Names a directory holding Spark's Kafka connector and its dependencies (overrides the
@@ -58,9 +61,10 @@ def spark_session(
     the jars then keep their first values.
     """
     _use_this_interpreter_for_workers()
-    if master.startswith("local"):
-        # Only loopback networking here: bind the driver there, without Spark first
-        # warning that the host name resolves to a loopback address.
+    if master.startswith("local") or _master_on_loopback(master):
+        # Only loopback networking here: bind the driver there (where a loopback cluster's
+        # executors call it back), without Spark first warning that the host name
+        # resolves to a loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(master)
@@ -119,6 +123,15 @@ def _project_root() -> Path:
     # src/pydory/pipeline/spark.py -> the checkout (pydory is installed editable). An
     # installed wheel has no .jars next to it: there only the environment variable helps.
     return Path(__file__).resolve().parents[3]
+
+
+def _master_on_loopback(master: str) -> bool:
+    """Whether ``master`` is a standalone master on this machine's loopback
+    (``spark://127.0.0.1:7077``, as :mod:`pydory.testing.spark_cluster` starts one)."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [address.rsplit(":", 1)[0] for address in master[len("spark://") :].split(",")]
+    return all(host in ("127.0.0.1", "localhost") for host in hosts)
 
 
 def _register_source(spark: SparkSession) -> None:

@@ -9,6 +9,8 @@ names it in ``pytest_plugins``; elsewhere ``pytest -p pydory.testing.pytest_plug
   faults; brokers a test stopped or killed are started again after it.
 - ``tansu_broker``: one Tansu broker per session; isolate tests by unique topic names.
 - ``unique_topic``: ``make(prefix="test") -> str``, a topic name no other test uses.
+- ``hdfs_cluster``: HDFS (Hadoop's MiniDFSCluster, one datanode) per session.
+- ``spark_cluster``: a Spark standalone master and two workers per session.
 
 The helpers behind them live in plain modules (``pydory.testing.kafka_util`` and
 friends) so the demo can use them without pytest.
@@ -21,8 +23,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from pydory.testing import kafka_util
+from pydory.testing.hdfs_cluster import HdfsCluster
 from pydory.testing.kafka_broker import KafkaCluster, SaslUser
 from pydory.testing.mock_cluster import MockCluster
+from pydory.testing.spark_cluster import SparkCluster
 from pydory.testing.tansu import TansuBroker
 
 
@@ -86,3 +90,19 @@ def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBrok
 def unique_topic() -> Callable[[str], str]:
     """``unique_topic(prefix)`` returns a fresh topic name, so tests can share a broker."""
     return kafka_util.unique_topic
+
+
+@pytest.fixture(scope="session")
+def hdfs_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HdfsCluster]:
+    """HDFS for the whole session (tests use paths of their own under its URI); its data
+    and log stay in pytest's tmp dir."""
+    with HdfsCluster(1, base_dir=tmp_path_factory.mktemp("hdfs")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """A Spark standalone master and two workers (1 core, 1 GiB each) for the session;
+    their logs stay in pytest's tmp dir."""
+    with SparkCluster(2, base_dir=tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
