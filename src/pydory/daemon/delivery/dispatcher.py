@@ -186,14 +186,14 @@ class Dispatcher:
             self.note_sent(self._newest_token)
 
     def burst_sender(self, topic: str) -> Callable[..., list[tuple[int, int]]] | None:
-        """``produce_burst`` of ``topic``'s compiled producer (admission/burst_path.py),
-        or None if its producer is not one (then ``send`` each message)."""
+        """``produce_burst`` of ``topic``'s producer (admission/burst_path.py), or None if
+        its backend has none (then ``send`` each message)."""
         handle = self._by_topic.get(topic) or self._handle_for(topic)
         if handle is not None and handle.fatal_error is not None:
             self._replace(handle)  # as send() does
             handle = self._by_topic.get(topic) or self._handle_for(topic)
-        compiled = handle and handle.compiled
-        return compiled.produce_burst if compiled else None
+        backend = handle.backend if handle is not None else None
+        return backend.produce_burst if backend is not None else None
 
     def note_sent(self, token: int) -> None:
         """First attempts under ``token`` were handed to librdkafka: poll soon."""
