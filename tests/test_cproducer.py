@@ -6,8 +6,10 @@ message it took is reported exactly once."""
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -278,3 +280,100 @@ def test_a_purge_reports_every_message_held_as_purged_exactly_once(
     assert {f.code for f in failures} == {KafkaError._PURGE_QUEUE}
     wait_until(lambda: p.poll(0, False) is None and len(p) == 0, what="none held")
     p.close()
+
+
+@pytest.fixture
+def armed_faults() -> Iterator[Callable[[int, int], None]]:
+    """``arm(fail_report, garble_texts)``: _cproducer's fault hooks, disarmed after."""
+    yield _cproducer._inject_faults
+    _cproducer._inject_faults(0, 0)
+
+
+@pytest.mark.parametrize("each_ack", [False, True])
+def test_a_report_that_cannot_be_converted_stays_queued_for_the_next_poll(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    armed_faults: Callable[[int, int], None],
+    each_ack: bool,
+) -> None:
+    """Issue 30: a MemoryError while converting a report stops the poll there; the poll
+    hands over what it served, and the report that failed and every one after it come
+    with the next poll: each message reported exactly once, none lost."""
+    topic = unique_topic("nomem")
+    mock_cluster.create_topic(topic, 2)
+    p = producer(mock_cluster)
+    armed_faults(37, 0)  # the 37th report converted from now fails
+    for token in range(400):
+        assert p.produce(topic, -1, b"v", None, 0, None, 1, token, False, None) == 0
+    stopped: list[Any] = []
+    tokens: Counter[int] = Counter()
+
+    def more() -> bool:
+        polled = p.poll(0.05, each_ack)
+        if polled is not None:
+            stopped.extend([polled.stopped_by] if polled.stopped_by else [])
+            for ack in polled.acks or []:
+                tokens[ack.token] += 1
+            for entry in polled.ack_sums:
+                tokens[entry.token] += entry.messages
+        return len(p) == 0
+
+    wait_until(more, what="every report")
+    assert stopped == [MemoryError]
+    assert tokens == Counter(range(400))  # every message once
+    p.close()
+
+
+def test_librdkafka_text_that_is_not_utf8_is_decoded_with_replacement(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    armed_faults: Callable[[int, int], None],
+) -> None:
+    """Issue 30: a log line or error string with bytes that are not UTF-8 (a broker's
+    text) comes through with U+FFFD where they were, and the reports with it."""
+    topic = unique_topic("garbled")
+    mock_cluster.create_topic(topic, 1)
+    armed_faults(0, 5)
+    p = producer(mock_cluster, debug="broker,topic,msg")
+    assert p.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == 0
+    sums, _, _, events = poll_until(
+        p, lambda got: bool(got[0]) and sum(type(e).__name__ == "Log" for e in got[3]) >= 5
+    )
+    assert sum(entry.messages for entry in sums) == 1
+    garbled = [event.text for event in events if type(event).__name__ == "Log"][:5]
+    assert all(text.startswith("\ufffd\ufffd ") for text in garbled), garbled
+    p.close()
+
+
+def test_close_is_refused_while_a_poll_waits(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str]
+) -> None:
+    """Issue 30: close() cannot destroy the queue a poll waits on without the GIL."""
+    topic = unique_topic("close")
+    mock_cluster.create_topic(topic, 1)
+    p = producer(mock_cluster)
+    results: list[Any] = []
+    waiter = threading.Thread(target=lambda: results.append(p.poll(60.0, False)))
+    waiter.start()
+    wait_until(lambda: p.polling == 1, what="the poll to wait")
+    with pytest.raises(RuntimeError, match="poll"):
+        p.close()
+    with pytest.raises(RuntimeError, match="poll"):
+        p.poll(0, False)  # nor a second poll beside it
+    assert p.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == 0  # wakes it
+    waiter.join(timeout=60)
+    assert results
+    assert results[0] is not None
+    p.close()
+    assert p.polling == 0
+
+
+def test_bind_names_the_librdkafka_confluent_kafka_loaded() -> None:
+    """The library bound is the one confluent_kafka.cimpl links (one copy mapped)."""
+    import confluent_kafka
+
+    version, library = _cproducer.bind(confluent_kafka.cimpl.__file__)
+    assert version == confluent_kafka.libversion()[0]
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        mapped = {os.path.realpath(line.split()[-1]) for line in maps if "librdkafka" in line}
+    assert mapped == {os.path.realpath(library)}

@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -212,7 +213,18 @@ text_of(const char *text)
 /* ---- faults for the tests: inert unless armed (_inject_faults) -------------------- */
 
 static long fail_report_countdown = 0; /* the n-th report converted from now fails */
-static long garble_log_lines = 0;      /* the next n log lines carry bytes not UTF-8 */
+static long garble_texts = 0; /* the next n log lines and error strings carry bytes not UTF-8 */
+
+/* ``text``, or (armed) the same prefixed with bytes that are not UTF-8, in ``buffer``. */
+static const char *
+maybe_garbled(const char *text, char *buffer, size_t size)
+{
+    if (garble_texts <= 0 || text == NULL)
+        return text;
+    garble_texts--;
+    snprintf(buffer, size, "\xff\xfe %s", text);
+    return buffer;
+}
 
 static int
 report_fault(void)
@@ -227,7 +239,7 @@ report_fault(void)
 static PyObject *
 inject_faults(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    if (!PyArg_ParseTuple(args, "ll", &fail_report_countdown, &garble_log_lines))
+    if (!PyArg_ParseTuple(args, "ll", &fail_report_countdown, &garble_texts))
         return NULL;
     Py_RETURN_NONE;
 }
@@ -952,6 +964,8 @@ serve_other_event(Producer *self, poll_result *result, rd_kafka_event_t *event)
             code = p_rd_kafka_fatal_error(self->rk, fatal_text, sizeof fatal_text);
             text = fatal_text;
         }
+        char garbled[1024];
+        text = maybe_garbled(text, garbled, sizeof garbled);
         item = record(&ErrorType, "(iNO)", (int)code, text_of(text), fatal ? Py_True : Py_False);
         break;
     }
@@ -961,11 +975,7 @@ serve_other_event(Producer *self, poll_result *result, rd_kafka_event_t *event)
         if (p_rd_kafka_event_log(event, &facility, &text, &level) != 0)
             return 0;
         char garbled[1024];
-        if (garble_log_lines > 0) { /* a test's: bytes a broker could have sent */
-            garble_log_lines--;
-            snprintf(garbled, sizeof garbled, "\xff\xfe %s", text);
-            text = garbled;
-        }
+        text = maybe_garbled(text, garbled, sizeof garbled);
         item = record(&LogType, "(iNNN)", level, text_of(facility),
                       text_of(p_rd_kafka_name(self->rk)), text_of(text));
         break;
@@ -1163,6 +1173,12 @@ static PyMethodDef Producer_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef Producer_members[] = {
+    {"polling", T_INT, offsetof(Producer, polling), READONLY,
+     "1 while a poll runs (close() is refused then)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PySequenceMethods Producer_as_sequence = {
     .sq_length = (lenfunc)Producer_len,
 };
@@ -1176,6 +1192,7 @@ static PyTypeObject ProducerType = {
     .tp_init = (initproc)Producer_init,
     .tp_dealloc = (destructor)Producer_dealloc,
     .tp_methods = Producer_methods,
+    .tp_members = Producer_members,
     .tp_as_sequence = &Producer_as_sequence,
 };
 
@@ -1186,9 +1203,9 @@ static PyMethodDef module_methods[] = {
      "bind(module_path) -> (version, library_path): resolve librdkafka's functions from "
      "the librdkafka the extension module at module_path loaded"},
     {"_inject_faults", inject_faults, METH_VARARGS,
-     "_inject_faults(fail_report, garble_logs): tests only: the fail_report-th report "
-     "converted from now fails (MemoryError), the next garble_logs log lines carry bytes "
-     "not UTF-8; 0, 0 disarms"},
+     "_inject_faults(fail_report, garble_texts): tests only: the fail_report-th report "
+     "converted from now fails (MemoryError), the next garble_texts log lines and error "
+     "strings carry bytes not UTF-8 (as a broker may send); 0, 0 disarms"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 def bind(module_path: str) -> tuple[str, str]: ...
 def burst_topics(parsed: list[object], max_data: int) -> dict[str, tuple[int, int]] | None: ...
-def _inject_faults(fail_report: int, garble_logs: int) -> None: ...
+def _inject_faults(fail_report: int, garble_texts: int) -> None: ...
 
 # The records a poll hands back: C struct sequences (tuples with named fields).
 
@@ -58,6 +58,7 @@ class Polled(NamedTuple):
     stopped_by: type[BaseException] | None
 
 class Producer:
+    polling: int
     def __init__(self, properties: dict[str, str]) -> None: ...
     def produce(
         self,
