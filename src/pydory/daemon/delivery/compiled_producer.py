@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CompiledBackend", "bind", "burst_topics"]
 
+#: rd_kafka_msg_status_t: librdkafka knows the message never reached a broker's log.
+MSG_STATUS_NOT_PERSISTED: Final = 0
 #: librdkafka's syslog levels as Python's logging levels (confluent-kafka's own map).
 _LOG_LEVELS: Final = (50, 50, 50, 40, 30, 20, 20, 10)
 
@@ -141,8 +143,6 @@ class CompiledBackend:
 
     @staticmethod
     def _failure_report(failure: _cproducer.Failure, handle: object) -> FailureReport:
-        # librdkafka's persisted status (failure.status) is not read: outcomes.py decides
-        # by the error code, for both backends alike.
         message = ReportedMessage(
             failure.topic, failure.partition, failure.key, failure.value, failure.headers
         )
@@ -156,6 +156,7 @@ class CompiledBackend:
             handle,
             failure.maybe_in_kafka,
             failure.headers,
+            failure.status != MSG_STATUS_NOT_PERSISTED,
         )
 
     def _event(self, event: _cproducer.Statistics | _cproducer.Error | _cproducer.Log) -> None:

@@ -29,6 +29,9 @@ __all__ = ["ConfluentBackend"]
 #: Cached first-attempt callbacks kept at most (tokens are coarse epochs, and a burst's
 #: messages mostly share their millisecond: a few at a time in use).
 CALLBACKS_KEPT = 1024
+#: librdkafka's defaults, where the properties set none.
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+DEFAULT_SOCKET_TIMEOUT_MS = 60_000
 
 
 class ConfluentBackend:
@@ -46,6 +49,15 @@ class ConfluentBackend:
             properties["stats_cb"] = sinks.on_statistics
         if sinks.on_broker_error is not None:
             properties["error_cb"] = sinks.on_broker_error
+        # A report later than this after produce() may follow a request that timed out
+        # after it was sent, then a retry (see _on_delivery).
+        self._request_timeout_s = (
+            min(
+                int(properties.get("request.timeout.ms", DEFAULT_REQUEST_TIMEOUT_MS)),
+                int(properties.get("socket.timeout.ms", DEFAULT_SOCKET_TIMEOUT_MS)),
+            )
+            / 1000
+        )
         self._producer: Producer | None = Producer(properties)
         # One callback per (token, timestamp) for first-attempt AnyPartition messages
         # without headers: saves a partial per message.
@@ -124,8 +136,18 @@ class ConfluentBackend:
                     self._sinks.handle,
                     maybe_in_kafka,
                     headers,
+                    self._possibly_persisted(msg),
                 )
             )
+
+    def _possibly_persisted(self, msg: Any) -> bool:
+        """confluent-kafka's Message has no rd_kafka_message_status: a failure reported
+        at least a request timeout after produce() may come after a request holding the
+        message was sent and timed out, then retried; librdkafka then reports the retry's
+        error (even a permanent one) while the first copy may be in the log. Erring to
+        "possibly" keeps the books true: possibly delivered, never a false discard."""
+        latency = msg.latency()
+        return latency is not None and latency >= self._request_timeout_s
 
     def poll(self, timeout_s: float, each_ack: bool) -> None:
         # Reports always come one by one here: each_ack changes nothing.

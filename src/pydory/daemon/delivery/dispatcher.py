@@ -67,6 +67,7 @@ from pydory.daemon.delivery.outcomes import (
     resend_refused,
 )
 from pydory.daemon.delivery.producer import AckReport, AckSum, DeliveryReports, ProducerHandle
+from pydory.daemon.delivery.producer_backend import FailureReport
 from pydory.daemon.delivery.router import NO_LEADER, Router
 from pydory.errors import ConfigError
 
@@ -420,7 +421,7 @@ class Dispatcher:
         # Failures first: one may open the possible-duplicate window for the acks after it.
         failures = self._reports.failures
         while failures:
-            self._settle_failure(*failures.popleft())
+            self._settle_failure(failures.popleft())
         acks, sums = self._reports.acks, self._reports.ack_sums
         if acks or sums:
             self._settle_acks(acks, sums)
@@ -467,32 +468,29 @@ class Dispatcher:
             if msg_debug.traces(topic):
                 msg_debug.acknowledged(topic, msg.partition(), msg.key(), msg.value(), timestamp_ms)
 
-    def _settle_failure(
-        self,
-        err: Any,
-        msg: Any,
-        timestamp_ms: int,
-        partition_key: int | None,
-        attempt: int,
-        token: int,
-        handle: ProducerHandle,
-        maybe_in_kafka: bool = False,
-        headers: Any = None,
-    ) -> None:
+    def _settle_failure(self, failure: FailureReport) -> None:
+        err, msg, timestamp_ms, token = (
+            failure.error,
+            failure.message,
+            failure.timestamp_ms,
+            failure.token,
+        )
         topic: str = msg.topic()
+        possibly_persisted = failure.possibly_persisted
         outcome = failure_outcome(
             err.code(),
             err.name(),
             error_is_fatal=err.fatal(),
-            producer_fatal_error=handle.fatal_error,
+            producer_fatal_error=failure.handle.fatal_error,
             topic_known=self._router.knows(topic),
-            attempt=attempt,
+            attempt=failure.attempt,
             max_attempts=self._max_attempts,
             shutting_down=self._closing,
-            maybe_in_kafka_before=maybe_in_kafka,
+            maybe_in_kafka_before=failure.maybe_in_kafka,
             in_spool=self._kept_on_disk(token),
+            possibly_persisted=possibly_persisted,
         )
-        if err.code() in POSSIBLY_PERSISTED and not self._closing:
+        if (possibly_persisted or err.code() in POSSIBLY_PERSISTED) and not self._closing:
             self._suspect_through = self._newest_token
         # Sent before such a failure (its own included): librdkafka may have written it
         # twice, and a copy in Kafka may then be a second one.
@@ -500,12 +498,13 @@ class Dispatcher:
         if not isinstance(outcome, Reroute):
             if renumbered and isinstance(outcome, PossiblyDelivered):
                 self._ledger.possible_duplicate(topic, timestamp_ms)
-            self._settle(msg, timestamp_ms, outcome, token, headers)
+            self._settle(msg, timestamp_ms, outcome, token, failure.headers)
             return
         if outcome.possible_duplicate or renumbered:
             self._ledger.possible_duplicate(topic, timestamp_ms)
-        maybe_in_kafka = maybe_in_kafka or outcome.possible_duplicate
-        self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token, maybe_in_kafka, headers)
+        maybe_in_kafka = failure.maybe_in_kafka or outcome.possible_duplicate
+        resend = (failure.partition_key, failure.attempt + 1, token, maybe_in_kafka)
+        self._reroute(msg, timestamp_ms, *resend, failure.headers)
 
     def _settle(
         self, msg: Any, timestamp_ms: int, outcome: FinalOutcome, token: int, headers: Any

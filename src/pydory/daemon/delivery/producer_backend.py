@@ -71,6 +71,10 @@ class FailureReport(NamedTuple):
     handle: Any  # the producer.ProducerHandle that reported it
     maybe_in_kafka: bool  # an earlier attempt may have reached the log
     headers: Any  # its record headers (its identity), for a resend
+    #: librdkafka says this attempt may have been written although it failed: a request
+    #: holding it was sent and timed out, then retried (rd_kafka_message_status ==
+    #: POSSIBLY_PERSISTED), whatever the error its last attempt got.
+    possibly_persisted: bool
 
 
 class ReportedMessage:
