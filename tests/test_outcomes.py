@@ -264,3 +264,11 @@ def test_a_permanent_error_after_a_possibly_written_attempt_is_possibly_delivere
 def test_a_reroute_of_a_possibly_written_attempt_is_a_possible_duplicate(code: int) -> None:
     assert outcome(code, possibly_persisted=True) == Reroute(possible_duplicate=True)
     assert outcome(code) == Reroute(possible_duplicate=False)
+
+
+@pytest.mark.parametrize("code", PERMANENT + RETRIABLE)
+def test_a_failed_producers_verdict_goes_by_the_error_code_not_its_status(code: int) -> None:
+    """After a fatal error librdkafka marks every message it fails possibly persisted:
+    the fatal error stays the verdict, as the error code says."""
+    found = outcome(code, producer_fatal_error="_FENCED", possibly_persisted=True)
+    assert found == Discard(DiscardReason.KAFKA_ERROR, "_FENCED")

@@ -136,16 +136,20 @@ class ConfluentBackend:
                     self._sinks.handle,
                     maybe_in_kafka,
                     headers,
-                    self._possibly_persisted(msg),
+                    self._possibly_persisted(err, msg),
                 )
             )
 
-    def _possibly_persisted(self, msg: Any) -> bool:
-        """confluent-kafka's Message has no rd_kafka_message_status: a failure reported
-        at least a request timeout after produce() may come after a request holding the
-        message was sent and timed out, then retried; librdkafka then reports the retry's
-        error (even a permanent one) while the first copy may be in the log. Erring to
-        "possibly" keeps the books true: possibly delivered, never a false discard."""
+    def _possibly_persisted(self, err: Any, msg: Any) -> bool:
+        """confluent-kafka's Message has no rd_kafka_message_status: a broker's error
+        (a code > 0: it answers a request) reported at least a request timeout after
+        produce() may answer a retry of a request holding the message that was sent and
+        timed out; the first copy may then be in the log, whatever the retry's error.
+        Erring to "possibly" keeps the books true: possibly delivered, never a false
+        discard. librdkafka's own errors (< 0) that may follow a sent request are
+        outcomes.POSSIBLY_PERSISTED already; the others were never sent."""
+        if err.code() <= 0:
+            return False
         latency = msg.latency()
         return latency is not None and latency >= self._request_timeout_s
 

@@ -129,7 +129,10 @@ def failure_outcome(
     maybe_in_kafka = maybe_in_kafka_before or this_attempt_maybe
     verdict: Discard
     if producer_fatal_error is not None:
-        # Whatever the failed producer still held: its fatal error is the verdict.
+        # Whatever the failed producer still held: its fatal error is the verdict. By the
+        # error code alone: after a fatal error librdkafka marks every message it fails
+        # possibly persisted, the ones the broker refused too.
+        maybe_in_kafka = maybe_in_kafka_before or code in POSSIBLY_PERSISTED
         verdict = Discard(DiscardReason.KAFKA_ERROR, producer_fatal_error)
     elif code in _PURGED or (shutting_down and code not in _PERMANENT):
         # Nothing will poll for a resend's report once the producers stop.
