@@ -7,7 +7,9 @@ the request timeout, so librdkafka retries it; the retry then gets an error, per
 one broker (TOPIC_AUTHORIZATION_FAILED) and retriable on the other (NOT_LEADER, and its
 leader moved). The messages of the first request are in Kafka whatever the retry's
 error: not one may be reported discarded (possibly delivered instead), and every second
-copy in Kafka must be flagged a possible duplicate.
+copy in Kafka must be flagged a possible duplicate (in the runs so far Kafka held none:
+the mock's idempotence check drops the retried copies, so that check is a safety net here,
+the first is the one that fails on the error-code-only rule).
 """
 
 from __future__ import annotations
