@@ -6,42 +6,54 @@ message it took is reported exactly once."""
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from helpers import wait_until
-from pydory.daemon.delivery import compiled_producer
+from pydory.daemon.delivery import backends, compiled_producer
+from pydory.daemon.delivery.compiled_producer import CompiledBackend
+from pydory.daemon.delivery.producer_backend import DeliveryReports, PollSinks
 from pydory.hotpath import identity_headers
 from pydory.testing.mock_cluster import ApiKey, MockCluster
 
 pytestmark = pytest.mark.skipif(
-    compiled_producer.compiled_producer_class() is None,
-    reason=f"the compiled producer does not run here: {compiled_producer.why}",
+    compiled_producer.bound() is None,
+    reason=f"the compiled producer does not run here: {backends.WHY}",
 )
 
+if compiled_producer.bound() is not None:
+    from pydory import _cproducer
+
+#: A poll's record lists, gathered over polls: ack_sums, acks, failures, events.
 Polled = tuple[list[Any], list[Any], list[Any], list[Any]]
 
 
-def producer(mock_cluster: MockCluster, **properties: Any) -> compiled_producer.CompiledProducer:
-    settings = {"bootstrap.servers": mock_cluster.bootstrap_servers, "linger.ms": 5}
-    settings.update({name.replace("_", "."): value for name, value in properties.items()})
-    return compiled_producer.CompiledProducer(settings)
+def producer(mock_cluster: MockCluster, **properties: Any) -> Any:
+    """A ``pydory._cproducer.Producer`` (the C type itself: its records are the subject)."""
+    settings = {"bootstrap.servers": mock_cluster.bootstrap_servers, "linger.ms": "5"}
+    settings.update({name.replace("_", "."): str(value) for name, value in properties.items()})
+    try:
+        return _cproducer.Producer(settings)
+    except ValueError as error:  # as CompiledBackend raises it
+        raise KafkaException(KafkaError(KafkaError._INVALID_ARG, str(error))) from None
 
 
-def poll_until(
-    p: compiled_producer.CompiledProducer, done: Callable[[Polled], bool], each_ack: bool = False
-) -> Polled:
+def poll_until(p: Any, done: Callable[[Polled], bool], each_ack: bool = False) -> Polled:
     """Every poll's results, gathered until ``done`` says they are complete."""
     gathered: Polled = ([], [], [], [])
 
     def more() -> bool:
-        result = p._producer.poll(0.05, each_ack)
+        result = p.poll(0.05, each_ack)
         if result is not None:
-            for into, part in zip(gathered, result, strict=True):
+            assert result.stopped_by is None
+            parts = (result.ack_sums, result.acks, result.failures, result.events)
+            for into, part in zip(gathered, parts, strict=True):
                 into.extend(part or [])
         return done(gathered)
 
@@ -112,8 +124,20 @@ def test_a_failure_comes_back_with_what_a_resend_needs(
     assert p.produce(topic, 0, b"doomed", b"key", 1234, 99, 3, 42, True, headers) == 0
     _, _, failures, _ = poll_until(p, lambda got: bool(got[2]))
     (failure,) = failures
-    code, failed_topic, partition, key, value, timestamp_ms, got_headers = failure[:7]
-    token, partition_key, attempt, maybe_in_kafka, status = failure[7:]
+    code, failed_topic, partition, key, value = (
+        failure.code,
+        failure.topic,
+        failure.partition,
+        failure.key,
+        failure.value,
+    )
+    timestamp_ms, got_headers, token = failure.timestamp_ms, failure.headers, failure.token
+    partition_key, attempt, maybe_in_kafka = (
+        failure.partition_key,
+        failure.attempt,
+        failure.maybe_in_kafka,
+    )
+    status = failure.status
     assert (code, failed_topic, partition, key, value) == (
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         topic,
@@ -148,9 +172,9 @@ def test_a_burst_carries_each_message_its_identity_in_either_form(
     parsed[3] = None  # not this path's: skipped, yet its index keeps its identity
     expected = identity_headers(name, prefix, first, len(parsed))
     headers = (name, prefix, first) if form == "identity run" else expected
-    assert p._producer.produce_burst(parsed, headers, topic, 1 << 20, [(0, 11)], 7) == []
+    assert p.produce_burst(parsed, headers, topic, 1 << 20, [(0, 11)], 7) == []
     _, _, failures, _ = poll_until(p, lambda got: len(got[2]) >= 11)
-    got = {failure[4]: failure[6] for failure in failures}
+    got = {failure.value: failure.headers for failure in failures}
     assert got == {b"v%d" % i: expected[i] for i in range(12) if i != 3}
     assert got[b"v5"] == [(name, b"web-7/9b2d4c0e7a1f3355/4/100000")]
     p.close()
@@ -164,7 +188,7 @@ def test_produce_burst_refuses_an_identity_run_it_cannot_format(
     parsed = [(topic, b"", b"v", 0)]
     for bad in [("n", "text", 0), ("n", b"p/", -1), ("n", b"p" * 201, 0), ("n", b"p/")]:
         with pytest.raises((TypeError, ValueError)):
-            p._producer.produce_burst(parsed, bad, topic, 1 << 20, [(0, 1)], 1)
+            p.produce_burst(parsed, bad, topic, 1 << 20, [(0, 1)], 1)
     assert len(p) == 0
     p.close()
 
@@ -205,26 +229,39 @@ def test_statistics_errors_and_log_lines_come_through_the_poll(
     topic = unique_topic("events")
     mock_cluster.create_topic(topic, 1)
     logger = logging.getLogger("pydory.test.librdkafka")
-    p = producer(mock_cluster, statistics_interval_ms=100, debug="msg", logger=logger)
-    assert p.logger is logger
+    p = producer(mock_cluster, statistics_interval_ms=100, debug="msg")
     assert p.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == 0
+
+    def kind(event: Any) -> str:
+        return type(event).__name__.lower()
+
     _, _, _, events = poll_until(
-        p, lambda got: {"stats", "log"} <= {event[0] for event in got[3]} and bool(got[0])
+        p, lambda got: {"statistics", "log"} <= {kind(event) for event in got[3]} and bool(got[0])
     )
-    kinds = Counter(event[0] for event in events)
-    assert kinds["stats"] >= 1
+    kinds = Counter(kind(event) for event in events)
+    assert kinds["statistics"] >= 1
     assert kinds["log"] >= 1
-    stats = next(event[1] for event in events if event[0] == "stats")
+    stats = next(event.json for event in events if kind(event) == "statistics")
     assert '"type": "producer"' in stats or '"type":"producer"' in stats
     p.close()
+    # The backend logs them to the logger its sinks name.
+    sinks = PollSinks(DeliveryReports(), None, None, None, lambda error: None, logger)
+    properties = {"bootstrap.servers": mock_cluster.bootstrap_servers, "debug": "msg"}
+    backend = CompiledBackend(properties, sinks)
+    with caplog.at_level(logging.DEBUG, logger=logger.name):
+        assert backend.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == 0
+        wait_until(
+            lambda: backend.poll(0.05, False) is None and not len(backend) and caplog.records,
+            what="a log line",
+        )
+    assert any(record.name == logger.name for record in caplog.records)
+    backend.close()
     # A broker nobody listens on: librdkafka's connection errors arrive as error events.
-    lonely = compiled_producer.CompiledProducer(
-        {"bootstrap.servers": "127.0.0.1:9", "reconnect.backoff.ms": 10}
-    )
-    _, _, _, events = poll_until(lonely, lambda got: any(e[0] == "error" for e in got[3]))
-    error = next(event for event in events if event[0] == "error")
-    assert error[1] in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
-    assert error[3] is False
+    lonely = _cproducer.Producer({"bootstrap.servers": "127.0.0.1:9", "reconnect.backoff.ms": "10"})
+    _, _, _, events = poll_until(lonely, lambda got: any(kind(e) == "error" for e in got[3]))
+    error = next(event for event in events if kind(event) == "error")
+    assert error.code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+    assert error.fatal is False
     lonely.close()
 
 
@@ -239,7 +276,104 @@ def test_a_purge_reports_every_message_held_as_purged_exactly_once(
     assert len(p) == 500
     p.purge()
     _, _, failures, _ = poll_until(p, lambda got: len(got[2]) >= 500)
-    assert sorted(f[7] for f in failures) == list(range(500))  # every token once
-    assert {f[0] for f in failures} == {KafkaError._PURGE_QUEUE}
-    wait_until(lambda: p._producer.poll(0, False) is None and len(p) == 0, what="none held")
+    assert sorted(f.token for f in failures) == list(range(500))  # every token once
+    assert {f.code for f in failures} == {KafkaError._PURGE_QUEUE}
+    wait_until(lambda: p.poll(0, False) is None and len(p) == 0, what="none held")
     p.close()
+
+
+@pytest.fixture
+def armed_faults() -> Iterator[Callable[[int, int], None]]:
+    """``arm(fail_report, garble_texts)``: _cproducer's fault hooks, disarmed after."""
+    yield _cproducer._inject_faults
+    _cproducer._inject_faults(0, 0)
+
+
+@pytest.mark.parametrize("each_ack", [False, True])
+def test_a_report_that_cannot_be_converted_stays_queued_for_the_next_poll(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    armed_faults: Callable[[int, int], None],
+    each_ack: bool,
+) -> None:
+    """Issue 30: a MemoryError while converting a report stops the poll there; the poll
+    hands over what it served, and the report that failed and every one after it come
+    with the next poll: each message reported exactly once, none lost."""
+    topic = unique_topic("nomem")
+    mock_cluster.create_topic(topic, 2)
+    p = producer(mock_cluster)
+    armed_faults(37, 0)  # the 37th report converted from now fails
+    for token in range(400):
+        assert p.produce(topic, -1, b"v", None, 0, None, 1, token, False, None) == 0
+    stopped: list[Any] = []
+    tokens: Counter[int] = Counter()
+
+    def more() -> bool:
+        polled = p.poll(0.05, each_ack)
+        if polled is not None:
+            stopped.extend([polled.stopped_by] if polled.stopped_by else [])
+            for ack in polled.acks or []:
+                tokens[ack.token] += 1
+            for entry in polled.ack_sums:
+                tokens[entry.token] += entry.messages
+        return len(p) == 0
+
+    wait_until(more, what="every report")
+    assert stopped == [MemoryError]
+    assert tokens == Counter(range(400))  # every message once
+    p.close()
+
+
+def test_librdkafka_text_that_is_not_utf8_is_decoded_with_replacement(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    armed_faults: Callable[[int, int], None],
+) -> None:
+    """Issue 30: a log line or error string with bytes that are not UTF-8 (a broker's
+    text) comes through with U+FFFD where they were, and the reports with it."""
+    topic = unique_topic("garbled")
+    mock_cluster.create_topic(topic, 1)
+    armed_faults(0, 5)
+    p = producer(mock_cluster, debug="broker,topic,msg")
+    assert p.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == 0
+    sums, _, _, events = poll_until(
+        p, lambda got: bool(got[0]) and sum(type(e).__name__ == "Log" for e in got[3]) >= 5
+    )
+    assert sum(entry.messages for entry in sums) == 1
+    garbled = [event.text for event in events if type(event).__name__ == "Log"][:5]
+    assert all(text.startswith("\ufffd\ufffd ") for text in garbled), garbled
+    p.close()
+
+
+def test_close_is_refused_while_a_poll_waits(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str]
+) -> None:
+    """Issue 30: close() cannot destroy the queue a poll waits on without the GIL."""
+    topic = unique_topic("close")
+    mock_cluster.create_topic(topic, 1)
+    p = producer(mock_cluster)
+    results: list[Any] = []
+    waiter = threading.Thread(target=lambda: results.append(p.poll(60.0, False)))
+    waiter.start()
+    wait_until(lambda: p.polling == 1, what="the poll to wait")
+    with pytest.raises(RuntimeError, match="poll"):
+        p.close()
+    with pytest.raises(RuntimeError, match="poll"):
+        p.poll(0, False)  # nor a second poll beside it
+    assert p.produce(topic, 0, b"x", None, 0, None, 1, 0, False, None) == 0  # wakes it
+    waiter.join(timeout=60)
+    assert results
+    assert results[0] is not None
+    p.close()
+    assert p.polling == 0
+
+
+def test_bind_names_the_librdkafka_confluent_kafka_loaded() -> None:
+    """The library bound is the one confluent_kafka.cimpl links (one copy mapped)."""
+    import confluent_kafka
+
+    version, library = _cproducer.bind(confluent_kafka.cimpl.__file__)
+    assert version == confluent_kafka.libversion()[0]
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        mapped = {os.path.realpath(line.split()[-1]) for line in maps if "librdkafka" in line}
+    assert mapped == {os.path.realpath(library)}

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import uvloop
 
+import producer_backends
 from helpers import (
     DISCARD_COUNTS,
     TOTALS_LINE,
@@ -48,6 +49,9 @@ from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 from pydory.wire import encode_any_partition, encode_partition_key
+
+# Every test on both producer backends (the compiled one and confluent-kafka's).
+producer_backend = producer_backends.module_fixture()
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+import producer_backends
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.client.messages import now_ms
@@ -35,6 +36,9 @@ from pydory.testing.kafka_broker import KafkaCluster, SaslUser
 from pydory.testing.kafka_util import ConsumedRecord, consume_all
 from pydory.testing.pytest_plugin import KAFKA_SASL_USERS
 from pydory.wire import encode_any_partition
+
+# Every test on both producer backends (the compiled one and confluent-kafka's).
+producer_backend = producer_backends.module_fixture()
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -50,6 +50,7 @@ import pytest
 from confluent_kafka import ElectionType, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+import producer_backends
 from helpers import assert_balanced, wait_until
 from pydory.client import DatagramSender, UnixStreamSender
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, BEFORE_ACCEPTANCE
@@ -57,6 +58,9 @@ from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import ConsumedRecord, consume_all
 from pydory.wire import encode_any_partition, encode_partition_key
+
+# Every test on both producer backends (the compiled one and confluent-kafka's).
+producer_backend = producer_backends.module_fixture()
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -187,18 +187,13 @@ def test_a_rule_that_names_nothing_of_its_module_is_found(tmp_path: Path) -> Non
     assert rule_names_nothing_defined(module) is not None
 
 
-#: ``# fmt: skip`` lines another change removes (the producer interface of issue 30 owns
-#: these files); an entry that no longer has one fails the test below: delete it then.
-FMT_SKIP_LEFT = {"daemon/delivery/dispatcher.py"}
-
-
 def test_no_formatting_is_skipped_in_the_package() -> None:
     skipping = {
         str(path.relative_to(PACKAGE_DIR))
         for path in sources()
         if "# fmt: skip" in path.read_text()
     }
-    assert skipping == FMT_SKIP_LEFT
+    assert skipping == set()
 
 
 def counter_name_literals(source: str) -> Iterator[int]:

@@ -68,6 +68,7 @@ def outcome(
     shutting_down: bool = False,
     maybe_in_kafka_before: bool = False,
     in_spool: bool = False,
+    possibly_persisted: bool = False,
 ) -> FinalOutcome | Reroute:
     return failure_outcome(
         code,
@@ -80,6 +81,7 @@ def outcome(
         shutting_down=shutting_down,
         maybe_in_kafka_before=maybe_in_kafka_before,
         in_spool=in_spool,
+        possibly_persisted=possibly_persisted,
     )
 
 
@@ -245,3 +247,28 @@ def test_a_reroute_refused_at_produce_was_the_last_attempt() -> None:
     assert resend_refused(refusal, maybe_in_kafka=True) == PossiblyDelivered(
         "librdkafka queue full"
     )
+
+
+@pytest.mark.parametrize("code", PERMANENT)
+def test_a_permanent_error_after_a_possibly_written_attempt_is_possibly_delivered(
+    code: int,
+) -> None:
+    """Issue 30: librdkafka sent a request holding the message, the request timed out,
+    and the retry got a permanent error: the first copy may be in the log
+    (rd_kafka_message_status POSSIBLY_PERSISTED). Not a discard."""
+    assert outcome(code, possibly_persisted=True) == PossiblyDelivered(f"E{code}")
+    assert outcome(code) == Discard(DiscardReason.KAFKA_ERROR, f"E{code}")
+
+
+@pytest.mark.parametrize("code", RETRIABLE)
+def test_a_reroute_of_a_possibly_written_attempt_is_a_possible_duplicate(code: int) -> None:
+    assert outcome(code, possibly_persisted=True) == Reroute(possible_duplicate=True)
+    assert outcome(code) == Reroute(possible_duplicate=False)
+
+
+@pytest.mark.parametrize("code", PERMANENT + RETRIABLE)
+def test_a_failed_producers_verdict_goes_by_the_error_code_not_its_status(code: int) -> None:
+    """After a fatal error librdkafka marks every message it fails possibly persisted:
+    the fatal error stays the verdict, as the error code says."""
+    found = outcome(code, producer_fatal_error="_FENCED", possibly_persisted=True)
+    assert found == Discard(DiscardReason.KAFKA_ERROR, "_FENCED")

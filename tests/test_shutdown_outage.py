@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import producer_backends
 from daemon_process import DaemonProcess
 from helpers import DISCARD_COUNTS, TOTALS_LINE, wait_until
 from pydory.client import UnixStreamSender
@@ -26,6 +27,9 @@ from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.kafka_util import consume_all
 from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+
+# Every test on both producer backends (the compiled one and confluent-kafka's).
+producer_backend = producer_backends.module_fixture()
 
 pytestmark = pytest.mark.slow
 

@@ -115,7 +115,7 @@ def test_the_wheel_carries_the_compiled_hot_path(lean_venv: Path, tmp_path: Path
     assert Path(path).parent == extension.parent  # the wheel's, not the checkout's
     # The compiled producer too, bound to the librdkafka of the venv's confluent-kafka.
     (producer,) = lean_venv.glob("lib/python3.*/site-packages/pydory/_cproducer.*.so")
-    probe = "from pydory.daemon.delivery import compiled_producer as c; print(c.why)"
+    probe = "from pydory.daemon.delivery import backends; print(backends.WHY)"
     why = checked([python, "-c", probe], cwd=tmp_path)
     assert why.startswith("pydory._cproducer on librdkafka "), why
     assert producer.parent == extension.parent

@@ -20,8 +20,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +33,7 @@
 /* ---- the librdkafka functions used, resolved by bind() ---------------------------- */
 
 #define RDK_FUNCTIONS(X)                                                                   \
+    X(rd_kafka_version)                                                                    \
     X(rd_kafka_version_str)                                                                \
     X(rd_kafka_conf_new)                                                                   \
     X(rd_kafka_conf_set)                                                                   \
@@ -68,34 +72,176 @@ RDK_FUNCTIONS(DECLARE_POINTER)
 #undef DECLARE_POINTER
 
 static void *library = NULL;
+static char library_path[4096];
 
+/* bind(module_path) -> (version, library_path): resolve the functions this module uses
+ * from the librdkafka the extension module at ``module_path`` (confluent-kafka's cimpl)
+ * actually loaded: dlsym on that module's handle searches its own dependencies, so the
+ * symbol found is in the copy it links, and dladdr names that copy. RTLD_NOLOAD only:
+ * nothing is ever mapped here, so the process never holds a second librdkafka. The
+ * library must be at least the version of the header this file was compiled against
+ * (its ABI only grows). */
 static PyObject *
 bind_library(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    const char *path = PyUnicode_AsUTF8(arg);
-    if (path == NULL)
+    const char *module_path = PyUnicode_AsUTF8(arg);
+    if (module_path == NULL)
         return NULL;
     if (library != NULL)
-        return PyUnicode_FromString(p_rd_kafka_version_str());
-    /* RTLD_NOLOAD first: the copy confluent-kafka loaded, never a second one. */
-    void *handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-    if (handle == NULL)
-        handle = dlopen(path, RTLD_NOW);
+        return Py_BuildValue("(ss)", p_rd_kafka_version_str(), library_path);
+    void *owner = dlopen(module_path, RTLD_NOW | RTLD_NOLOAD);
+    if (owner == NULL) {
+        PyErr_Format(PyExc_ImportError, "%s is not loaded: %s", module_path, dlerror());
+        return NULL;
+    }
+    void *symbol = dlsym(owner, "rd_kafka_version");
+    Dl_info info;
+    void *handle = NULL;
+    if (symbol != NULL && dladdr(symbol, &info) != 0 && info.dli_fname != NULL)
+        handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    dlclose(owner);
     if (handle == NULL) {
-        PyErr_Format(PyExc_ImportError, "cannot load librdkafka %s: %s", path, dlerror());
+        PyErr_Format(PyExc_ImportError, "%s links no loaded librdkafka", module_path);
+        return NULL;
+    }
+    int version = ((int (*)(void))symbol)();
+    if (version < RD_KAFKA_VERSION) {
+        PyErr_Format(PyExc_ImportError,
+                     "librdkafka %s (0x%08x) is older than the header pydory._cproducer "
+                     "was built against (0x%08x)",
+                     info.dli_fname, version, RD_KAFKA_VERSION);
+        dlclose(handle);
         return NULL;
     }
 #define RESOLVE(name)                                                                      \
     p_##name = (__typeof__(name) *)dlsym(handle, #name);                                   \
     if (p_##name == NULL) {                                                                \
-        PyErr_Format(PyExc_ImportError, "librdkafka %s has no %s", path, #name);           \
+        PyErr_Format(PyExc_ImportError, "librdkafka %s has no %s", info.dli_fname, #name); \
         dlclose(handle);                                                                   \
         return NULL;                                                                       \
     }
     RDK_FUNCTIONS(RESOLVE)
 #undef RESOLVE
+    snprintf(library_path, sizeof library_path, "%s", info.dli_fname);
     library = handle;
-    return PyUnicode_FromString(p_rd_kafka_version_str());
+    return Py_BuildValue("(ss)", p_rd_kafka_version_str(), library_path);
+}
+
+/* ---- the records a poll hands back: named, built here once per type --------------- */
+
+static PyStructSequence_Field ack_sum_fields[] = {
+    {"token", "the caller's token"},
+    {"topic", NULL},
+    {"messages", "how many were acknowledged"},
+    {"data_bytes", "their keys' and values' bytes"},
+    {NULL, NULL},
+};
+static PyStructSequence_Field ack_fields[] = {
+    {"topic", NULL},         {"partition", NULL}, {"key", NULL}, {"value", NULL},
+    {"timestamp_ms", NULL},  {"token", NULL},     {NULL, NULL},
+};
+static PyStructSequence_Field failure_fields[] = {
+    {"code", "librdkafka's error code"},
+    {"topic", NULL},
+    {"partition", NULL},
+    {"key", NULL},
+    {"value", NULL},
+    {"timestamp_ms", "the client's timestamp it was sent with"},
+    {"headers", "its record headers, read back from the report"},
+    {"token", NULL},
+    {"partition_key", "its PartitionKey, or None for AnyPartition"},
+    {"attempt", "how many times it was sent"},
+    {"maybe_in_kafka", "an earlier attempt may have reached the log"},
+    {"status", "rd_kafka_message_status(): 0 not, 1 possibly, 2 persisted"},
+    {NULL, NULL},
+};
+static PyStructSequence_Field statistics_fields[] = {{"json", NULL}, {NULL, NULL}};
+static PyStructSequence_Field error_fields[] = {
+    {"code", NULL}, {"text", NULL}, {"fatal", NULL}, {NULL, NULL}};
+static PyStructSequence_Field log_fields[] = {
+    {"level", "syslog level"}, {"facility", NULL}, {"name", NULL}, {"text", NULL}, {NULL, NULL}};
+static PyStructSequence_Field polled_fields[] = {
+    {"ack_sums", "[AckSum]: acknowledgements summed per (token, topic)"},
+    {"acks", "[Ack] one by one, or None (summed)"},
+    {"failures", "[Failure]"},
+    {"events", "[Statistics | Error | Log], in the order librdkafka queued them"},
+    {"stopped_by", "the exception type that stopped this poll (the rest stays held), or None"},
+    {NULL, NULL},
+};
+
+#define RECORD_TYPE(var, type_name, fields)                                                 \
+    static PyTypeObject var;                                                                \
+    static PyStructSequence_Desc var##_desc = {"pydory._cproducer." type_name, NULL,       \
+                                               fields, sizeof fields / sizeof *fields - 1};
+RECORD_TYPE(AckSumType, "AckSum", ack_sum_fields)
+RECORD_TYPE(AckType, "Ack", ack_fields)
+RECORD_TYPE(FailureType, "Failure", failure_fields)
+RECORD_TYPE(StatisticsType, "Statistics", statistics_fields)
+RECORD_TYPE(ErrorType, "Error", error_fields)
+RECORD_TYPE(LogType, "Log", log_fields)
+RECORD_TYPE(PolledType, "Polled", polled_fields)
+#undef RECORD_TYPE
+
+/* A record of ``type`` from Py_BuildValue's ``format`` (a tuple: "(...)"), or NULL. */
+static PyObject *
+record(PyTypeObject *type, const char *format, ...)
+{
+    va_list va;
+    va_start(va, format);
+    PyObject *values = Py_VaBuildValue(format, va);
+    va_end(va);
+    if (values == NULL)
+        return NULL;
+    PyObject *item = PyStructSequence_New(type);
+    if (item != NULL)
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
+            PyStructSequence_SET_ITEM(item, i, Py_NewRef(PyTuple_GET_ITEM(values, i)));
+    Py_DECREF(values);
+    return item;
+}
+
+/* librdkafka's text (log lines, error strings, statistics, names): it may carry any bytes
+ * a broker sent, so decoded with replacement, never refused. */
+static PyObject *
+text_of(const char *text)
+{
+    if (text == NULL)
+        text = "";
+    return PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+}
+
+/* ---- faults for the tests: inert unless armed (_inject_faults) -------------------- */
+
+static long fail_report_countdown = 0; /* the n-th report converted from now fails */
+static long garble_texts = 0; /* the next n log lines and error strings carry bytes not UTF-8 */
+
+/* ``text``, or (armed) the same prefixed with bytes that are not UTF-8, in ``buffer``. */
+static const char *
+maybe_garbled(const char *text, char *buffer, size_t size)
+{
+    if (garble_texts <= 0 || text == NULL)
+        return text;
+    garble_texts--;
+    snprintf(buffer, size, "\xff\xfe %s", text);
+    return buffer;
+}
+
+static int
+report_fault(void)
+{
+    if (fail_report_countdown > 0 && --fail_report_countdown == 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+inject_faults(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    if (!PyArg_ParseTuple(args, "ll", &fail_report_countdown, &garble_texts))
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* ---- one message's state: what its delivery report must give back ----------------- */
@@ -111,10 +257,43 @@ typedef struct {
 
 /* ---- the Producer type ---------------------------------------------------------- */
 
+/* Acknowledged messages of one (token, topic), summed until a poll hands them over. */
+#define TOPIC_NAME_MAX 256 /* Kafka's longest topic name is 249 bytes */
+typedef struct {
+    long long token;
+    long long count;
+    long long data_bytes; /* keys and values */
+    char topic[TOPIC_NAME_MAX];
+} ack_sum;
+
+/* One event taken off the main queue, held until it is served; a delivery report event's
+ * messages are taken out once (librdkafka's iterator walks an event only once; the
+ * messages live until the event is destroyed). */
+typedef struct {
+    rd_kafka_event_t *event;
+    const rd_kafka_message_t **messages; /* NULL: not taken out yet, or not a report */
+    size_t count;
+    size_t reported; /* messages[:reported] are reported and their states freed */
+} held_event;
+
+#define MAX_SUMS 32
+#define MAX_EVENTS_PER_POLL 256
+
 typedef struct {
     PyObject_HEAD
     rd_kafka_t *rk;
     rd_kafka_queue_t *queue; /* the main queue: delivery reports, stats, errors, logs */
+    /* A poll is running (maybe waiting without the GIL): close() and a second poll are
+     * refused until it returns. */
+    int polling;
+    /* Events taken off the queue and not yet served: held[first:n_held]. A poll that
+     * stops (a report it could not convert) leaves the rest here for the next one, as
+     * if still queued. */
+    held_event held[MAX_EVENTS_PER_POLL];
+    int first, n_held;
+    /* Acknowledgements summed, not yet handed over. */
+    ack_sum sums[MAX_SUMS];
+    int n_sums;
 } Producer;
 
 static int
@@ -173,9 +352,16 @@ Producer_init(Producer *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
+static void release_event(held_event *held);
+
 static void
 Producer_close0(Producer *self)
 {
+    /* Events still held: their unreported messages' states go with them (the instance
+     * goes too: nothing can report them any more). */
+    for (; self->first < self->n_held; self->first++)
+        release_event(&self->held[self->first]);
+    self->first = self->n_held = self->n_sums = 0;
     rd_kafka_t *rk = self->rk;
     rd_kafka_queue_t *queue = self->queue;
     self->rk = NULL;
@@ -600,26 +786,12 @@ burst_topics(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
 
 /* ---- serving the main queue -------------------------------------------------------- */
 
-/* Acknowledged messages of one (token, topic) within one event, summed. */
+/* What one poll hands back (the Polled record's lists). */
 typedef struct {
-    long long token;
-    rd_kafka_topic_t *rkt;
-    long long count;
-    long long data_bytes; /* keys and values */
-} ack_sum;
-
-#define MAX_SUMS 32
-#define MAX_EVENTS_PER_POLL 256
-
-typedef struct {
-    PyObject *acks;     /* [(token, topic, count, data_bytes)] */
-    PyObject *each_ack; /* [(topic, partition, key, value, timestamp_ms, token)] or None */
-    PyObject *failures; /* [(code, topic, partition, key, value, timestamp_ms, headers,
-                           token, partition_key, attempt, maybe_in_kafka, status)] */
-    PyObject *events;   /* [("stats", json) | ("error", code, text, fatal)
-                           | ("log", level, facility, text)] */
-    ack_sum sums[MAX_SUMS];
-    int n_sums;
+    PyObject *ack_sums; /* [AckSum] */
+    PyObject *acks;     /* [Ack], or None: summed */
+    PyObject *failures; /* [Failure] */
+    PyObject *events;   /* [Statistics | Error | Log] */
 } poll_result;
 
 static PyObject *
@@ -630,39 +802,42 @@ bytes_or_none(const void *data, size_t size)
     return PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)size);
 }
 
-
+/* Hand the sums over, each removed once it is in the list (a failure keeps the rest). */
 static int
-flush_sums(poll_result *result)
+flush_sums(Producer *self, poll_result *result)
 {
-    for (int i = 0; i < result->n_sums; i++) {
-        ack_sum *sum = &result->sums[i];
-        PyObject *item = Py_BuildValue("(LsLL)", sum->token, p_rd_kafka_topic_name(sum->rkt),
-                                       sum->count, sum->data_bytes);
-        if (append_new(result->acks, item) < 0)
+    while (self->n_sums > 0) {
+        ack_sum *sum = &self->sums[self->n_sums - 1];
+        PyObject *item = record(&AckSumType, "(LNLL)", sum->token, text_of(sum->topic),
+                                sum->count, sum->data_bytes);
+        if (append_new(result->ack_sums, item) < 0)
             return -1;
+        self->n_sums--;
     }
-    result->n_sums = 0;
     return 0;
 }
 
 static int
-add_to_sums(poll_result *result, const rd_kafka_message_t *message, long long token)
+add_to_sums(Producer *self, poll_result *result, const rd_kafka_message_t *message,
+            long long token)
 {
-    for (int i = result->n_sums - 1; i >= 0; i--) {
-        ack_sum *sum = &result->sums[i];
-        if (sum->token == token && sum->rkt == message->rkt) {
+    const char *topic = p_rd_kafka_topic_name(message->rkt);
+    long long data_bytes = (long long)(message->len + message->key_len);
+    for (int i = self->n_sums - 1; i >= 0; i--) {
+        ack_sum *sum = &self->sums[i];
+        if (sum->token == token && strcmp(sum->topic, topic) == 0) {
             sum->count++;
-            sum->data_bytes += (long long)(message->len + message->key_len);
+            sum->data_bytes += data_bytes;
             return 0;
         }
     }
-    if (result->n_sums == MAX_SUMS && flush_sums(result) < 0)
+    if (self->n_sums == MAX_SUMS && flush_sums(self, result) < 0)
         return -1;
-    ack_sum *sum = &result->sums[result->n_sums++];
+    ack_sum *sum = &self->sums[self->n_sums++];
     sum->token = token;
-    sum->rkt = message->rkt;
     sum->count = 1;
-    sum->data_bytes = (long long)(message->len + message->key_len);
+    sum->data_bytes = data_bytes;
+    snprintf(sum->topic, sizeof sum->topic, "%s", topic);
     return 0;
 }
 
@@ -680,7 +855,7 @@ headers_of(const rd_kafka_message_t *message)
                        p_rd_kafka_header_get_all(headers, i, &name, &value, &size) ==
                            RD_KAFKA_RESP_ERR_NO_ERROR;
          i++) {
-        PyObject *item = Py_BuildValue("(sN)", name, bytes_or_none(value, size));
+        PyObject *item = Py_BuildValue("(NN)", text_of(name), bytes_or_none(value, size));
         if (append_new(list, item) < 0)
             Py_CLEAR(list);
     }
@@ -692,9 +867,10 @@ report_failure(poll_result *result, const rd_kafka_message_t *message, msg_state
 {
     PyObject *partition_key =
         state->has_partition_key ? PyLong_FromLongLong(state->partition_key) : Py_NewRef(Py_None);
-    PyObject *item = Py_BuildValue(
-        "(isiNNLNLNiOi)", (int)message->err, p_rd_kafka_topic_name(message->rkt),
-        (int)message->partition, bytes_or_none(message->key, message->key_len),
+    PyObject *item = record(
+        &FailureType, "(iNiNNLNLNiOi)", (int)message->err,
+        text_of(p_rd_kafka_topic_name(message->rkt)), (int)message->partition,
+        bytes_or_none(message->key, message->key_len),
         bytes_or_none(message->payload, message->len), state->timestamp_ms,
         headers_of(message), state->token, partition_key, state->attempt,
         state->maybe_in_kafka ? Py_True : Py_False, (int)p_rd_kafka_message_status(message));
@@ -702,50 +878,73 @@ report_failure(poll_result *result, const rd_kafka_message_t *message, msg_state
 }
 
 static int
-report_ack(poll_result *result, const rd_kafka_message_t *message, msg_state *state)
+report_ack(Producer *self, poll_result *result, const rd_kafka_message_t *message,
+           msg_state *state)
 {
-    if (result->each_ack == Py_None)
-        return add_to_sums(result, message, state->token);
-    PyObject *item = Py_BuildValue(
-        "(siNNLL)", p_rd_kafka_topic_name(message->rkt), (int)message->partition,
-        bytes_or_none(message->key, message->key_len),
+    if (result->acks == Py_None)
+        return add_to_sums(self, result, message, state->token);
+    PyObject *item = record(
+        &AckType, "(NiNNLL)", text_of(p_rd_kafka_topic_name(message->rkt)),
+        (int)message->partition, bytes_or_none(message->key, message->key_len),
         bytes_or_none(message->payload, message->len), state->timestamp_ms, state->token);
-    return append_new(result->each_ack, item);
+    return append_new(result->acks, item);
 }
 
-/* The messages of one delivery report event, taken out of it once (librdkafka's
- * iterator walks an event only once; the messages live until the event is destroyed). */
-typedef struct {
-    rd_kafka_event_t *event;
-    const rd_kafka_message_t **messages; /* NULL for another event type */
-    size_t count;
-} served_event;
-
-/* Report every message of a delivery report event. */
+/* 1 if a delivery report event, 0 if another kind. */
 static int
-serve_delivery_reports(poll_result *result, served_event *served)
+is_report(held_event *held)
 {
-    for (size_t i = 0; i < served->count; i++) {
-        const rd_kafka_message_t *message = served->messages[i];
+    return p_rd_kafka_event_type(held->event) == RD_KAFKA_EVENT_DR;
+}
+
+/* Take a report event's messages out (once). -1 (MemoryError) if it cannot yet. */
+static int
+take_messages(held_event *held)
+{
+    if (held->messages != NULL || !is_report(held))
+        return 0;
+    size_t count = p_rd_kafka_event_message_count(held->event);
+    held->messages = malloc((count ? count : 1) * sizeof *held->messages);
+    if (held->messages == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    held->count = p_rd_kafka_event_message_array(held->event, held->messages, count);
+    return 0;
+}
+
+/* Report the messages of a report event not reported yet, each state freed once its
+ * report is in the result: a failure stops at that message, which stays held. */
+static int
+serve_delivery_reports(Producer *self, poll_result *result, held_event *held)
+{
+    if (take_messages(held) < 0)
+        return -1;
+    for (; held->reported < held->count; held->reported++) {
+        const rd_kafka_message_t *message = held->messages[held->reported];
         msg_state *state = (msg_state *)message->_private;
         if (state == NULL)
             continue; /* not produced here: cannot happen, nothing to report */
+        if (report_fault() < 0)
+            return -1;
         int rc = message->err ? report_failure(result, message, state)
-                              : report_ack(result, message, state);
+                              : report_ack(self, result, message, state);
         if (rc < 0)
             return -1;
+        free(state);
     }
-    return flush_sums(result); /* before the event goes: a sum names its topic handle */
+    return 0;
 }
 
-/* Free every message's state and the event: whatever happened while reporting. */
+/* Destroy a served event, with the states of its messages not reported. */
 static void
-release_event(served_event *served)
+release_event(held_event *held)
 {
-    for (size_t i = 0; i < served->count; i++)
-        free(served->messages[i]->_private);
-    free(served->messages);
-    p_rd_kafka_event_destroy(served->event);
+    for (size_t i = held->reported; i < held->count; i++)
+        free(held->messages[i]->_private);
+    free(held->messages);
+    p_rd_kafka_event_destroy(held->event);
+    memset(held, 0, sizeof *held);
 }
 
 static int
@@ -754,7 +953,7 @@ serve_other_event(Producer *self, poll_result *result, rd_kafka_event_t *event)
     PyObject *item = NULL;
     switch (p_rd_kafka_event_type(event)) {
     case RD_KAFKA_EVENT_STATS:
-        item = Py_BuildValue("(ss)", "stats", p_rd_kafka_event_stats(event));
+        item = record(&StatisticsType, "(N)", text_of(p_rd_kafka_event_stats(event)));
         break;
     case RD_KAFKA_EVENT_ERROR: {
         int fatal = p_rd_kafka_event_error_is_fatal(event);
@@ -765,7 +964,9 @@ serve_other_event(Producer *self, poll_result *result, rd_kafka_event_t *event)
             code = p_rd_kafka_fatal_error(self->rk, fatal_text, sizeof fatal_text);
             text = fatal_text;
         }
-        item = Py_BuildValue("(sisO)", "error", (int)code, text, fatal ? Py_True : Py_False);
+        char garbled[1024];
+        text = maybe_garbled(text, garbled, sizeof garbled);
+        item = record(&ErrorType, "(iNO)", (int)code, text_of(text), fatal ? Py_True : Py_False);
         break;
     }
     case RD_KAFKA_EVENT_LOG: {
@@ -773,7 +974,10 @@ serve_other_event(Producer *self, poll_result *result, rd_kafka_event_t *event)
         int level;
         if (p_rd_kafka_event_log(event, &facility, &text, &level) != 0)
             return 0;
-        item = Py_BuildValue("(sisss)", "log", level, facility, p_rd_kafka_name(self->rk), text);
+        char garbled[1024];
+        text = maybe_garbled(text, garbled, sizeof garbled);
+        item = record(&LogType, "(iNNN)", level, text_of(facility),
+                      text_of(p_rd_kafka_name(self->rk)), text_of(text));
         break;
     }
     default:
@@ -782,12 +986,114 @@ serve_other_event(Producer *self, poll_result *result, rd_kafka_event_t *event)
     return append_new(result->events, item);
 }
 
-/* poll(timeout_s, each_ack) -> (acks, each_ack, failures, events), or None if nothing
- * was ready. Waits up to timeout_s for the first event (without the GIL), then takes
- * what else is ready, at most MAX_EVENTS_PER_POLL events. Acknowledgements are summed
- * per (token, topic) unless each_ack is true or the poll also saw a failure: then each
- * comes back on its own (message debugging and the possible-duplicate window read them
- * one by one). */
+/* Take what is ready off the queue, up to MAX_EVENTS_PER_POLL held; the first waits up to
+ * timeout_ms (without the GIL) if nothing is held. 0 if nothing is held after it. */
+static int
+take_events(Producer *self, int timeout_ms)
+{
+    if (self->first == self->n_held)
+        self->first = self->n_held = 0;
+    else if (self->first > 0) { /* a stopped poll's rest: moved to the front */
+        memmove(self->held, self->held + self->first,
+                (size_t)(self->n_held - self->first) * sizeof *self->held);
+        self->n_held -= self->first;
+        self->first = 0;
+    }
+    while (self->n_held < MAX_EVENTS_PER_POLL) {
+        rd_kafka_event_t *event;
+        if (self->n_held == 0 && timeout_ms > 0) {
+            Py_BEGIN_ALLOW_THREADS
+            event = p_rd_kafka_queue_poll(self->queue, timeout_ms);
+            Py_END_ALLOW_THREADS
+        } else {
+            event = p_rd_kafka_queue_poll(self->queue, 0);
+        }
+        if (event == NULL)
+            break;
+        held_event *held = &self->held[self->n_held++];
+        memset(held, 0, sizeof *held);
+        held->event = event;
+        if (take_messages(held) < 0)
+            PyErr_Clear(); /* taken out when served (which reports a MemoryError then) */
+    }
+    return self->n_held > 0;
+}
+
+/* Whether a held report event has a failure not yet reported (or cannot tell yet). */
+static int
+holds_failure(Producer *self)
+{
+    for (int i = self->first; i < self->n_held; i++) {
+        held_event *held = &self->held[i];
+        if (held->messages == NULL && is_report(held))
+            return 1;
+        for (size_t m = held->reported; m < held->count; m++)
+            if (held->messages[m]->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+                return 1;
+    }
+    return 0;
+}
+
+static PyObject *
+new_list_or_none(int list)
+{
+    return list ? PyList_New(0) : Py_NewRef(Py_None);
+}
+
+/* Serve the held events in order until done or one fails (its exception is then the
+ * result's stopped_by, cleared: the poll still hands over what it served). */
+static PyObject *
+serve_held(Producer *self, int each_ack)
+{
+    PyObject *polled = PyStructSequence_New(&PolledType);
+    poll_result result = {PyList_New(0), new_list_or_none(each_ack || holds_failure(self)),
+                          PyList_New(0), PyList_New(0)};
+    if (!(polled && result.ack_sums && result.acks && result.failures && result.events)) {
+        Py_XDECREF(polled); /* nothing served: everything stays held */
+        Py_XDECREF(result.ack_sums);
+        Py_XDECREF(result.acks);
+        Py_XDECREF(result.failures);
+        Py_XDECREF(result.events);
+        return NULL;
+    }
+    int rc = 0;
+    for (; rc == 0 && self->first < self->n_held; self->first++) {
+        held_event *held = &self->held[self->first];
+        rc = is_report(held) ? serve_delivery_reports(self, &result, held)
+                             : serve_other_event(self, &result, held->event);
+        if (rc < 0 && !is_report(held))
+            rc = 0, PyErr_Clear(); /* not a report: dropped (a log line, statistics) */
+        if (rc < 0)
+            break; /* held (the report that failed and what follows): the next poll's */
+        release_event(held);
+    }
+    if (rc == 0)
+        rc = flush_sums(self, &result);
+    PyObject *stopped_by = NULL;
+    if (rc < 0) { /* the type alone: naming it allocates nothing */
+        PyObject *value, *traceback;
+        PyErr_Fetch(&stopped_by, &value, &traceback);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
+    PyStructSequence_SET_ITEM(polled, 0, result.ack_sums);
+    PyStructSequence_SET_ITEM(polled, 1, result.acks);
+    PyStructSequence_SET_ITEM(polled, 2, result.failures);
+    PyStructSequence_SET_ITEM(polled, 3, result.events);
+    PyStructSequence_SET_ITEM(polled, 4, stopped_by != NULL ? stopped_by : Py_NewRef(Py_None));
+    return polled;
+}
+
+/* poll(timeout_s, each_ack) -> Polled, or None if nothing was ready. Waits up to timeout_s
+ * for the first event (without the GIL) unless events are held, then takes what else is
+ * ready, at most MAX_EVENTS_PER_POLL held. Acknowledgements are summed per (token, topic)
+ * unless each_ack is true or a held report is a failure: then each comes back on its own
+ * (message debugging and the possible-duplicate window read them one by one).
+ *
+ * No report is lost to another's failure: a report whose conversion fails stops the
+ * poll, and it and every event after it stay held for the next poll (confluent-kafka's
+ * CallState_crash and rd_kafka_yield: stop serving, keep the rest queued); the poll hands
+ * over what it served, and names the exception type in stopped_by. */
 static PyObject *
 Producer_poll(Producer *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -797,67 +1103,23 @@ Producer_poll(Producer *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (require_open(self) < 0)
         return NULL;
+    if (self->polling) {
+        PyErr_SetString(PyExc_RuntimeError, "a poll of this producer is in progress");
+        return NULL;
+    }
     double timeout_s = PyFloat_AsDouble(args[0]);
     int each_ack = PyObject_IsTrue(args[1]);
     if (PyErr_Occurred())
         return NULL;
-    served_event events[MAX_EVENTS_PER_POLL];
-    int n_events = 0;
     int timeout_ms = timeout_s > 0 ? (int)(timeout_s * 1000) : 0;
-    rd_kafka_event_t *event;
-    if (timeout_ms > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        event = p_rd_kafka_queue_poll(self->queue, timeout_ms);
-        Py_END_ALLOW_THREADS
-    } else {
-        event = p_rd_kafka_queue_poll(self->queue, 0);
-    }
-    if (event == NULL)
-        Py_RETURN_NONE;
-    int rc = 0;
-    do {
-        served_event *served = &events[n_events++];
-        served->event = event;
-        served->messages = NULL;
-        served->count = 0;
-        if (p_rd_kafka_event_type(event) != RD_KAFKA_EVENT_DR)
-            continue;
-        size_t count = p_rd_kafka_event_message_count(event);
-        served->messages = malloc((count ? count : 1) * sizeof *served->messages);
-        if (served->messages == NULL) {
-            /* Nothing taken out: destroying the event frees its messages, not their
-             * states (a leak of a few bytes each, under an out-of-memory error). */
-            rc = -1;
-            PyErr_NoMemory();
-            break;
-        }
-        served->count = p_rd_kafka_event_message_array(event, served->messages, count);
-        for (size_t i = 0; i < served->count && !each_ack; i++)
-            each_ack = served->messages[i]->err != RD_KAFKA_RESP_ERR_NO_ERROR;
-    } while (n_events < MAX_EVENTS_PER_POLL &&
-             (event = p_rd_kafka_queue_poll(self->queue, 0)) != NULL);
-    poll_result result = {0};
-    result.acks = PyList_New(0);
-    result.each_ack = each_ack ? PyList_New(0) : Py_NewRef(Py_None);
-    result.failures = PyList_New(0);
-    result.events = PyList_New(0);
-    if (rc == 0 && !(result.acks && result.each_ack && result.failures && result.events))
-        rc = -1;
-    for (int i = 0; i < n_events; i++) {
-        served_event *served = &events[i];
-        if (rc == 0)
-            rc = served->messages != NULL ? serve_delivery_reports(&result, served)
-                                          : serve_other_event(self, &result, served->event);
-        release_event(served);
-    }
-    if (rc < 0) {
-        Py_XDECREF(result.acks);
-        Py_XDECREF(result.each_ack);
-        Py_XDECREF(result.failures);
-        Py_XDECREF(result.events);
-        return NULL;
-    }
-    return Py_BuildValue("(NNNN)", result.acks, result.each_ack, result.failures, result.events);
+    self->polling = 1;
+    PyObject *polled = NULL;
+    if (take_events(self, timeout_ms) || self->n_sums > 0)
+        polled = serve_held(self, each_ack);
+    else
+        polled = Py_NewRef(Py_None);
+    self->polling = 0;
+    return polled;
 }
 
 static PyObject *
@@ -871,9 +1133,14 @@ Producer_purge(Producer *self, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLong((long)p_rd_kafka_purge(self->rk, flags));
 }
 
+/* close(): refused while a poll runs (it may be waiting on the queue without the GIL). */
 static PyObject *
 Producer_close(Producer *self, PyObject *Py_UNUSED(ignored))
 {
+    if (self->polling) {
+        PyErr_SetString(PyExc_RuntimeError, "close() while a poll of this producer runs");
+        return NULL;
+    }
     Producer_close0(self);
     Py_RETURN_NONE;
 }
@@ -881,7 +1148,14 @@ Producer_close(Producer *self, PyObject *Py_UNUSED(ignored))
 static Py_ssize_t
 Producer_len(Producer *self)
 {
-    return self->rk == NULL ? 0 : (Py_ssize_t)p_rd_kafka_outq_len(self->rk);
+    if (self->rk == NULL)
+        return 0;
+    /* librdkafka counts a message until its event is destroyed (held events included);
+     * acknowledgements summed and not yet handed over are counted here. */
+    Py_ssize_t held = p_rd_kafka_outq_len(self->rk);
+    for (int i = 0; i < self->n_sums; i++)
+        held += (Py_ssize_t)self->sums[i].count;
+    return held;
 }
 
 static PyMethodDef Producer_methods[] = {
@@ -899,6 +1173,12 @@ static PyMethodDef Producer_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef Producer_members[] = {
+    {"polling", T_INT, offsetof(Producer, polling), READONLY,
+     "1 while a poll runs (close() is refused then)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PySequenceMethods Producer_as_sequence = {
     .sq_length = (lenfunc)Producer_len,
 };
@@ -912,6 +1192,7 @@ static PyTypeObject ProducerType = {
     .tp_init = (initproc)Producer_init,
     .tp_dealloc = (destructor)Producer_dealloc,
     .tp_methods = Producer_methods,
+    .tp_members = Producer_members,
     .tp_as_sequence = &Producer_as_sequence,
 };
 
@@ -919,7 +1200,12 @@ static PyMethodDef module_methods[] = {
     {"burst_topics", (PyCFunction)(void (*)(void))burst_topics, METH_FASTCALL,
      "burst_topics(parsed, max_data) -> {topic: (count, data_bytes)} or None"},
     {"bind", bind_library, METH_O,
-     "bind(path) -> version: resolve librdkafka's functions from the library at path"},
+     "bind(module_path) -> (version, library_path): resolve librdkafka's functions from "
+     "the librdkafka the extension module at module_path loaded"},
+    {"_inject_faults", inject_faults, METH_VARARGS,
+     "_inject_faults(fail_report, garble_texts): tests only: the fail_report-th report "
+     "converted from now fails (MemoryError), the next garble_texts log lines and error "
+     "strings carry bytes not UTF-8 (as a broker may send); 0, 0 disarms"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -936,12 +1222,27 @@ PyInit__cproducer(void)
 {
     if (PyType_Ready(&ProducerType) < 0)
         return NULL;
+    PyTypeObject *records[] = {&AckSumType, &AckType,   &FailureType, &StatisticsType,
+                               &ErrorType,  &LogType,   &PolledType};
+    PyStructSequence_Desc *descs[] = {&AckSumType_desc, &AckType_desc,   &FailureType_desc,
+                                      &StatisticsType_desc, &ErrorType_desc, &LogType_desc,
+                                      &PolledType_desc};
+    for (size_t i = 0; i < sizeof records / sizeof *records; i++)
+        if (records[i]->tp_name == NULL && PyStructSequence_InitType2(records[i], descs[i]) < 0)
+            return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Producer", (PyObject *)&ProducerType) < 0) {
         Py_DECREF(m);
         return NULL;
+    }
+    for (size_t i = 0; i < sizeof records / sizeof *records; i++) {
+        const char *name = strrchr(records[i]->tp_name, '.') + 1;
+        if (PyModule_AddObjectRef(m, name, (PyObject *)records[i]) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -63,7 +63,7 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
     from pydory import hotpath
     from pydory.commands.daemon_url import config_failure
     from pydory.config import load_config
-    from pydory.daemon.delivery import compiled_producer
+    from pydory.daemon.delivery import backends
     from pydory.daemon.logsetup import configure_logging, destinations
     from pydory.errors import ConfigError
     from pydory.server import Server
@@ -92,8 +92,7 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
         log.warning("%s", warning)
     # Which codec reads the clients' bytes: the compiled one is faster, the same rules.
     log.info("hot path: %s (%s)", hotpath.IMPLEMENTATION, hotpath.WHY)
-    producer = "compiled" if compiled_producer.compiled_producer_class() else "confluent-kafka"
-    log.info("producer: %s (%s)", producer, compiled_producer.why)
+    log.info("producer: %s (%s)", backends.BACKEND.name, backends.WHY)
     server = Server(config, log_files, config_path=config_path)
     if not daemon:
         # A first run in a terminal must not look hung: say where the log goes, and when

@@ -31,6 +31,8 @@ class DaemonConfig:
     compression: str = "none"
     topic_autocreate: bool = False
     max_failed_delivery_attempts: int = 5
+    replication_timeout_ms: int = 10_000  # <kafkaConfig><replicationTimeout>
+    kafka_socket_timeout_s: int = 60  # <msgDelivery><kafkaSocketTimeout>
     shutdown_max_delay_ms: int = 10_000
     discard_report_interval_s: int = 600
     http_port: int = field(default_factory=free_loopback_port)
@@ -165,7 +167,7 @@ class DaemonConfig:
             "dispatcherRestartMaxDelay": 5000,
             "metadataRefreshInterval": 15,
             "compareMetadataOnRefresh": "true",
-            "kafkaSocketTimeout": 60,
+            "kafkaSocketTimeout": self.kafka_socket_timeout_s,
             "pauseRateLimitInitial": 500,
             "pauseRateLimitMaxDouble": 4,
             "minPauseDelay": 200,
@@ -217,7 +219,7 @@ class DaemonConfig:
         return _section("messageIdentity", leaves)
 
     def _kafka_and_logging(self) -> str:
-        kafka = {"clientId": "pydory-test", "replicationTimeout": 10000}
+        kafka = {"clientId": "pydory-test", "replicationTimeout": self.replication_timeout_ms}
         logging = {"level": self.log_level, "stdoutStderr": self.log_to_stdout, "syslog": False}
         return _section("kafkaConfig", kafka) + _section("logging", logging)
 

@@ -119,6 +119,7 @@ _SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
 }
 # Varargs: no argtypes; each call passes explicitly typed ctypes values.
 _VARARGS_PUSH = "rd_kafka_mock_push_request_errors"
+_VARARGS_BROKER_PUSH = "rd_kafka_mock_broker_push_request_error_rtts"
 _OPTIONAL = {"rd_kafka_mock_push_request_errors_array"}
 
 
@@ -144,6 +145,7 @@ def _load_library() -> ctypes.CDLL:
         function.restype = restype
         function.argtypes = argtypes
     getattr(lib, _VARARGS_PUSH).restype = None
+    getattr(lib, _VARARGS_BROKER_PUSH).restype = _c_int
     return lib
 
 
@@ -257,6 +259,25 @@ class MockCluster(StopsOnExit):
         varargs = [_c_int(code) for code in errors]
         getattr(self._lib, _VARARGS_PUSH)(
             _c_void_p(cluster), _c_int16(api_key), _c_size_t(len(errors)), *varargs
+        )
+
+    def push_broker_request_errors(
+        self, broker_id: int, api_key: int, errors_and_rtts: Sequence[tuple[int, int]]
+    ) -> None:
+        """Answer the next requests of type ``api_key`` that ``broker_id`` receives, in
+        order, each with its (error, rtt_ms): the error (0: handled as usual, e.g. a
+        produce written) and its response held back that long, as a busy network or
+        host delays it (a client whose request times out meanwhile retries it)."""
+        varargs = [_c_int(value) for pair in errors_and_rtts for value in pair]
+        self._check(
+            _VARARGS_BROKER_PUSH,
+            getattr(self._lib, _VARARGS_BROKER_PUSH)(
+                _c_void_p(self._handle()),
+                _c_int32(broker_id),
+                _c_int16(api_key),
+                _c_size_t(len(errors_and_rtts)),
+                *varargs,
+            ),
         )
 
     def clear_request_errors(self, api_key: int) -> None:

@@ -35,6 +35,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # confluent_kafka.admin does not declare it
 
 from pydory.daemon.books.durable import RunBooks
+from pydory.daemon.delivery.librdkafka_settings import (
+    books_admin_properties,
+    books_producer_properties,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +68,7 @@ class BooksPublisher:
         self._held: dict[str, RunBooks] = {}
         self._looked = threading.Event()  # the lookup's answer is in ``_lookup_found``
         self._lookup_found = False
-        self._producer: Producer | None = Producer(
-            {
-                **properties,
-                "enable.idempotence": True,
-                "linger.ms": 50,
-                "acks": "all",
-                "allow.auto.create.topics": False,
-            }
-        )
+        self._producer: Producer | None = Producer(books_producer_properties(properties))
         self.published = 0  # records Kafka acknowledged
         self.failed = 0
         self._failing = False
@@ -92,7 +88,7 @@ class BooksPublisher:
     def _find_or_create(self) -> bool:
         # Never created by looking (a producer's metadata request may ask the broker to
         # auto-create it, uncompacted): created below, compacted, or not at all.
-        admin = AdminClient({**self._properties, "allow.auto.create.topics": False})
+        admin = AdminClient(books_admin_properties(self._properties))
         try:
             topics = admin.list_topics(self.topic, timeout=_CREATE_TIMEOUT_S).topics
         except KafkaException as exc:

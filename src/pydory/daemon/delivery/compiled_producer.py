@@ -1,122 +1,79 @@
-"""The compiled producer: ``pydory._cproducer`` (a librdkafka producer driven from C), and
-what its polls report turned into the dispatcher's delivery reports.
+"""The compiled backend: ``pydory._cproducer`` (a librdkafka producer driven from C)
+behind the producer seam (``producer_backend.ProducerBackend``).
 
-confluent-kafka's ``Producer`` stays the reference (``PYDORY_PURE_PYTHON=1``, or when the
-extension is not built here): the same librdkafka, the same properties, the same reports.
-What differs is the cost per message: no callback object per message and no ``Message``
-object or Python call per delivery report; a poll hands back the acknowledged messages
-summed per (token, topic), failures one by one with what a resend needs, and the
-statistics, errors and log lines librdkafka queued (its event API).
+confluent-kafka's ``Producer`` stays the reference (``confluent_producer``): the same
+librdkafka, the same properties, the same reports. What differs is the cost per message:
+no callback object per message and no ``Message`` object or Python call per delivery
+report; a poll hands back a ``Polled`` record (named fields, built in C): the
+acknowledged messages summed per (token, topic), failures one by one with what a resend
+needs, and the statistics, errors and log lines librdkafka queued (its event API).
 
-One copy of librdkafka in the process: the extension links none; ``bind`` gives it the
-library confluent-kafka loaded (``loaded_librdkafka``).
+One copy of librdkafka in the process: the extension links none; :func:`bind` gives it the
+library confluent-kafka's own extension module (``confluent_kafka.cimpl``) loaded.
 
-Rule: a compiled poll's results become ``DeliveryReports`` entries in ``CompiledProducer`` alone.
+Rule: a compiled poll's records become ``DeliveryReports`` entries and ``PollSinks`` calls
+in `CompiledBackend` alone.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, cimpl
 
-from pydory.hotpath import PURE_PYTHON_VARIABLE
+from pydory.daemon.delivery.producer_backend import (
+    AckReport,
+    AckSum,
+    FailureReport,
+    PollSinks,
+    ReportedMessage,
+)
+
+if TYPE_CHECKING:
+    from pydory import _cproducer
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "CompiledProducer",
-    "ReportedMessage",
-    "burst_topics",
-    "compiled_producer_class",
-    "why",
-]
+__all__ = ["CompiledBackend", "bind", "burst_topics"]
 
+#: rd_kafka_msg_status_t: librdkafka knows the message never reached a broker's log.
+MSG_STATUS_NOT_PERSISTED: Final = 0
 #: librdkafka's syslog levels as Python's logging levels (confluent-kafka's own map).
 _LOG_LEVELS: Final = (50, 50, 50, 40, 30, 20, 20, 10)
 
-
-class ReportedMessage:
-    """A message a failed delivery report gave back: what confluent-kafka's ``Message``
-    offers the dispatcher (``topic()``, ``partition()``, ``key()``, ``value()``,
-    ``headers()``, ``len()``: the value's length)."""
-
-    __slots__ = ("_headers", "_key", "_partition", "_topic", "_value")
-
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes | None]] | None = None,
-    ) -> None:
-        self._topic, self._partition = topic, partition
-        self._key, self._value, self._headers = key, value, headers
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return self._headers
-
-    def __len__(self) -> int:
-        return len(self._value or b"")
+_module: Any = None
+#: Whether the compiled backend is the one running (``backends.use`` sets it): the
+#: intake's burst path, which sends through it, follows.
+in_use = False
 
 
-def loaded_librdkafka() -> Path:
-    """The librdkafka confluent-kafka loaded into this process (raises FileNotFoundError)."""
-    # confluent_kafka is imported (above): its cimpl, and so its librdkafka, is mapped.
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        for line in maps:
-            path = line.rstrip("\n").partition("/")[2]
-            if path and "librdkafka" in Path("/" + path).name:
-                return Path("/" + path)
-    raise FileNotFoundError("librdkafka is not mapped into this process")
+def bind() -> str:
+    """Bind ``pydory._cproducer`` to the librdkafka confluent-kafka loaded; what runs (raises
+    ImportError or OSError: why it cannot)."""
+    global _module
+    from pydory import _cproducer
+
+    version, library = _cproducer.bind(cimpl.__file__)
+    _module = _cproducer
+    return f"pydory._cproducer on librdkafka {version} ({library.rsplit('/', 1)[-1]})"
 
 
-def _load() -> tuple[Any, str]:
-    """The extension's module, bound to librdkafka, and why; or None and why not."""
-    if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
-        return None, f"{PURE_PYTHON_VARIABLE} is set"
-    try:
-        from pydory import _cproducer
-    except ImportError as error:
-        return None, f"the C extension is not built here ({error})"
-    try:
-        library = loaded_librdkafka()
-        version = _cproducer.bind(str(library))
-    except (OSError, ImportError) as error:
-        return None, f"cannot bind librdkafka: {error}"
-    return _cproducer, f"pydory._cproducer on librdkafka {version} ({library.name})"
-
-
-_module, why = _load()
-
-
-def compiled_producer_class() -> type[CompiledProducer] | None:
-    """CompiledProducer if the extension runs here, else None (use confluent-kafka)."""
-    return CompiledProducer if _module is not None else None
+def bound() -> Any:
+    """``pydory._cproducer`` bound to librdkafka, or None if :func:`bind` did not run (or
+    could not)."""
+    return _module
 
 
 def burst_topics() -> Callable[[list[Any], int], dict[str, tuple[int, int]] | None] | None:
     """``burst_topics(parsed, max_data)`` (per topic of a parsed burst: how many messages
-    fit ``max_data`` and their bytes) where the compiled producer runs, else None."""
-    return _module.burst_topics if _module is not None else None
+    fit ``max_data`` and their bytes) where the compiled backend runs, else None."""
+    if not in_use or _module is None:
+        return None
+    counts: Callable[[list[Any], int], dict[str, tuple[int, int]] | None]
+    counts = _module.burst_topics
+    return counts
 
 
 def _property_text(value: Any) -> str:
@@ -126,43 +83,28 @@ def _property_text(value: Any) -> str:
     return str(value)
 
 
-@dataclass
-class PollSinks:
-    """Where a poll's results go (see ProducerHandle): the reports, and the handlers of
-    statistics, non-fatal errors and a fatal error, each safe to call from its thread."""
-
-    reports: Any  # producer.DeliveryReports (not imported: producer.py imports this)
-    handle: object  # the producer.ProducerHandle the failures name
-    on_statistics: Callable[[str], None] | None
-    on_broker_error: Callable[[Any], None] | None
-    on_fatal_error: Callable[[KafkaError], None]
-    logger: logging.Logger
-
-
-class CompiledProducer:
+class CompiledBackend:
     """A ``pydory._cproducer.Producer`` with confluent-kafka's ``Producer`` properties
     (callables and the logger are pydory's own, not librdkafka's: taken out)."""
 
-    def __init__(self, properties: dict[str, Any]) -> None:
-        self.logger: logging.Logger = properties.get("logger") or logging.getLogger(
-            "pydory.librdkafka"
-        )
+    name: ClassVar[str] = "compiled"
+
+    def __init__(self, properties: dict[str, Any], sinks: PollSinks) -> None:
+        self._sinks = sinks
         settings = {
             name: _property_text(value)
             for name, value in properties.items()
             if not callable(value) and not isinstance(value, logging.Logger)
         }
+        if _module is None:
+            raise RuntimeError("compiled_producer.bind() was not called")
         try:
-            self._producer = _module.Producer(settings)
+            self._producer: _cproducer.Producer = _module.Producer(settings)
         except ValueError as error:  # librdkafka refused a property: its own words
             raise KafkaException(KafkaError(KafkaError._INVALID_ARG, str(error))) from None
-        #: The C call itself, bound once: ``produce(topic, partition, value, key,
-        #: timestamp_ms, partition_key, attempt, token, maybe_in_kafka, headers)`` (the
-        #: fields of ``Dispatcher.send``, in its order) -> 0 or librdkafka's error code.
         self.produce: Callable[..., int] = self._producer.produce
-        #: ``produce_burst(parsed, headers, topic, max_data, runs, token)`` ->
-        #: ``[(index, code)]`` refused (see admission/burst_path.py).
-        self.produce_burst: Callable[..., list[tuple[int, int]]] = self._producer.produce_burst
+        self.produce_burst: Callable[..., list[tuple[int, int]]] | None
+        self.produce_burst = self._producer.produce_burst
 
     def __len__(self) -> int:
         return len(self._producer)
@@ -173,56 +115,61 @@ class CompiledProducer:
     def close(self) -> None:
         self._producer.close()
 
-    def serve(self, timeout_s: float, each_ack: bool, sinks: PollSinks) -> bool:
-        """One poll: waits up to ``timeout_s`` for the first event; False if none came."""
-        result = self._producer.poll(timeout_s, each_ack)
-        if result is None:
-            return False
-        sums, acks, failures, events = result
+    def flush(self, timeout_s: float) -> None:
+        # One poll waiting up to timeout_s: the closing thread asks again until done.
+        self.poll(timeout_s, False)
+
+    def poll(self, timeout_s: float, each_ack: bool) -> None:
+        polled = self._producer.poll(timeout_s, each_ack)
+        if polled is None:
+            return
+        sinks = self._sinks
         reports = sinks.reports
-        if sums:
-            reports.ack_sums.extend(sums)
-        if acks:
+        if polled.ack_sums:
+            reports.ack_sums.extend(AckSum(*entry) for entry in polled.ack_sums)
+        if polled.acks:
             append = reports.acks.append
-            for topic, partition, key, value, timestamp_ms, token in acks:
-                append((ReportedMessage(topic, partition, key, value), token, timestamp_ms))
-        for failure in failures:
+            for ack in polled.acks:
+                message = ReportedMessage(ack.topic, ack.partition, ack.key, ack.value)
+                append(AckReport(message, ack.token, ack.timestamp_ms))
+        for failure in polled.failures:
             reports.failures.append(self._failure_report(failure, sinks.handle))
-        for event in events:
-            self._event(event, sinks)
-        return True
+        for event in polled.events:
+            self._event(event)
+        if polled.stopped_by is not None:
+            # The report it could not convert, and all after it, stay held: the next poll
+            # serves them (nothing is lost; the loop goes on polling).
+            log.error("a poll stopped on %s; the rest stays queued", polled.stopped_by.__name__)
 
     @staticmethod
-    def _failure_report(failure: tuple[Any, ...], handle: object) -> Any:
-        # librdkafka's persisted status (last) is not read: outcomes.py decides by the
-        # error code, for both producers alike.
-        code, topic, partition, key, value, timestamp_ms, headers = failure[:7]
-        token, partition_key, attempt, maybe_in_kafka, _status = failure[7:]
-        message = ReportedMessage(topic, partition, key, value, headers)
-        return (
-            KafkaError(code),
+    def _failure_report(failure: _cproducer.Failure, handle: object) -> FailureReport:
+        message = ReportedMessage(
+            failure.topic, failure.partition, failure.key, failure.value, failure.headers
+        )
+        return FailureReport(
+            KafkaError(failure.code),
             message,
-            timestamp_ms,
-            partition_key,
-            attempt,
-            token,
+            failure.timestamp_ms,
+            failure.partition_key,
+            failure.attempt,
+            failure.token,
             handle,
-            maybe_in_kafka,
-            headers,
+            failure.maybe_in_kafka,
+            failure.headers,
+            failure.status != MSG_STATUS_NOT_PERSISTED,
         )
 
-    def _event(self, event: tuple[Any, ...], sinks: PollSinks) -> None:
-        kind = event[0]
-        if kind == "stats":
+    def _event(self, event: _cproducer.Statistics | _cproducer.Error | _cproducer.Log) -> None:
+        sinks = self._sinks
+        if isinstance(event, _module.Statistics):
             if sinks.on_statistics is not None:
-                sinks.on_statistics(event[1])
-        elif kind == "error":
-            _, code, text, fatal = event
-            if fatal:
-                sinks.on_fatal_error(KafkaError(code, text, fatal=True))
+                sinks.on_statistics(event.json)
+        elif isinstance(event, _module.Error):
+            if event.fatal:
+                sinks.on_fatal_error(KafkaError(event.code, event.text, fatal=True))
             elif sinks.on_broker_error is not None:
-                sinks.on_broker_error(KafkaError(code, text))
-        elif kind == "log":
-            _, level, facility, name, text = event
+                sinks.on_broker_error(KafkaError(event.code, event.text))
+        elif isinstance(event, _module.Log):
+            level = event.level
             level = _LOG_LEVELS[level] if 0 <= level < len(_LOG_LEVELS) else logging.DEBUG
-            sinks.logger.log(level, "%s [%s] %s", facility, name, text)
+            sinks.logger.log(level, "%s [%s] %s", event.facility, event.name, event.text)

@@ -4,16 +4,16 @@ producer, serves the producers, and settles their delivery reports on the ``Ledg
 librdkafka (seed 003) does the network work: its broker threads batch, compress, send and
 retry. This module only decides *which* producer a message goes to (one per
 ``ProducerProfile``: librdkafka_settings maps Dory's settings onto librdkafka properties,
-docs/librdkafka-mapping.md), and acts on each delivery report's outcome (decided in
-``outcomes``): delivered, rerouted, or discarded with a reason.
+docs/librdkafka-mapping.md), and hands each batch of delivery reports to ``settlement``
+(the outcome decided in ``outcomes``): delivered, rerouted, or discarded with a reason.
 
 Threads: everything runs on the event-loop thread, librdkafka's own C threads aside.
 The loop serves each producer's callbacks with ``poll(0)``, which never blocks: once after
 every burst of sends (``call_soon``), then every BUSY_POLL_INTERVAL_S while librdkafka
 holds messages, and every IDLE_POLL_INTERVAL_S otherwise (statistics, librdkafka's log
 lines and fatal errors also arrive through ``poll``). A delivery callback only appends to
-a queue; the loop then settles the queue in one batch: acknowledgements counted per topic
-and per commit-point token, failures one by one (reroute or discard). The statistics
+a queue; the loop then settles the queue in one batch (``settlement``): failures one by
+one (reroute or discard), then acknowledgements counted per topic and per token. The statistics
 (``kafka_stats``) also tell the router which brokers it cannot reach; a fatal error
 retires the producer and a new one replaces it. Only a producer being closed (shutdown,
 or after a fatal error) is served by a thread of its own (``producer``): it flushes,
@@ -26,20 +26,17 @@ token: delivered, or discarded; a reroute is a new ``Dispatcher.send`` of the sa
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from confluent_kafka import KafkaException
 
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.msg_debug import MsgDebug
-from pydory.daemon.books.pool import message_cost, messages_cost, pool_cost
 from pydory.daemon.delivery.broker_trouble import count_broker_trouble
 from pydory.daemon.delivery.kafka_stats import (
     STATS_INTERVAL_MS,
@@ -53,21 +50,13 @@ from pydory.daemon.delivery.librdkafka_settings import (
     producer_properties,
 )
 from pydory.daemon.delivery.outcomes import (
-    POSSIBLY_PERSISTED,
-    Delivered,
-    Discard,
-    EnqueueRefused,
-    FinalOutcome,
     Ledger,
-    PossiblyDelivered,
-    Reroute,
-    failure_outcome,
     no_producer_refusal,
     produce_refusal,
-    resend_refused,
 )
-from pydory.daemon.delivery.producer import AckReport, AckSum, DeliveryReports, ProducerHandle
-from pydory.daemon.delivery.router import NO_LEADER, Router
+from pydory.daemon.delivery.producer import DeliveryReports, ProducerHandle
+from pydory.daemon.delivery.router import Router
+from pydory.daemon.delivery.settlement import Settlement
 from pydory.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -114,7 +103,6 @@ class Dispatcher:
         self._on_partition_trouble = on_partition_trouble
         self._stats = stats
         self._counters = counters if counters is not None else Counters()
-        self._max_attempts = max(1, settings.max_failed_delivery_attempts)
         self._by_profile: dict[ProducerProfile, ProducerHandle] = {}
         self._by_topic: dict[str, ProducerHandle] = {}
         self._retired: set[ProducerHandle] = set()  # replaced, still settling what they held
@@ -129,18 +117,22 @@ class Dispatcher:
         self._in_flight_by_topic = in_flight_by_topic
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._kept_on_disk = kept_on_disk
-        # librdkafka's idempotent producer, once a message times out in flight, bumps its
-        # epoch and renumbers what it still holds: a batch already written may be written
-        # again and reported delivered once (its INTRODUCTION.md, "Message timeout
-        # considerations"; confluentinc/librdkafka#4953). Which ones, confluent-kafka does
-        # not say, so every message sent before such a failure (its token at most this)
-        # and acknowledged after it is flagged a possible duplicate, until nothing sent
-        # before it is held any more. Tokens never decrease in send order (send()).
+        # The newest token sent (tokens never decrease in send order): the
+        # possible-duplicate window (settlement) opens up to it.
         self._newest_token = 0
-        self._suspect_through: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.rerouted = 0
         self._closing = False
+        self._settlement = Settlement(
+            ledger,
+            router,
+            self._msg_debug,
+            kept_on_disk,
+            resend=self.send,
+            on_partition_trouble=on_partition_trouble,
+            newest_token=lambda: self._newest_token,
+            shutting_down=lambda: self._closing,
+        )
+        self._settlement.max_attempts = max(1, settings.max_failed_delivery_attempts)
         if stats is not None:
             stats.subscribe(self._apply_liveness)
 
@@ -176,8 +168,18 @@ class Dispatcher:
             handle = self._by_topic.get(topic) or self._handle_for(topic)
         if handle is None or handle.closed:
             raise no_producer_refusal()
-        refused = handle.send_message(topic, partition, value, key, timestamp_ms, partition_key,
-                                      attempt, token, maybe_in_kafka, headers)  # fmt: skip
+        refused = handle.send_message(
+            topic,
+            partition,
+            value,
+            key,
+            timestamp_ms,
+            partition_key,
+            attempt,
+            token,
+            maybe_in_kafka,
+            headers,
+        )
         if refused:
             raise produce_refusal(refused)
         if attempt == 1:
@@ -186,14 +188,14 @@ class Dispatcher:
             self.note_sent(self._newest_token)
 
     def burst_sender(self, topic: str) -> Callable[..., list[tuple[int, int]]] | None:
-        """``produce_burst`` of ``topic``'s compiled producer (admission/burst_path.py),
-        or None if its producer is not one (then ``send`` each message)."""
+        """``produce_burst`` of ``topic``'s producer (admission/burst_path.py), or None if
+        its backend has none (then ``send`` each message)."""
         handle = self._by_topic.get(topic) or self._handle_for(topic)
         if handle is not None and handle.fatal_error is not None:
             self._replace(handle)  # as send() does
             handle = self._by_topic.get(topic) or self._handle_for(topic)
-        compiled = handle and handle.compiled
-        return compiled.produce_burst if compiled else None
+        backend = handle.backend if handle is not None else None
+        return backend.produce_burst if backend is not None else None
 
     def note_sent(self, token: int) -> None:
         """First attempts under ``token`` were handed to librdkafka: poll soon."""
@@ -290,7 +292,7 @@ class Dispatcher:
             ) from None
         retiring = [h for h in self._by_profile.values() if h not in wanted.values()]
         self._profile_for = profile_for
-        self._max_attempts = max(1, settings.max_failed_delivery_attempts)
+        self._settlement.max_attempts = max(1, settings.max_failed_delivery_attempts)
         self._by_profile = wanted
         self._by_topic = {}  # each topic finds its producer again with its next message
         for handle in retiring:
@@ -378,14 +380,14 @@ class Dispatcher:
         """Serve every running producer's ready callbacks, settle the reports, and come
         back soon if librdkafka still holds messages (else at the idle pace)."""
         self._poll_scheduled = False
-        each_ack = self._msg_debug.active or self._suspect_through is not None
+        each_ack = self._msg_debug.active or self._settlement.window_open
         for handle in list(self._by_profile.values()):
             handle.report_each_ack = each_ack
             handle.serve()
         self._drain_reports()
         busy = self.in_librdkafka() > 0
         if not busy:
-            self._suspect_through = None  # everything sent before the failure has settled
+            self._settlement.close_window()  # everything sent before the failure has settled
         self._arm_poll_timer(BUSY_POLL_INTERVAL_S if busy else IDLE_POLL_INTERVAL_S)
 
     def _arm_poll_timer(self, delay_s: float) -> None:
@@ -417,141 +419,7 @@ class Dispatcher:
         """Settle every report waiting: failures one by one (each needs its own decision),
         then acknowledgements as one batch, per topic and per token."""
         self._drain_scheduled = False
-        # Failures first: one may open the possible-duplicate window for the acks after it.
-        failures = self._reports.failures
-        while failures:
-            self._settle_failure(*failures.popleft())
-        acks, sums = self._reports.acks, self._reports.ack_sums
-        if acks or sums:
-            self._settle_acks(acks, sums)
-
-    def _settle_acks(
-        self, acks: collections.deque[AckReport], sums: collections.deque[AckSum]
-    ) -> None:
-        if self._msg_debug.active:  # one check per batch
-            self._trace_acks(acks)
-        if self._suspect_through is not None:  # one check per batch
-            self._flag_suspects(acks, self._suspect_through)
-        per_token: dict[int, dict[str, int]] = {}  # as cheap as two flat counts
-        cost = 0
-        pop = acks.popleft
-        cost_of = message_cost
-        while acks:
-            msg, token, _ = pop()
-            topic = msg.topic()
-            key = msg.key()
-            topics = per_token.get(token) or per_token.setdefault(token, {})
-            topics[topic] = topics.get(topic, 0) + 1
-            # len(msg) is the value's length, without copying it out.
-            cost += cost_of(topic, len(msg) + (len(key) if key else 0))
-        while sums:  # the compiled producer's: summed per (token, topic) already
-            token, topic, n, data_bytes = sums.popleft()
-            topics = per_token.get(token) or per_token.setdefault(token, {})
-            topics[topic] = topics.get(topic, 0) + n
-            cost += messages_cost(topic, n, data_bytes)
-        self._ledger.delivered(Delivered.of(per_token, cost))
-
-    def _flag_suspects(self, acks: collections.deque[AckReport], through: int) -> None:
-        """Each acknowledged message sent before the last failure after which librdkafka
-        may have renumbered what it held: a possible duplicate (see ``__init__``)."""
-        possible_duplicate = self._ledger.possible_duplicate
-        for msg, token, timestamp_ms in acks:
-            if token <= through:
-                possible_duplicate(msg.topic(), timestamp_ms)
-
-    def _trace_acks(self, acks: collections.deque[AckReport]) -> None:
-        """Message debugging: a ``msg_got_ack`` line per acknowledged traced message."""
-        msg_debug = self._msg_debug
-        for msg, _, timestamp_ms in acks:
-            topic = msg.topic()
-            if msg_debug.traces(topic):
-                msg_debug.acknowledged(topic, msg.partition(), msg.key(), msg.value(), timestamp_ms)
-
-    def _settle_failure(
-        self,
-        err: Any,
-        msg: Any,
-        timestamp_ms: int,
-        partition_key: int | None,
-        attempt: int,
-        token: int,
-        handle: ProducerHandle,
-        maybe_in_kafka: bool = False,
-        headers: Any = None,
-    ) -> None:
-        topic: str = msg.topic()
-        outcome = failure_outcome(
-            err.code(),
-            err.name(),
-            error_is_fatal=err.fatal(),
-            producer_fatal_error=handle.fatal_error,
-            topic_known=self._router.knows(topic),
-            attempt=attempt,
-            max_attempts=self._max_attempts,
-            shutting_down=self._closing,
-            maybe_in_kafka_before=maybe_in_kafka,
-            in_spool=self._kept_on_disk(token),
-        )
-        if err.code() in POSSIBLY_PERSISTED and not self._closing:
-            self._suspect_through = self._newest_token
-        # Sent before such a failure (its own included): librdkafka may have written it
-        # twice, and a copy in Kafka may then be a second one.
-        renumbered = self._suspect_through is not None and token <= self._suspect_through
-        if not isinstance(outcome, Reroute):
-            if renumbered and isinstance(outcome, PossiblyDelivered):
-                self._ledger.possible_duplicate(topic, timestamp_ms)
-            self._settle(msg, timestamp_ms, outcome, token, headers)
-            return
-        if outcome.possible_duplicate or renumbered:
-            self._ledger.possible_duplicate(topic, timestamp_ms)
-        maybe_in_kafka = maybe_in_kafka or outcome.possible_duplicate
-        self._reroute(msg, timestamp_ms, partition_key, attempt + 1, token, maybe_in_kafka, headers)
-
-    def _settle(
-        self, msg: Any, timestamp_ms: int, outcome: FinalOutcome, token: int, headers: Any
-    ) -> None:
-        topic = msg.topic()
-        cost, ledger = pool_cost(topic, msg.key(), msg.value()), self._ledger
-        why = outcome.detail if isinstance(outcome, Discard | PossiblyDelivered) else ""
-        if isinstance(outcome, Discard):
-            ledger.discarded(outcome.reason, topic, timestamp_ms, why, cost, token)
-        elif isinstance(outcome, PossiblyDelivered):
-            ledger.possibly_delivered(topic, timestamp_ms, msg, why, cost, token, headers)
-        else:
-            ledger.left_for_next_start(topic, cost, token)
-
-    def _reroute(
-        self,
-        msg: Any,
-        timestamp_ms: int,
-        partition_key: int | None,
-        attempt: int,
-        token: int,
-        maybe_in_kafka: bool,
-        headers: Any,
-    ) -> None:
-        """Send again, under the identity it was first sent with: an AnyPartition message
-        to another available partition, a PartitionKey one by the key rule."""
-        topic = msg.topic()
-        failed = msg.partition()
-        layout = self._router.layout(topic)
-        if layout is not None and layout.leaders.get(failed, NO_LEADER) != NO_LEADER:
-            # Metadata still names a leader for the partition that failed: it is stale.
-            self._on_partition_trouble()
-        if partition_key is None:
-            partition = self._router.any_partition(topic, avoid=failed)
-        else:
-            partition = self._router.partition_key_partition(topic, partition_key)
-        self.rerouted += 1
-        try:
-            self.send(topic, partition, msg.value(), msg.key(), timestamp_ms, partition_key,
-                      attempt, token, maybe_in_kafka, headers)  # fmt: skip
-        except EnqueueRefused as refusal:
-            self._settle(msg, timestamp_ms, resend_refused(refusal, maybe_in_kafka), token, headers)
-            return
-        msg_debug = self._msg_debug
-        if msg_debug.active and msg_debug.traces(topic):
-            msg_debug.sent(topic, partition, msg.key(), msg.value(), timestamp_ms)
+        self._settlement.settle(self._reports)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -559,6 +427,11 @@ class Dispatcher:
         """Messages librdkafka holds (queued, in flight, or reports not yet served)."""
         handles = [*self._by_profile.values(), *self._retired]
         return sum(h.queue_length() for h in handles) + len(self._reports)
+
+    @property
+    def rerouted(self) -> int:
+        """Messages sent again after a failed attempt."""
+        return self._settlement.rerouted
 
     @property
     def producers(self) -> Mapping[ProducerProfile, ProducerHandle]:

@@ -5,11 +5,18 @@ document and the code can be read side by side: :func:`delivery_settings` and
 :func:`producer_profile` read the config, :func:`producer_properties` makes one
 producer's properties from them.
 
-Rule: every librdkafka property pydory sets for a producer is set here alone, from the
-config (the statistics callback aside, which the producer binds to itself), and a
-property of the config's <librdkafka> section that pydory owns
-(``pydory.config.librdkafka``) is refused here too (``DeliverySettings`` cannot hold
-one), as a second line of defence behind the config loader.
+Every librdkafka client pydory makes takes its properties from here: the producers
+(:func:`producer_properties`), the metadata client (:func:`metadata_client_properties`)
+and the books' publisher and its admin client (:func:`books_producer_properties`,
+:func:`books_admin_properties`).
+
+Rule: every librdkafka property pydory sets is set here alone, from the config (the
+callbacks aside, which each backend binds to itself, and ``log.queue``, which
+``_cproducer.c`` sets because its poll reads log lines from the main queue: how it
+serves events, not a setting), and a property of the config's <librdkafka> section
+that pydory owns (``pydory.config.librdkafka``) is refused here too
+(``DeliverySettings`` cannot hold one), as a second line of defence behind the config
+loader.
 """
 
 from __future__ import annotations
@@ -122,6 +129,30 @@ def producer_properties(
     if statistics:
         properties = {"statistics.interval.ms": STATS_INTERVAL_MS, **properties}
     return properties
+
+
+def metadata_client_properties(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata client's: the cluster's, and a topic it asks about auto-created (how
+    Dory requests topic creation: list_topics(topic) on a producer)."""
+    return {**cluster, "allow.auto.create.topics": True}
+
+
+def books_producer_properties(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """The books' publisher's producer: the cluster's, each record written once and
+    acknowledged by every in-sync replica, a few records per request, and the books'
+    topic never auto-created (it is created compacted, or not at all)."""
+    return {
+        **cluster,
+        "enable.idempotence": True,
+        "linger.ms": 50,
+        "acks": "all",
+        "allow.auto.create.topics": False,
+    }
+
+
+def books_admin_properties(cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """The admin client that looks the books' topic up (and creates it)."""
+    return {**cluster, "allow.auto.create.topics": False}
 
 
 def delivery_settings(config: Config) -> DeliverySettings:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from pydory.daemon.delivery.librdkafka_settings import metadata_client_properties
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,7 @@ class MetadataService:
         refuses them. A producer that never produces: list_topics(topic) on a producer
         also asks the broker to auto-create the topic, which is how Dory requests topic
         creation."""
-        return MetadataClient({**properties, "allow.auto.create.topics": True})
+        return MetadataClient(metadata_client_properties(properties))
 
     def use_client(self, client: MetadataClient) -> None:
         """A config reload changed the brokers or librdkafka's properties: fetch through

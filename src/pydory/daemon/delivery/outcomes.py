@@ -111,21 +111,28 @@ def failure_outcome(
     shutting_down: bool,
     maybe_in_kafka_before: bool = False,
     in_spool: bool = False,
+    possibly_persisted: bool = False,
 ) -> FinalOutcome | Reroute:
     """The outcome of a failed delivery report: librdkafka's error ``code`` (named
     ``error_name``, fatal or not) for a message sent ``attempt`` times of at most
     ``max_attempts``, by a producer that has had a fatal error (``producer_fatal_error``)
     or not, for a topic the router still knows or not, while the daemon runs or shuts
     down; ``maybe_in_kafka_before``: an earlier attempt ended in a POSSIBLY_PERSISTED
-    error; ``in_spool``: the message is on disk for the next start.
+    error; ``in_spool``: the message is on disk for the next start;
+    ``possibly_persisted``: librdkafka says this attempt may be in the log whatever its
+    error (a request holding it timed out after it was sent, then was retried).
 
     The first rule that applies decides. A final failure of a message that may be in
     Kafka (this error or an earlier one) is possibly delivered, not discarded.
     """
-    maybe_in_kafka = maybe_in_kafka_before or code in POSSIBLY_PERSISTED
+    this_attempt_maybe = possibly_persisted or code in POSSIBLY_PERSISTED
+    maybe_in_kafka = maybe_in_kafka_before or this_attempt_maybe
     verdict: Discard
     if producer_fatal_error is not None:
-        # Whatever the failed producer still held: its fatal error is the verdict.
+        # Whatever the failed producer still held: its fatal error is the verdict. By the
+        # error code alone: after a fatal error librdkafka marks every message it fails
+        # possibly persisted, the ones the broker refused too.
+        maybe_in_kafka = maybe_in_kafka_before or code in POSSIBLY_PERSISTED
         verdict = Discard(DiscardReason.KAFKA_ERROR, producer_fatal_error)
     elif code in _PURGED or (shutting_down and code not in _PERMANENT):
         # Nothing will poll for a resend's report once the producers stop.
@@ -137,7 +144,7 @@ def failure_outcome(
     elif attempt >= max_attempts:
         verdict = Discard(DiscardReason.FAILED_DELIVERY_ATTEMPTS, error_name)
     else:
-        return Reroute(possible_duplicate=code in POSSIBLY_PERSISTED)
+        return Reroute(possible_duplicate=this_attempt_maybe)
     return PossiblyDelivered(verdict.detail) if maybe_in_kafka else verdict
 
 
