@@ -11,7 +11,7 @@ import pytest
 from receivers import RECEIVE_TIMEOUT_S
 
 # The Kafka fixtures: the installed package registers no pytest plugin of its own.
-pytest_plugins = ["pydory.testing.pytest_plugin"]
+pytest_plugins = ["pydory_tools.testing.pytest_plugin"]
 
 
 @pytest.fixture

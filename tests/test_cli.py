@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pydory.cli import build_parser, main
-from pydory.commands import demo as demo_command
+from pydory_tools.commands import demo as demo_command
 
 COMMANDS = ("serve", "send", "config", "demo")
 

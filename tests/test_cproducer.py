@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from helpers import wait_until
 from pydory.daemon.delivery import compiled_producer
 from pydory.hotpath import identity_headers
-from pydory.testing.mock_cluster import ApiKey, MockCluster
+from pydory_tools.testing.mock_cluster import ApiKey, MockCluster
 
 pytestmark = pytest.mark.skipif(
     compiled_producer.compiled_producer_class() is None,

@@ -36,10 +36,10 @@ from pydory.daemon.delivery.librdkafka_settings import DeliverySettings, Produce
 from pydory.daemon.delivery.outcomes import Delivered
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.errors import DaemonUnavailable
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 from pydory.wire import encode_any_partition, encode_partition_key
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 
 
 @pytest.fixture

@@ -53,10 +53,10 @@ from confluent_kafka.admin import AdminClient
 from helpers import assert_balanced, wait_until
 from pydory.client import DatagramSender, UnixStreamSender
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, BEFORE_ACCEPTANCE
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import ConsumedRecord, consume_all
 from pydory.wire import encode_any_partition, encode_partition_key
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import ConsumedRecord, consume_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

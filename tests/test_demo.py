@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from pydory.cli import main
-from pydory.demo import RATE_LIMIT_MAX_COUNT
+from pydory_tools.demo import RATE_LIMIT_MAX_COUNT
 
 COUNT = 300  # messages per well-behaved client: enough for every stage to have work
 #: With --sigkill: enough that the clients still send after each restart. Stream clients

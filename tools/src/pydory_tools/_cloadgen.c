@@ -1,6 +1,6 @@
-/* pydory._cloadgen: the benchmark's load generator's write loop in C (issue 25).
+/* pydory_tools._cloadgen: the benchmark's load generator's write loop in C (issue 25).
  *
- * Rule: it writes exactly what pydory/bench/generator.py's Writer.send_messages writes, in
+ * Rule: it writes exactly what pydory_tools/bench/generator.py's Writer.send_messages writes, in
  * the same order and the same writes (one send per message or per batch of messages), and
  * nothing else; the Python loop stays the reference (tests/test_bench.py compares them).
  *
@@ -110,7 +110,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "pydory._cloadgen",
+    .m_name = "pydory_tools._cloadgen",
     .m_doc = "The benchmark's load generator's write loop in C (see _cloadgen.c).",
     .m_size = -1,
     .m_methods = module_methods,

@@ -43,11 +43,11 @@ from pydory.client import encode_message
 from pydory.errors import PydoryError
 from pydory.pipeline.reconcile import AuditReport
 from pydory.status_client import StatusHttp
-from pydory.testing.daemon import DaemonConfig
-from pydory.testing.kafka_broker import KafkaBrokerError, KafkaCluster
-from pydory.testing.kafka_util import admin_create_topic
-from pydory.testing.mock_cluster import MockCluster
-from pydory.testing.tansu import TansuBroker
+from pydory_tools.testing.daemon import DaemonConfig
+from pydory_tools.testing.kafka_broker import KafkaBrokerError, KafkaCluster
+from pydory_tools.testing.kafka_util import admin_create_topic
+from pydory_tools.testing.mock_cluster import MockCluster
+from pydory_tools.testing.tansu import TansuBroker
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery

@@ -1,13 +1,13 @@
 """``pydory demo --sigkill N``: the demo with the daemon SIGKILLed N times while its clients
 send, then landed once and audited from the books topic, as a fleet would be.
 
-What it runs, in order, each stage timed on one line (:mod:`pydory.demo` has the rest):
+What it runs, in order, each stage timed on one line (:mod:`pydory_tools.demo` has the rest):
 
 1. Apache Kafka (or your cluster), the demo topics and the books topic (compacted);
 2. the daemon (``pydory serve``) with its spool on and a host id, publishing each run's
    books to the books topic;
 3. client threads on all three transports, each value unique (``<client>/<n>``), that
-   survive the daemon's restarts (:class:`pydory.testing.kill_loop.SurvivingClient`);
+   survive the daemon's restarts (:class:`pydory_tools.testing.kill_loop.SurvivingClient`);
    meanwhile the daemon is SIGKILLed N times, each after a random number of messages
    accepted since its start, and started again on the same config and spool: each start
    rebuilds the killed run's books from the spool and replays what was not acknowledged;
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pydory.demo import (
+from pydory_tools.demo import (
     CLIENT_TIMEOUT_S,
     DAEMON_START_TIMEOUT_S,
     SETTLE_TIMEOUT_S,
@@ -45,10 +45,10 @@ from pydory.demo import (
     stderr_to,
     verdict,
 )
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.daemon_process import DaemonDidNotStart
-from pydory.testing.kafka_util import admin_create_topic
-from pydory.testing.kill_loop import (
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.daemon_process import DaemonDidNotStart
+from pydory_tools.testing.kafka_util import admin_create_topic
+from pydory_tools.testing.kill_loop import (
     KilledDaemon,
     KillLoopError,
     SurvivingClient,

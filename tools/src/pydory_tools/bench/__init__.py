@@ -16,9 +16,9 @@ kind), harness (the interleaved rounds), report (min / median / max, text and JS
 
 from __future__ import annotations
 
-from pydory.bench.child import BenchError
-from pydory.bench.harness import run_bench
-from pydory.bench.report import BenchReport
-from pydory.bench.settings import BenchSettings
+from pydory_tools.bench.child import BenchError
+from pydory_tools.bench.harness import run_bench
+from pydory_tools.bench.report import BenchReport
+from pydory_tools.bench.settings import BenchSettings
 
 __all__ = ["BenchError", "BenchReport", "BenchSettings", "run_bench"]

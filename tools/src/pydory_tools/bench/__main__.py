@@ -1,7 +1,7 @@
-"""``python -m pydory.bench``: see pydory.bench.cli."""
+"""``python -m pydory_tools.bench``: see pydory_tools.bench.cli."""
 
 import sys
 
-from pydory.bench.cli import main
+from pydory_tools.bench.cli import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """The protocol between the harness and its child processes, both sides.
 
-A child (generator, raw sink, direct producer) is ``python -m pydory.bench.<module> JOB``
+A child (generator, raw sink, direct producer) is ``python -m pydory_tools.bench.<module> JOB``
 with a JSON job. It prepares, prints one JSON line ``{"ready": {...}}``, waits for the
 line ``go`` on stdin, does its work, prints ``{"result": {...}}`` and exits 0; on failure
 it prints ``{"error": "..."}`` and exits 1. Every job carries ``deadline_s``: a child
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pydory.errors import PydoryError
-from pydory.testing.lifecycle import terminate_then_kill
+from pydory_tools.testing.lifecycle import terminate_then_kill
 
 #: How long a child may take to stop after SIGTERM before it is killed.
 STOP_GRACE_S = 5.0

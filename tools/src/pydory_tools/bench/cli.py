@@ -1,6 +1,6 @@
-"""The benchmark's command line, shared by ``pydory bench`` and ``python -m pydory.bench``.
+"""The benchmark's command line, shared by ``pydory bench`` and ``python -m pydory_tools.bench``.
 
-``python -m pydory.bench`` imports nothing of the daemon, so it runs even while the
+``python -m pydory_tools.bench`` imports nothing of the daemon, so it runs even while the
 daemon's modules in this tree are being changed (and with --daemon-src, measures another
 checkout's daemon).
 """
@@ -16,9 +16,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pydory.bench.child import BenchError
-from pydory.bench.harness import run_bench
-from pydory.bench.settings import COMPRESSIONS, TRANSPORTS, BenchSettings
+from pydory_tools.bench.child import BenchError
+from pydory_tools.bench.harness import run_bench
+from pydory_tools.bench.settings import COMPRESSIONS, TRANSPORTS, BenchSettings
 
 DESCRIPTION = (
     "Start a librdkafka mock cluster (3 brokers, 1 topic of 8 partitions), pydory serve, "
@@ -151,7 +151,7 @@ def _unwind_on_sigterm() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pydory.bench``: the same options as ``pydory bench``."""
-    parser = argparse.ArgumentParser(prog="python -m pydory.bench", description=DESCRIPTION)
+    """``python -m pydory_tools.bench``: the same options as ``pydory bench``."""
+    parser = argparse.ArgumentParser(prog="python -m pydory_tools.bench", description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydory.bench.child import BenchError, stderr_tail, stop_process
 from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp
-from pydory.testing.daemon_config import DaemonConfig
+from pydory_tools.bench.child import BenchError, stderr_tail, stop_process
+from pydory_tools.testing.daemon_config import DaemonConfig
 
 #: Between two looks at the status interface while the daemon starts.
 STARTUP_POLL_S = 0.05

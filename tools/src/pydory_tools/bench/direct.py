@@ -1,7 +1,7 @@
 """The direct baseline: one Python process producing the same messages with confluent-kafka.
 
-``python -m pydory.bench.direct JOB`` (protocol: pydory.bench.child). The job: bootstrap,
-topic, messages, value_bytes, linger_ms, compression, seed, probe_topic, probe_every,
+``python -m pydory_tools.bench.direct JOB`` (protocol: pydory_tools.bench.child). The job:
+bootstrap, topic, messages, value_bytes, linger_ms, compression, seed, probe_topic, probe_every,
 deadline_s. It sends the same latency probes as the generators, so that the two
 latency figures come from one method.
 
@@ -25,8 +25,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from pydory.bench import workload
-from pydory.bench.child import BenchError, WaitForGo, child_main, time_left
+from pydory_tools.bench import workload
+from pydory_tools.bench.child import BenchError, WaitForGo, child_main, time_left
 
 #: How long produce() waits in poll() for room when librdkafka's queue is full.
 QUEUE_FULL_WAIT_S = 0.01

@@ -1,14 +1,14 @@
 """The load generator: one child process writing pre-encoded messages as fast as it can.
 
-``python -m pydory.bench.generator JOB`` (see pydory.bench.child for the protocol). The job:
-transport (dgram | stream | tcp), address (socket path or TCP port), messages, value_bytes,
-batch (messages per stream write), topic, probe_topic, probe_every (0: no probes), seed,
-deadline_s. Writes block when the receiver is slower (a full datagram queue, a full
-stream buffer): that is the backpressure being measured, not an error.
+``python -m pydory_tools.bench.generator JOB`` (see pydory_tools.bench.child for the
+protocol). The job: transport (dgram | stream | tcp), address (socket path or TCP port),
+messages, value_bytes, batch (messages per stream write), topic, probe_topic, probe_every
+(0: no probes), seed, deadline_s. Writes block when the receiver is slower (a full datagram
+queue, a full stream buffer): that is the backpressure being measured, not an error.
 
 Result: first_send and last_send (time.monotonic(), comparable across processes on
 Linux), messages, probes, the generator's CPU seconds, and which write loop ran
-(``writer``): the compiled one (``pydory._cloadgen``: the same writes, one system call
+(``writer``): the compiled one (``pydory_tools._cloadgen``: the same writes, one system call
 each, without the GIL; a Python loop was the benchmark's wall where the daemon keeps up)
 where it is built, else the Python one, the reference (``PYDORY_PURE_PYTHON=1`` forces it).
 """
@@ -24,13 +24,13 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from pydory.bench import workload
-from pydory.bench.child import WaitForGo, child_main, time_left
 from pydory.hotpath import PURE_PYTHON_VARIABLE
+from pydory_tools.bench import workload
+from pydory_tools.bench.child import WaitForGo, child_main, time_left
 
 _cloadgen: ModuleType | None
 try:
-    from pydory import _cloadgen
+    from pydory_tools import _cloadgen
 except ImportError:  # not built here: the Python loop
     _cloadgen = None
 

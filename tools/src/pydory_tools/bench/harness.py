@@ -12,9 +12,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from pydory.bench.report import BenchReport, Environment
-from pydory.bench.runs import run_direct, run_pydory, run_raw
-from pydory.bench.settings import BenchSettings
+from pydory_tools.bench.report import BenchReport, Environment
+from pydory_tools.bench.runs import run_direct, run_pydory, run_raw
+from pydory_tools.bench.settings import BenchSettings
 
 KINDS = ("raw", "pydory", "direct")
 

@@ -3,7 +3,7 @@
 The daemon does not report per-message latency, and a record's Kafka timestamp is the
 client's own timestamp (milliseconds, set before sending), so the harness measures it
 from outside: each generator sends a probe every ``probe_every`` messages, stamped with
-its wall clock in nanoseconds (pydory.bench.workload); this consumer, running in the
+its wall clock in nanoseconds (pydory_tools.bench.workload); this consumer, running in the
 harness during the load, notes the wall clock when it receives each probe.
 
 What it measures, honestly: client send -> daemon -> librdkafka batching (linger) ->
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from pydory.bench.workload import probe_send_time_ns
+from pydory_tools.bench.workload import probe_send_time_ns
 
 #: The consumer's longest wait for data in one fetch (an upper bound on what it adds).
 FETCH_WAIT_MAX_MS = 5

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import confluent_kafka
 
 from pydory import __version__
-from pydory.bench import procfs
-from pydory.bench.settings import BROKERS, PARTITIONS, BenchSettings, spool_label
+from pydory_tools.bench import procfs
+from pydory_tools.bench.settings import BROKERS, PARTITIONS, BenchSettings, spool_label
 
 R = TypeVar("R")
 

@@ -18,16 +18,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydory.bench import procfs
-from pydory.bench.child import BenchError, ChildProcess, stop_process
-from pydory.bench.daemon import DaemonProcess
-from pydory.bench.latency import ProbeConsumer
-from pydory.bench.report import DirectRun, PydoryRun, RawRun
-from pydory.bench.settings import BROKERS, PARTITIONS, PROBE_TOPIC, TOPIC, BenchSettings
-from pydory.bench.workload import split_messages
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
-from pydory.testing.ports import free_loopback_port
+from pydory_tools.bench import procfs
+from pydory_tools.bench.child import BenchError, ChildProcess, stop_process
+from pydory_tools.bench.daemon import DaemonProcess
+from pydory_tools.bench.latency import ProbeConsumer
+from pydory_tools.bench.report import DirectRun, PydoryRun, RawRun
+from pydory_tools.bench.settings import BROKERS, PARTITIONS, PROBE_TOPIC, TOPIC, BenchSettings
+from pydory_tools.bench.workload import split_messages
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
+from pydory_tools.testing.ports import free_loopback_port
 
 #: Time for a child or the daemon to start and say it is ready.
 STARTUP_TIMEOUT_S = 60.0
@@ -65,7 +65,9 @@ def start_generators(
             "seed": share.index,
             "deadline_s": settings.timeout_s,
         }
-        child = ChildProcess("pydory.bench.generator", job, workdir, f"generator-{share.index}")
+        child = ChildProcess(
+            "pydory_tools.bench.generator", job, workdir, f"generator-{share.index}"
+        )
         stack.callback(child.stop)
         generators.append(child)
     for child in generators:
@@ -93,7 +95,9 @@ def _rate(count: int, start: float, end: float) -> float:
 def run_raw(settings: BenchSettings, workdir: Path) -> RawRun:
     """The generators into a receiver that only reads: the ceiling of the socket path."""
     with contextlib.ExitStack() as stack:
-        sink = ChildProcess("pydory.bench.sink", _sink_job(settings, workdir), workdir, "sink")
+        sink = ChildProcess(
+            "pydory_tools.bench.sink", _sink_job(settings, workdir), workdir, "sink"
+        )
         stack.callback(sink.stop)
         address = sink.wait_ready(STARTUP_TIMEOUT_S)["address"]
         generators = start_generators(settings, address, workdir, stack, probes=False)
@@ -275,7 +279,7 @@ def run_direct(settings: BenchSettings, workdir: Path) -> DirectRun:
         probes = ProbeConsumer(cluster.bootstrap_servers, PROBE_TOPIC)
         probes.start()
         stack.callback(probes.stop)
-        producer = ChildProcess("pydory.bench.direct", job, workdir, "direct")
+        producer = ChildProcess("pydory_tools.bench.direct", job, workdir, "direct")
         stack.callback(producer.stop)
         producer.wait_ready(STARTUP_TIMEOUT_S)
         producer.go()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Final
 
 from pydory import wire
-from pydory.bench.workload import MIN_VALUE_BYTES
+from pydory_tools.bench.workload import MIN_VALUE_BYTES
 
 TRANSPORTS: Final = ("dgram", "stream", "tcp")
 COMPRESSIONS: Final = ("none", "lz4", "snappy", "gzip", "zstd")

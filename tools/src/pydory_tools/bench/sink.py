@@ -1,6 +1,6 @@
 """The raw-socket baseline's receiver: reads what the generators send and does nothing else.
 
-``python -m pydory.bench.sink JOB`` (protocol: pydory.bench.child). The job: transport,
+``python -m pydory_tools.bench.sink JOB`` (protocol: pydory_tools.bench.child). The job: transport,
 address (socket path, or 0 for a free TCP port), expect_messages (datagrams) or
 expect_bytes (streams), connections (streams: how many generators will connect),
 deadline_s. The ready line carries the bound address (``port`` for TCP).
@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from pydory.bench.child import WaitForGo, child_main, time_left
+from pydory_tools.bench.child import WaitForGo, child_main, time_left
 
 #: Read size: the daemon's own datagram buffer is maxDatagramMsgSize; streams read in bulk.
 READ_SIZE = 256 * 1024

@@ -8,7 +8,7 @@ write, so it can outrun the daemon it measures.
 
 A probe is an ordinary message to a separate one-partition topic whose value starts with
 the generator's wall clock (ns) at the moment of sending. A consumer reading that topic
-turns it into a latency sample (pydory.bench.latency).
+turns it into a latency sample (pydory_tools.bench.latency).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pydory.bench.cli import DESCRIPTION, add_arguments, run
 from pydory.commands import Subparsers, add_command
+from pydory_tools.bench.cli import DESCRIPTION, add_arguments, run
 
 
 def register(subparsers: Subparsers) -> None:

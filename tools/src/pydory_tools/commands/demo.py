@@ -1,4 +1,4 @@
-"""`pydory demo`: clients -> daemon -> Kafka -> Spark lake, then the audit (pydory.demo).
+"""`pydory demo`: clients -> daemon -> Kafka -> Spark lake, then the audit (pydory_tools.demo).
 
 Before it starts anything, the command checks what the demo needs from outside Python
 (Java; Apache Kafka's jars for the default ``--kafka kafka``) and says what to do on this
@@ -93,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     demo: Callable[..., int]
     if args.sigkill:
-        from pydory.demo_kills import run_sigkill_demo  # Spark, the brokers, the kill loop
+        from pydory_tools.demo_kills import run_sigkill_demo  # Spark, the brokers, the kill loop
 
         demo = partial(run_sigkill_demo, args.sigkill, seed=args.seed)
     else:
-        from pydory.demo import run_demo  # the demo pulls in Spark and the test brokers
+        from pydory_tools.demo import run_demo  # the demo pulls in Spark and the test brokers
 
         demo = run_demo
     # What both demos take; --sigkill's also takes its kills and their seed (above).
@@ -119,7 +119,7 @@ def missing_prerequisite(kafka: str) -> str | None:
         )
     if kafka != "kafka":
         return None
-    from pydory.testing.kafka_broker import KafkaBrokerError, find_kafka_jars
+    from pydory_tools.testing.kafka_broker import KafkaBrokerError, find_kafka_jars
 
     try:
         find_kafka_jars()
@@ -145,5 +145,5 @@ def _no_kafka_jars() -> str:
 def source_checkout() -> Path | None:
     """The source checkout pydory runs from (an editable install), or None when it is
     installed from a wheel (then there is no ./dev script next to it)."""
-    root = Path(__file__).resolve().parents[3]  # src/pydory/commands/demo.py -> checkout
+    root = Path(__file__).resolve().parents[4]  # tools/src/pydory_tools/commands/demo.py
     return root if (root / "dev").is_file() and (root / "pyproject.toml").is_file() else None

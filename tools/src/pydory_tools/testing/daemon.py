@@ -19,7 +19,7 @@ import uvloop
 from pydory.config import parse_config
 from pydory.daemon.reload import ReloadOutcome
 from pydory.server import Server
-from pydory.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.daemon_config import DaemonConfig
 
 T = TypeVar("T")
 

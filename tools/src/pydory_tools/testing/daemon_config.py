@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from xml.sax.saxutils import quoteattr
 
-from pydory.testing.ports import free_loopback_port
+from pydory_tools.testing.ports import free_loopback_port
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``pydory serve`` as a process of its own, for tests and demos that kill it or measure it.
 
 Moved here from ``tests/daemon_process.py`` (which re-exports it) so that the kill loop
-(:mod:`pydory.testing.kill_loop`) and ``pydory demo --sigkill`` run the same daemon process
+(:mod:`pydory_tools.testing.kill_loop`) and ``pydory demo --sigkill`` run the same daemon process
 as the tests.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp
-from pydory.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.daemon_config import DaemonConfig
 
 START_TIMEOUT_S = 60.0
 

@@ -15,7 +15,7 @@ is ``User:ANONYMOUS``, a super user: only SASL users meet ACLs.
 
 Run it as a process for demos and manual testing::
 
-    python -m pydory.testing.kafka_broker --brokers 3 --topic events:4:3
+    python -m pydory_tools.testing.kafka_broker --brokers 3 --topic events:4:3
 
 The first line of output is the bootstrap string; the process serves until SIGTERM or
 SIGINT, then stops the brokers and exits 0.
@@ -45,10 +45,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from pydory.errors import PydoryError
-from pydory.testing import kafka_tls
-from pydory.testing.kafka_util import admin_create_topic
-from pydory.testing.lifecycle import StopsOnExit, terminate_then_kill
-from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_ports
+from pydory_tools.testing import kafka_tls
+from pydory_tools.testing.kafka_util import admin_create_topic
+from pydory_tools.testing.lifecycle import StopsOnExit, terminate_then_kill
+from pydory_tools.testing.ports import LOOPBACK, accepts_connections, free_loopback_ports
 
 __all__ = [
     "KafkaBrokerError",
@@ -128,8 +128,8 @@ def kafka_version(jars: Path | None = None) -> str:
 
 
 def _project_root() -> Path:
-    # src/pydory/testing/kafka_broker.py -> the checkout (pydory is installed editable).
-    return Path(__file__).resolve().parents[3]
+    # tools/src/pydory_tools/testing/kafka_broker.py -> the checkout (installed editable).
+    return Path(__file__).resolve().parents[4]
 
 
 @dataclass
@@ -631,7 +631,7 @@ def _in_parallel(function: object, nodes: Sequence[_Node]) -> None:
             future.result()
 
 
-# --- python -m pydory.testing.kafka_broker ---------------------------------------------
+# --- python -m pydory_tools.testing.kafka_broker ---------------------------------------------
 
 
 def _topic_spec(text: str) -> tuple[str, int, int]:
@@ -646,7 +646,7 @@ def _topic_spec(text: str) -> tuple[str, int, int]:
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m pydory.testing.kafka_broker",
+        prog="python -m pydory_tools.testing.kafka_broker",
         description="Run Apache Kafka (KRaft) on loopback; print the bootstrap string first.",
     )
     parser.add_argument("--brokers", type=int, default=1, help="number of nodes (default 1)")

@@ -41,8 +41,8 @@ from typing import Literal, TypeVar
 from pydory.client.messages import encode_message
 from pydory.daemon.books.counters import ACCEPTED, SPOOL_REPLAYED
 from pydory.errors import PydoryError
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.daemon_process import START_TIMEOUT_S, DaemonProcess
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.daemon_process import START_TIMEOUT_S, DaemonProcess
 
 __all__ = [
     "Endpoint",

@@ -10,7 +10,7 @@ so count delivered messages by high watermark, or read them back promptly.
 
 Run it as a process for demos and manual testing::
 
-    python -m pydory.testing.mock_cluster --brokers 3 --topic events:4
+    python -m pydory_tools.testing.mock_cluster --brokers 3 --topic events:4
 
 The first line of output is the bootstrap string; the process serves until
 SIGTERM or SIGINT and then exits 0.
@@ -28,7 +28,7 @@ from pathlib import Path
 import confluent_kafka
 
 from pydory.errors import PydoryError
-from pydory.testing.lifecycle import StopsOnExit
+from pydory_tools.testing.lifecycle import StopsOnExit
 
 __all__ = [
     "ApiKey",
@@ -295,7 +295,7 @@ def _topic_spec(text: str) -> tuple[str, int]:
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m pydory.testing.mock_cluster",
+        prog="python -m pydory_tools.testing.mock_cluster",
         description="Serve a librdkafka mock Kafka cluster on 127.0.0.1 until SIGTERM/SIGINT. "
         "Prints the bootstrap servers on the first line.",
     )

@@ -1,5 +1,5 @@
 """pytest fixtures for Kafka brokers: a plugin loaded on request (``tests/conftest.py``
-names it in ``pytest_plugins``; elsewhere ``pytest -p pydory.testing.pytest_plugin``).
+names it in ``pytest_plugins``; elsewhere ``pytest -p pydory_tools.testing.pytest_plugin``).
 
 - ``mock_cluster``: a fresh 3-broker librdkafka mock cluster per test.
 - ``mock_cluster_factory``: ``make(brokers=3) -> MockCluster``, all stopped after the test.
@@ -10,7 +10,7 @@ names it in ``pytest_plugins``; elsewhere ``pytest -p pydory.testing.pytest_plug
 - ``tansu_broker``: one Tansu broker per session; isolate tests by unique topic names.
 - ``unique_topic``: ``make(prefix="test") -> str``, a topic name no other test uses.
 
-The helpers behind them live in plain modules (``pydory.testing.kafka_util`` and
+The helpers behind them live in plain modules (``pydory_tools.testing.kafka_util`` and
 friends) so the demo can use them without pytest.
 """
 
@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pydory.testing import kafka_util
-from pydory.testing.kafka_broker import KafkaCluster, SaslUser
-from pydory.testing.mock_cluster import MockCluster
-from pydory.testing.tansu import TansuBroker
+from pydory_tools.testing import kafka_util
+from pydory_tools.testing.kafka_broker import KafkaCluster, SaslUser
+from pydory_tools.testing.mock_cluster import MockCluster
+from pydory_tools.testing.tansu import TansuBroker
 
 
 @pytest.fixture

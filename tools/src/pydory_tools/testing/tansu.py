@@ -22,9 +22,9 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from pydory.errors import PydoryError
-from pydory.testing.kafka_util import admin_create_topic
-from pydory.testing.lifecycle import StopsOnExit, terminate_then_kill
-from pydory.testing.ports import LOOPBACK, accepts_connections, free_loopback_port
+from pydory_tools.testing.kafka_util import admin_create_topic
+from pydory_tools.testing.lifecycle import StopsOnExit, terminate_then_kill
+from pydory_tools.testing.ports import LOOPBACK, accepts_connections, free_loopback_port
 
 __all__ = ["TansuBroker", "TansuError", "find_tansu_binary"]
 
