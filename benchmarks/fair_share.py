@@ -42,8 +42,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
 
 POLITE_TOPIC = "fair.polite"

@@ -44,9 +44,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from pydory.bench.daemon import DaemonProcess
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.bench.daemon import DaemonProcess
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
 
 CANARY = "canary"
