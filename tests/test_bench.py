@@ -20,7 +20,7 @@ from pydory.config import parse_config
 from pydory_tools.bench import workload
 from pydory_tools.bench.child import BenchError, ChildProcess
 from pydory_tools.bench.cli import main as bench_main
-from pydory_tools.bench.daemon import DaemonProcess
+from pydory_tools.bench.daemon import BenchDaemon
 from pydory_tools.bench.harness import round_order
 from pydory_tools.bench.latency import percentile, summarize
 from pydory_tools.bench.report import Spread
@@ -245,8 +245,8 @@ def test_daemon_cpus_are_a_cpu_list_and_pin_the_daemon(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="daemon cpus"):
             BenchSettings(daemon_cpus=bad)
     config = daemon_config(BenchSettings(), "127.0.0.1:9092", tmp_path)
-    assert DaemonProcess(config, tmp_path, cpus="0").command[:3] == ["taskset", "-c", "0"]
-    assert DaemonProcess(config, tmp_path).command[0] == sys.executable
+    assert BenchDaemon(config, tmp_path, cpus="0").command[:3] == ["taskset", "-c", "0"]
+    assert BenchDaemon(config, tmp_path).command[0] == sys.executable
 
 
 def test_identity_headers_can_be_turned_off_for_a_run(tmp_path: Path) -> None:

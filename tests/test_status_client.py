@@ -36,7 +36,7 @@ from pydory.status_client import (
     proxies_for,
     status_base_url,
 )
-from pydory_tools.bench.daemon import DaemonProcess as BenchDaemon
+from pydory_tools.bench.daemon import BenchDaemon
 from pydory_tools.demo import get_json as demo_get_json
 from pydory_tools.testing.daemon_config import DaemonConfig
 

@@ -23,19 +23,17 @@ import contextlib
 import json
 import multiprocessing
 import os
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from confluent_kafka import KafkaException
 
@@ -44,6 +42,7 @@ from pydory.errors import PydoryError
 from pydory.pipeline.reconcile import AuditReport
 from pydory.status_client import StatusHttp
 from pydory_tools.testing.daemon import DaemonConfig
+from pydory_tools.testing.daemon_process import DaemonDidNotStart, DaemonProcess
 from pydory_tools.testing.kafka_broker import KafkaBrokerError, KafkaCluster
 from pydory_tools.testing.kafka_util import admin_create_topic
 from pydory_tools.testing.mock_cluster import MockCluster
@@ -225,54 +224,26 @@ def _apache_kafka(brokers: int, base_dir: Path) -> Iterator[tuple[str, str, Demo
 # --- 2. the daemon ----------------------------------------------------------------------------
 
 
-class DaemonProcess:
-    """``pydory serve`` as a child process; its log lines are copied to a file as they come."""
+def start_daemon(config: DaemonConfig, paths: DemoPaths) -> DaemonProcess:
+    """``pydory serve`` (the one :class:`DaemonProcess`) on the demo's config, its log lines
+    in the work directory as they come; returned once it is ready."""
+    daemon = DaemonProcess(
+        config, paths.config, paths.daemon_log, wait_ready=False, arguments=["--log-stderr"]
+    )
+    try:
+        daemon.wait_ready(DAEMON_START_TIMEOUT_S)
+    except DaemonDidNotStart:
+        raise DemoFailed(f"the daemon did not start; see {paths.daemon_log}") from None
+    return daemon
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
-        self.log_path = log_path
-        self._ready = threading.Event()
-        self._ended = threading.Event()
-        command = ["serve", "--config-path", str(config_path), "--log-stderr"]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pydory", *command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        assert self.process.stdout is not None
-        self._copier = threading.Thread(
-            target=self._copy_log, args=(self.process.stdout, log_path), daemon=True
-        )
-        self._copier.start()
 
-    def _copy_log(self, output: IO[bytes], log_path: Path) -> None:
-        with log_path.open("wb") as log:
-            for line in output:
-                log.write(line)
-                log.flush()
-                if b"pydory ready" in line:
-                    self._ready.set()
-        self._ended.set()
-        self._ready.set()  # wake a waiter: the daemon exited before it was ready
-
-    def wait_ready(self, timeout_s: float) -> None:
-        if not self._ready.wait(timeout_s):
-            raise DemoFailed(f"the daemon was not ready after {timeout_s} s; see {self.log_path}")
-        if self._ended.is_set():
-            status = self.process.wait()
-            raise DemoFailed(f"the daemon exited with status {status}; see {self.log_path}")
-
-    def stop(self, timeout_s: float = SHUTDOWN_MAX_DELAY_MS / 1000 + 10) -> int:
-        """SIGTERM (the daemon's graceful shutdown); its exit status. Stopping twice is fine."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            status = self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            status = self.process.wait()
-        self._copier.join(timeout_s)
-        return status
+def stop_daemon(daemon: DaemonProcess) -> int:
+    """SIGTERM (the daemon's graceful shutdown); its exit status (killed if it outlasts its
+    shutdown delay). Stopping twice is fine."""
+    try:
+        return daemon.stop(SHUTDOWN_MAX_DELAY_MS / 1000 + 10)
+    except subprocess.TimeoutExpired:
+        return daemon.process.wait()
 
 
 # --- 3. the clients ---------------------------------------------------------------------------
@@ -594,10 +565,8 @@ def _run_stages(
                 rate_limits={topics.limited: (RATE_LIMIT_INTERVAL_MS, RATE_LIMIT_MAX_COUNT)},
                 spool_fsync="1000",
             )
-            paths.config.write_text(config.render(), encoding="utf-8")
-            daemon = DaemonProcess(paths.config, paths.daemon_log)
-            running.callback(daemon.stop)
-            daemon.wait_ready(DAEMON_START_TIMEOUT_S)
+            daemon = start_daemon(config, paths)
+            running.callback(stop_daemon, daemon)
             status_url = f"http://127.0.0.1:{config.http_port}"
             result.append(f"pydory serve (pid {daemon.process.pid}), status {status_url}")
         runs = client_plan(config, topics, count)
@@ -612,7 +581,7 @@ def _run_stages(
         with progress.stage("books") as result:
             books = get_json(status_url, "/books/json")
             paths.books.write_text(json.dumps(books, indent=2) + "\n", encoding="utf-8")
-            require_clean_exit(daemon.stop(), paths)
+            require_clean_exit(stop_daemon(daemon), paths)
             result.append(f"saved to {paths.books.name}; daemon stopped (exit 0)")
         with stderr_to(paths.spark_log):
             with progress.stage("land") as result:

@@ -7,20 +7,18 @@ and its status interface (/books/json), like any monitoring tool would.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp
-from pydory_tools.bench.child import BenchError, stderr_tail, stop_process
+from pydory.status_client import StatusHttp
+from pydory_tools.bench.child import STOP_GRACE_S, BenchError, stderr_tail
 from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.daemon_process import DaemonDidNotStart, DaemonProcess, serve_command
 
-#: Between two looks at the status interface while the daemon starts.
-STARTUP_POLL_S = 0.05
 #: Bounds on the interval between two looks at /books/json while waiting for the last
 #: acknowledgement: the error on the end time is at most the interval (plus one request).
 SETTLE_POLL_MIN_S = 0.005
@@ -42,8 +40,9 @@ class TopicBooks:
         return self.delivered + sum(self.discarded.values())
 
 
-class DaemonProcess:
-    """``pydory serve`` in a child process; its config file and stderr live in ``workdir``.
+class BenchDaemon:
+    """The daemon under test (the one :class:`DaemonProcess`), measured: its config file
+    and stderr live in ``workdir``; its books and settling read through its status pages.
 
     ``source``: a directory holding the ``pydory`` package to run instead of the installed
     one (put first on the daemon's PYTHONPATH), e.g. ``src`` of another checkout.
@@ -59,60 +58,36 @@ class DaemonProcess:
     ) -> None:
         self.config = config
         self._source = source
-        self._pinned = [] if cpus is None else ["taskset", "-c", cpus]
+        self._cpus = cpus
         self._config_path = workdir / "pydory.xml"
         self._stderr_path = workdir / "pydory.stderr"
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._daemon: DaemonProcess | None = None
 
     @property
     def pid(self) -> int:
-        return self._process().pid
+        return self._process().process.pid
 
     def start(self, timeout_s: float) -> None:
         """Start the daemon and return once its status interface answers (inputs are open)
         and its first metadata is in (before that it holds what it reads: a round's
         first messages would take the slow path)."""
-        self._config_path.write_text(self.config.render())
-        with open(self._stderr_path, "wb") as stderr:
-            self._proc = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=stderr,
-                stderr=stderr,
-                env=self._environment(),
-            )
-        deadline = time.monotonic() + timeout_s
-        while not self._answers():
-            if self._proc.poll() is not None:
-                raise BenchError(
-                    f"pydory exited with status {self._proc.returncode} at start-up"
-                    f"{self.stderr_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise BenchError(
-                    f"pydory was not ready after {timeout_s:.0f} s{self.stderr_tail()}"
-                )
-            time.sleep(STARTUP_POLL_S)
+        self._daemon = DaemonProcess(
+            self.config,
+            self._config_path,
+            self._stderr_path,
+            wait_ready=False,
+            source=self._source,
+            cpus=self._cpus,
+        )
+        try:
+            self._daemon.wait_ready(timeout_s)
+        except DaemonDidNotStart:
+            raise BenchError(f"pydory did not start{self.stderr_tail()}") from None
 
     @property
     def command(self) -> list[str]:
         """The daemon's command line (under ``taskset`` when pinned)."""
-        serve = [sys.executable, "-m", "pydory", "serve", "--config-path", str(self._config_path)]
-        return [*self._pinned, *serve]
-
-    def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self._source is not None:
-            path = [str(self._source.resolve()), env.get("PYTHONPATH", "")]
-            env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
-        return env
-
-    def _answers(self) -> bool:
-        try:
-            books = self._get("/books/json")
-        except (DaemonUnreachable, NotAStatusPage):
-            return False
-        return bool(books.get("metadata_known", True))  # absent: a daemon from before it
+        return serve_command(self._config_path, cpus=self._cpus)
 
     def books(self, topic: str) -> TopicBooks:
         """The daemon's lifetime accounting for ``topic`` (zeros before its first message)."""
@@ -154,10 +129,11 @@ class DaemonProcess:
 
     def stop(self) -> None:
         """SIGTERM (a graceful shutdown), then SIGKILL if it outlasts the grace period."""
-        if self._proc is not None:
-            stop_process(self._proc)
+        if self._daemon is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed: nothing to measure
+                self._daemon.stop(STOP_GRACE_S)
 
-    def _process(self) -> subprocess.Popen[bytes]:
-        if self._proc is None:
+    def _process(self) -> DaemonProcess:
+        if self._daemon is None:
             raise BenchError("pydory has not been started")
-        return self._proc
+        return self._daemon

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydory_tools.bench import procfs
 from pydory_tools.bench.child import BenchError, ChildProcess, stop_process
-from pydory_tools.bench.daemon import DaemonProcess
+from pydory_tools.bench.daemon import BenchDaemon
 from pydory_tools.bench.latency import ProbeConsumer
 from pydory_tools.bench.report import DirectRun, PydoryRun, RawRun
 from pydory_tools.bench.settings import BROKERS, PARTITIONS, PROBE_TOPIC, TOPIC, BenchSettings
@@ -181,7 +181,7 @@ def run_pydory(
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(_mock_cluster())
         config = daemon_config(settings, cluster.bootstrap_servers, workdir, spool)
-        daemon = DaemonProcess(config, workdir, settings.daemon_source, settings.daemon_cpus)
+        daemon = BenchDaemon(config, workdir, settings.daemon_source, settings.daemon_cpus)
         stack.callback(daemon.stop)
         daemon.start(STARTUP_TIMEOUT_S)
         idle_rss = procfs.memory_mb(daemon.pid, "VmRSS")

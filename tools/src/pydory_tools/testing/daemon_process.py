@@ -1,8 +1,8 @@
 """``pydory serve`` as a process of its own, for tests and demos that kill it or measure it.
 
-Moved here from ``tests/daemon_process.py`` (which re-exports it) so that the kill loop
-(:mod:`pydory_tools.testing.kill_loop`) and ``pydory demo --sigkill`` run the same daemon process
-as the tests.
+The one such class (issue 30): the tests (``tests/daemon_process.py`` re-exports it), the
+kill loop (:mod:`pydory_tools.testing.kill_loop`), ``pydory demo`` and ``pydory bench``
+(:mod:`pydory_tools.bench.daemon` measures through it) all run this one.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +28,34 @@ class DaemonDidNotStart(AssertionError):
 
 
 class DaemonProcess:
-    """``pydory serve`` in a process of its own, its output in a log file."""
+    """``pydory serve`` in a process of its own, its output in a log file.
+
+    ``arguments``: more of ``pydory serve``'s options (the demo's ``--log-stderr``).
+    ``source``: a directory holding the ``pydory`` package to run instead of the installed
+    one (put first on the daemon's PYTHONPATH), e.g. ``src`` of another checkout.
+    ``cpus``: the CPUs the daemon may run on (``taskset -c``; None: any).
+    """
 
     def __init__(
-        self, config: DaemonConfig, config_path: Path, log_path: Path, *, wait_ready: bool = True
+        self,
+        config: DaemonConfig,
+        config_path: Path,
+        log_path: Path,
+        *,
+        wait_ready: bool = True,
+        arguments: Sequence[str] = (),
+        source: Path | None = None,
+        cpus: str | None = None,
     ) -> None:
         config_path.write_text(config.render())
         self.url = f"http://127.0.0.1:{config.http_port}"
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pydory", "serve", "--config-path", str(config_path)],
+            serve_command(config_path, arguments, cpus),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            env=_environment(source),
         )
         self.log_path = log_path
         if wait_ready:
@@ -51,9 +67,13 @@ class DaemonProcess:
         tests that count deliveries from the first message wait for it)."""
         deadline = time.monotonic() + timeout_s
         while not (self.answers() and (not metadata or self.has_metadata())):
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            exited = self.process.poll()
+            if exited is not None or time.monotonic() > deadline:
                 self.kill()
-                raise DaemonDidNotStart(f"pydory serve did not start: {self.log_path.read_text()}")
+                why = f"exited with status {exited}" if exited is not None else "was not ready"
+                raise DaemonDidNotStart(
+                    f"pydory serve {why} after {timeout_s:.0f} s: {self.log_path.read_text()}"
+                )
             time.sleep(0.05)
 
     def has_metadata(self) -> bool:
@@ -91,14 +111,33 @@ class DaemonProcess:
         self.process.wait(timeout=30)
         self._log.close()
 
-    def stop(self) -> int:
-        """SIGTERM, and the exit status; a daemon that does not exit in time is killed."""
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, and the exit status; a daemon that does not exit in ``timeout_s`` is
+        killed (and ``subprocess.TimeoutExpired`` raised). Stopping twice is fine."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout=60)
+            return self.process.wait(timeout=timeout_s)
         finally:
             if self.process.poll() is None:
                 self.process.kill()
                 self.process.wait(timeout=30)
             self._log.close()
+
+
+def serve_command(
+    config_path: Path, arguments: Sequence[str] = (), cpus: str | None = None
+) -> list[str]:
+    """``pydory serve``'s command line (under ``taskset`` when pinned to ``cpus``)."""
+    serve = [sys.executable, "-m", "pydory", "serve", "--config-path", str(config_path)]
+    return [*([] if cpus is None else ["taskset", "-c", cpus]), *serve, *arguments]
+
+
+def _environment(source: Path | None) -> dict[str, str] | None:
+    """The daemon's environment: this one, with ``source`` first on PYTHONPATH if given."""
+    if source is None:
+        return None
+    env = dict(os.environ)
+    path = [str(source.resolve()), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return env
