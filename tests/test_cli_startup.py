@@ -6,6 +6,7 @@ steady on a busy machine is which modules a command imports, counted in a fresh 
 
 from __future__ import annotations
 
+import ast
 import json
 import signal
 import socket
@@ -152,6 +153,22 @@ def test_pydory_serve_runs_without_any_module_of_the_tools(mock_cluster: MockClu
     modules = set(json.loads(stderr.splitlines()[-1]))
     assert "pydory.server" in modules  # it is the daemon's closure
     assert heavy(modules, TOOLS) == []
+
+
+def test_the_daemons_package_imports_nothing_of_the_tools() -> None:
+    """The arrow runs one way (ARCHITECTURE.md): every import statement under src/pydory,
+    those inside functions included; the CLI names the tools' two commands by string."""
+    package = Path(__file__).parents[1] / "src" / "pydory"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            found += [f"{path}: {name}" for name in names if name.split(".")[0] in TOOLS]
+    assert found == []
 
 
 def delivered(status: StatusHttp, topic: str) -> int | None:
