@@ -232,8 +232,9 @@ def start_daemon(config: DaemonConfig, paths: DemoPaths) -> DaemonProcess:
     )
     try:
         daemon.wait_ready(DAEMON_START_TIMEOUT_S)
-    except DaemonDidNotStart:
-        raise DemoFailed(f"the daemon did not start; see {paths.daemon_log}") from None
+    except DaemonDidNotStart as error:
+        why = str(error).partition(":")[0]  # the log follows: the user is pointed to it
+        raise DemoFailed(f"{why}; see {paths.daemon_log}") from None
     return daemon
 
 

@@ -81,8 +81,9 @@ class BenchDaemon:
         )
         try:
             self._daemon.wait_ready(timeout_s)
-        except DaemonDidNotStart:
-            raise BenchError(f"pydory did not start{self.stderr_tail()}") from None
+        except DaemonDidNotStart as error:
+            why = str(error).partition(":")[0]  # the log follows: its tail is enough here
+            raise BenchError(f"{why}{self.stderr_tail()}") from None
 
     @property
     def command(self) -> list[str]:

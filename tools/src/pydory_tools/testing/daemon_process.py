@@ -70,10 +70,12 @@ class DaemonProcess:
             exited = self.process.poll()
             if exited is not None or time.monotonic() > deadline:
                 self.kill()
-                why = f"exited with status {exited}" if exited is not None else "was not ready"
-                raise DaemonDidNotStart(
-                    f"pydory serve {why} after {timeout_s:.0f} s: {self.log_path.read_text()}"
+                why = (
+                    f"exited with status {exited} before it was ready"
+                    if exited is not None
+                    else f"was not ready after {timeout_s:.0f} s"
                 )
+                raise DaemonDidNotStart(f"pydory serve {why}: {self.log_path.read_text()}")
             time.sleep(0.05)
 
     def has_metadata(self) -> bool:
