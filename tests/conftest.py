@@ -10,7 +10,8 @@ import pytest
 
 from receivers import RECEIVE_TIMEOUT_S
 
-# The Kafka fixtures: the installed package registers no pytest plugin of its own.
+# The Kafka fixtures, from the tools' distribution (pydory-tools), which registers no pytest
+# plugin of its own: loaded here only.
 pytest_plugins = ["pydory_tools.testing.pytest_plugin"]
 
 
