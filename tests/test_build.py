@@ -87,8 +87,9 @@ def test_the_platforms_flags_come_first_and_stay(hatch_build: ModuleType) -> Non
     assert flags[: len(platform)] == platform
     for word in (sysconfig.get_config_var("CFLAGS") or "").split():
         assert word in platform
-    assert "-fstack-protector-strong" in flags
-    assert flags[-1] == "-D_FORTIFY_SOURCE=2"
+    # Ours or the platform's own (Debian's Python has both in its CPPFLAGS and CFLAGS).
+    assert [flag for flag in flags if flag.startswith("-fstack-protector")]
+    assert [flag for flag in flags if flag.startswith("-D_FORTIFY_SOURCE=")]
 
 
 @pytest.mark.parametrize(
