@@ -1,6 +1,6 @@
 """Run `pydory bench` over the matrix of BENCHMARKS.md and print its tables in Markdown.
 
-Not a test. Each cell is one `python -m pydory.bench --json` invocation (3 rounds,
+Not a test. Each cell is one `python -m pydory_tools.bench --json` invocation (3 rounds,
 interleaved baselines); the JSON lines are appended to --output so a long run can be
 inspected or re-rendered (--render-only).
 
@@ -66,7 +66,7 @@ def matrix() -> list[Cell]:
 
 
 def run_cell(cell: Cell, rounds: int, daemon_src: str | None) -> dict[str, Any]:
-    command = [sys.executable, "-m", "pydory.bench", *cell.arguments(), "--json"]
+    command = [sys.executable, "-m", "pydory_tools.bench", *cell.arguments(), "--json"]
     command.append(f"--rounds={rounds}")
     if daemon_src:
         command.append(f"--daemon-src={daemon_src}")

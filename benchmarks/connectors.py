@@ -1,6 +1,6 @@
 """The two Spark connectors of the landing job, next to a bare consumer, on Apache Kafka.
 
-Not a test. Starts one Apache Kafka broker (pydory.testing.kafka_broker, KRaft, its own
+Not a test. Starts one Apache Kafka broker (pydory_tools.testing.kafka_broker, KRaft, its own
 JVM), fills a topic of P partitions with N records of V bytes once, then reads all of
 them in R interleaved rounds (plus one warm-up round, reported apart), each round:
 
@@ -43,8 +43,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from pydory.bench.workload import make_values
-from pydory.testing.kafka_broker import KafkaCluster
+from pydory_tools.bench.workload import make_values
+from pydory_tools.testing.kafka_broker import KafkaCluster
 
 TOPIC = "bench.connectors"
 READ_TIMEOUT_S = 600

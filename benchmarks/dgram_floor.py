@@ -31,9 +31,9 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from pydory.bench.child import stop_process
-from pydory.bench.runs import start_generators
-from pydory.bench.settings import BROKERS, PARTITIONS, TOPIC, BenchSettings
+from pydory_tools.bench.child import stop_process
+from pydory_tools.bench.runs import start_generators
+from pydory_tools.bench.settings import BROKERS, PARTITIONS, TOPIC, BenchSettings
 
 _TOPIC_SIZE = struct.Struct(">h")  # at offset 10 (after Size, ApiKey, ApiVersion, Flags)
 _TIMESTAMP_KEY_SIZE = struct.Struct(">qi")
@@ -66,7 +66,7 @@ def receive_and_produce(sock: socket.socket, producer: Producer, count: int, cal
 @contextlib.contextmanager
 def mock_cluster_process() -> Iterator[str]:
     """The mock cluster in its own process, so that its CPU is not counted here."""
-    command = [sys.executable, "-m", "pydory.testing.mock_cluster", "--brokers", str(BROKERS)]
+    command = [sys.executable, "-m", "pydory_tools.testing.mock_cluster", "--brokers", str(BROKERS)]
     command += ["--topic", f"{TOPIC}:{PARTITIONS}"]
     cluster = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:

@@ -42,9 +42,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 POLITE_TOPIC = "fair.polite"
 FLOOD_TOPIC = "fair.flood"

@@ -29,7 +29,7 @@ from confluent_kafka import Producer
 
 from pydory.daemon.books.durable import CLEAN, RunBooks
 from pydory.daemon.books.publisher import books_value
-from pydory.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_broker import KafkaCluster
 
 TOPIC = "bench.fleet"
 BOOKS = "bench.books"

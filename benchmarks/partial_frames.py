@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 TOPIC = "partial.frames"
 FRAME_BYTES = 1024 * 1024 - 1

@@ -27,15 +27,15 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from pydory.bench.child import stop_process
-from pydory.bench.workload import make_values
+from pydory_tools.bench.child import stop_process
+from pydory_tools.bench.workload import make_values
 
 TOPIC = "bench.land"
 PARTITIONS = 8
 
 
 def start_mock_cluster() -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "pydory.testing.mock_cluster", "--brokers", "3"]
+    command = [sys.executable, "-m", "pydory_tools.testing.mock_cluster", "--brokers", "3"]
     command += ["--topic", f"{TOPIC}:{PARTITIONS}"]
     cluster = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert cluster.stdout is not None

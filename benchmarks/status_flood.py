@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydory.client import DatagramSender, encode_message
-from pydory.testing.daemon import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 TOPIC = "status_flood"
 PARTITIONS = 4

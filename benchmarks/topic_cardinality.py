@@ -44,10 +44,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from pydory.bench.daemon import DaemonProcess
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.bench.daemon import BenchDaemon
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 CANARY = "canary"
 MESSAGE_MAX_BYTES = 1000  # a 1,000-byte value is too long, cheaply
@@ -139,7 +139,7 @@ def one_round(names: int, source: Path | None) -> dict[str, Any]:
             message_max_bytes=MESSAGE_MAX_BYTES,
             batching_time_ms=5,
         )
-        daemon = DaemonProcess(config, Path(workdir), source)
+        daemon = BenchDaemon(config, Path(workdir), source)
         daemon.start(START_TIMEOUT_S)
         reader = CanaryReader(cluster.bootstrap_servers)
         sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -154,7 +154,7 @@ def one_round(names: int, source: Path | None) -> dict[str, Any]:
 
 
 def measure(
-    daemon: DaemonProcess, reader: CanaryReader, sender: socket.socket, base: str, names: int
+    daemon: BenchDaemon, reader: CanaryReader, sender: socket.socket, base: str, names: int
 ) -> dict[str, Any]:
     idle = []
     for _ in range(CANARIES):

@@ -7,7 +7,7 @@ change of load on the machine falls on every tree alike. Not a test.
         --tree base=/tmp/pydory-base/src --tree head=src \
         --output benchmarks/results/FILE.jsonl
 
-Each run is one `python -m pydory.bench -r 1 --no-baselines --json --daemon-src TREE`;
+Each run is one `python -m pydory_tools.bench -r 1 --no-baselines --json --daemon-src TREE`;
 its JSON goes to --output as one line (with the tree's and the cell's names), and the
 table of medians (min-max) is printed in Markdown at the end (--render-only: from FILE).
 A tree may be run with extra environment (``--tree pure=src:PYDORY_PURE_PYTHON=1``), and
@@ -48,7 +48,7 @@ def run_one(
 ) -> dict[str, Any]:
     name, directory, extra_env = tree
     command = [
-        sys.executable, "-m", "pydory.bench", *CELLS[cell], "-n", str(args.messages),
+        sys.executable, "-m", "pydory_tools.bench", *CELLS[cell], "-n", str(args.messages),
         "-r", "1", "--no-baselines", "--json", "--spool", args.spool,
         "--daemon-src", str(Path(directory).resolve()),
     ]  # fmt: skip

@@ -10,8 +10,9 @@ import pytest
 
 from receivers import RECEIVE_TIMEOUT_S
 
-# The Kafka fixtures: the installed package registers no pytest plugin of its own.
-pytest_plugins = ["pydory.testing.pytest_plugin"]
+# The Kafka fixtures, from the tools' distribution (pydory-tools), which registers no pytest
+# plugin of its own: loaded here only.
+pytest_plugins = ["pydory_tools.testing.pytest_plugin"]
 
 
 @pytest.fixture

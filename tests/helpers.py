@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transport
 from pydory.daemon.delivery.outcomes import EnqueueRefused
 from pydory.errors import ClientProtocolError
-from pydory.testing.daemon import RunningDaemon
+from pydory_tools.testing.daemon import RunningDaemon
 
 #: The shutdown totals line pydory logs at NOTICE for every topic (server._log_totals).
 TOTALS_LINE = re.compile(

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 from pydory import wire
-from pydory.bench import workload
-from pydory.bench.child import BenchError, ChildProcess
-from pydory.bench.cli import main as bench_main
-from pydory.bench.daemon import DaemonProcess
-from pydory.bench.harness import round_order
-from pydory.bench.latency import percentile, summarize
-from pydory.bench.report import Spread
-from pydory.bench.runs import daemon_config, generator_address
-from pydory.bench.settings import TOPIC, BenchSettings
 from pydory.config import parse_config
+from pydory_tools.bench import workload
+from pydory_tools.bench.child import BenchError, ChildProcess
+from pydory_tools.bench.cli import main as bench_main
+from pydory_tools.bench.daemon import BenchDaemon
+from pydory_tools.bench.harness import round_order
+from pydory_tools.bench.latency import percentile, summarize
+from pydory_tools.bench.report import Spread
+from pydory_tools.bench.runs import daemon_config, generator_address
+from pydory_tools.bench.settings import TOPIC, BenchSettings
 
 # --- workload ------------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ def test_a_child_that_fails_is_reported_with_its_reason(tmp_path: Path) -> None:
         "seed": 0,
         "deadline_s": 10,
     }
-    child = ChildProcess("pydory.bench.generator", job, tmp_path, "generator-0")
+    child = ChildProcess("pydory_tools.bench.generator", job, tmp_path, "generator-0")
     try:
         with pytest.raises(BenchError, match="generator-0: FileNotFoundError"):
             child.wait_ready(30)
@@ -245,8 +245,8 @@ def test_daemon_cpus_are_a_cpu_list_and_pin_the_daemon(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="daemon cpus"):
             BenchSettings(daemon_cpus=bad)
     config = daemon_config(BenchSettings(), "127.0.0.1:9092", tmp_path)
-    assert DaemonProcess(config, tmp_path, cpus="0").command[:3] == ["taskset", "-c", "0"]
-    assert DaemonProcess(config, tmp_path).command[0] == sys.executable
+    assert BenchDaemon(config, tmp_path, cpus="0").command[:3] == ["taskset", "-c", "0"]
+    assert BenchDaemon(config, tmp_path).command[0] == sys.executable
 
 
 def test_identity_headers_can_be_turned_off_for_a_run(tmp_path: Path) -> None:
@@ -285,8 +285,8 @@ def test_a_tiny_run_measures_every_spool_variant_side_by_side(
 def received_through(kind: int, batch: int, count: int, compiled: bool) -> list[bytes]:
     """What a Writer sends of ``count`` messages over a socket pair, read as it comes (by
     a thread): the bytes of a stream, or each datagram."""
-    from pydory.bench import workload
-    from pydory.bench.generator import Writer
+    from pydory_tools.bench import workload
+    from pydory_tools.bench.generator import Writer
 
     messages = workload.encoded_messages("t", 20, seed=7)[:50]
     stream = kind == socket.SOCK_STREAM
@@ -313,7 +313,7 @@ def received_through(kind: int, batch: int, count: int, compiled: bool) -> list[
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("pydory._cloadgen") is None, reason="_cloadgen is not built here"
+    importlib.util.find_spec("pydory_tools._cloadgen") is None, reason="_cloadgen is not built here"
 )
 @pytest.mark.parametrize(
     ("kind", "batch"), [(socket.SOCK_STREAM, 1), (socket.SOCK_STREAM, 7), (socket.SOCK_DGRAM, 1)]

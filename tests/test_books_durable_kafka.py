@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from daemon_process import DaemonProcess
 from helpers import wait_until
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_spool_acks_kafka import Stream, delivered_at_least, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

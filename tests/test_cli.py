@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pydory.cli import build_parser, main
-from pydory.commands import demo as demo_command
+from pydory_tools.commands import demo as demo_command
 
 COMMANDS = ("serve", "send", "config", "demo")
 
@@ -94,6 +94,53 @@ def test_a_spark_command_without_the_spark_extra_says_what_to_install(
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"pydory {argv[0]}: this needs `pip install 'pydory[spark]'`")
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+# --- the tools' commands on a daemon-only install (issue 30 item 5) ---------------------------
+
+# As on a host with `pip install pydory` only: the tools' package cannot be imported.
+WITHOUT_TOOLS = """
+import sys
+sys.modules["pydory_tools"] = None
+from pydory.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["demo", "--kafka", "mock"], ["bench", "--rounds", "1"], ["bench", "--help"]],
+    ids=" ".join,
+)
+def test_a_tools_command_without_the_tools_says_what_to_install(
+    argv: list[str], tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TOOLS, *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"pydory {argv[0]}: this needs `pip install pydory-tools` "
+        "(no module named 'pydory_tools' here)\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def test_help_lists_the_tools_commands_with_what_they_need(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+
+    listing = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    for command in ("demo", "bench"):
+        assert "(needs pip install pydory-tools" in listing.split(f" {command} ", 1)[1]
 
 
 def test_help_says_which_commands_need_the_spark_extra(

@@ -20,7 +20,7 @@ from pydory.daemon.delivery import backends, compiled_producer
 from pydory.daemon.delivery.compiled_producer import CompiledBackend
 from pydory.daemon.delivery.producer_backend import DeliveryReports, PollSinks
 from pydory.hotpath import identity_headers
-from pydory.testing.mock_cluster import ApiKey, MockCluster
+from pydory_tools.testing.mock_cluster import ApiKey, MockCluster
 
 pytestmark = pytest.mark.skipif(
     compiled_producer.bound() is None,

@@ -191,21 +191,6 @@ def test_the_extension_is_built_wherever_a_c_compiler_is() -> None:
         assert hotpath.IMPLEMENTATION == "compiled", hotpath.WHY
 
 
-def test_the_c_source_compiles_without_a_warning(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT))
-    try:
-        import hatch_build
-    finally:
-        sys.path.remove(str(ROOT))
-    try:
-        built = hatch_build.compile_extension(ROOT, tmp_path, ["-Werror"])
-    except hatch_build.CompileError as error:
-        if "no C compiler" in str(error) or "no Python.h" in str(error):
-            pytest.skip(str(error))
-        raise
-    assert built.is_file()
-
-
 @pytest.mark.parametrize(("value", "expected"), [("1", "pure"), ("0", None), ("", None)])
 def test_pydory_pure_python_forces_the_reference(value: str, expected: str | None) -> None:
     env = {**os.environ, hotpath.PURE_PYTHON_VARIABLE: value}

@@ -17,10 +17,10 @@ from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.daemon.books.events import DiscardReason
 from pydory.status.discards import discard_report_json
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition, encode_partition_key
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import MockCluster
 
 PARTITIONS = 4
 

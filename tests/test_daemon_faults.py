@@ -45,10 +45,11 @@ from pydory.daemon.delivery.librdkafka_settings import DeliverySettings, Produce
 from pydory.daemon.delivery.outcomes import Delivered
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory.errors import DaemonUnavailable
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 from pydory.wire import encode_any_partition, encode_partition_key
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.daemon_process import DaemonProcess
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 
 # Every test on both producer backends (the compiled one and confluent-kafka's).
 producer_backend = producer_backends.module_fixture()
@@ -745,51 +746,6 @@ def test_delivery_reports_are_served_and_settled_on_the_loop_thread_in_batches(
 # --- the daemon as a process -------------------------------------------------------------
 
 
-class DaemonProcess:
-    """``pydory serve`` as a child process, its output collected line by line."""
-
-    def __init__(self, config_path: Path) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pydory",
-                "serve",
-                "--config-path",
-                str(config_path),
-                "--log-stderr",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._readers = [
-            threading.Thread(target=self._collect, args=(stream,), daemon=True)
-            for stream in (self.process.stdout, self.process.stderr)
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _collect(self, stream: Any) -> None:
-        for line in stream:
-            self.lines.append(line.rstrip("\n"))
-            if "pydory ready" in line:
-                self.ready.set()
-
-    def output(self) -> str:
-        for reader in self._readers:
-            reader.join(timeout=60)
-        return "\n".join(self.lines)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 class StreamingClient(threading.Thread):
     """Sends numbered messages, ``slice_size`` at a time with ``pause_s`` between slices,
     until the daemon goes away (or ``limit`` is reached)."""
@@ -853,11 +809,15 @@ def test_sigterm_under_load_with_slow_brokers_exits_in_time_with_every_message_r
         socket_dir,
         shutdown_max_delay_ms=shutdown_max_delay_s * 1000,
     )
-    config_path = tmp_path / "pydory.xml"
-    config_path.write_text(config.render(), encoding="ascii")
-    daemon = DaemonProcess(config_path)
+    daemon = DaemonProcess(
+        config,
+        tmp_path / "pydory.xml",
+        tmp_path / "pydory.log",
+        wait_ready=False,
+        arguments=["--log-stderr"],
+    )
     try:
-        assert daemon.ready.wait(60), daemon.output()
+        daemon.wait_ready(metadata=False)  # the inputs are open
         assert stat.S_ISSOCK(os.stat(config.stream_path).st_mode)
         client = StreamingClient(config.stream_path, topic, limit=limit, pause_s=pause_s)
         client.start()
@@ -872,12 +832,12 @@ def test_sigterm_under_load_with_slow_brokers_exits_in_time_with_every_message_r
             exit_status = daemon.process.wait(timeout=600)  # a safety net only
         # The issue's contract, on the daemon's own clock (its log lines), with a margin
         # that grows with how late the machine runs (a runner at load 50 is slow).
-        stop_s = shutdown_span_s(daemon.output().splitlines())
-        assert stop_s <= shutdown_max_delay_s + lateness.margin_s(), daemon.output()
+        stop_s = shutdown_span_s(daemon.log_path.read_text().splitlines())
+        assert stop_s <= shutdown_max_delay_s + lateness.margin_s(), daemon.log_path.read_text()
         client.join(timeout=60)
     finally:
         daemon.kill()
-    output = daemon.output()
+    output = daemon.log_path.read_text()
     assert exit_status == 0, output
     assert client.refused is not None, "the client never noticed the daemon stopping"
     assert not Path(config.stream_path).exists()

@@ -31,11 +31,11 @@ from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.client.messages import now_ms
 from pydory.daemon.delivery.router import ANY_PARTITION_RUN
 from pydory.status.discards import discard_report_json
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_broker import KafkaCluster, SaslUser
-from pydory.testing.kafka_util import ConsumedRecord, consume_all
-from pydory.testing.pytest_plugin import KAFKA_SASL_USERS
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_broker import KafkaCluster, SaslUser
+from pydory_tools.testing.kafka_util import ConsumedRecord, consume_all
+from pydory_tools.testing.pytest_plugin import KAFKA_SASL_USERS
 
 # Every test on both producer backends (the compiled one and confluent-kafka's).
 producer_backend = producer_backends.module_fixture()

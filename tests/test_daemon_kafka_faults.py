@@ -54,10 +54,10 @@ import producer_backends
 from helpers import assert_balanced, wait_until
 from pydory.client import DatagramSender, UnixStreamSender
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, BEFORE_ACCEPTANCE
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import ConsumedRecord, consume_all
 from pydory.wire import encode_any_partition, encode_partition_key
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import ConsumedRecord, consume_all
 
 # Every test on both producer backends (the compiled one and confluent-kafka's).
 producer_backend = producer_backends.module_fixture()

@@ -27,9 +27,9 @@ import pytest
 from daemon_process import DaemonProcess
 from helpers import assert_balanced, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
-from pydory.testing.daemon import DaemonConfig
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import consume_all
+from pydory_tools.testing.daemon import DaemonConfig
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import consume_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -12,9 +12,9 @@ import pytest
 from pydory.cli import main
 from pydory.commands import daemon_url
 from pydory.commands.daemon_url import DEFAULT_URL, locate_daemon
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
-from pydory.testing.ports import free_loopback_port
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
+from pydory_tools.testing.ports import free_loopback_port
 
 SAMPLE_CONFIG = Path(__file__).parents[1] / "docs" / "pydory.sample.xml"
 INSTALL_MD = Path(__file__).parents[1] / "docs" / "install.md"

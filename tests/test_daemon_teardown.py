@@ -13,8 +13,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from pydory.testing.daemon import DaemonConfig, RunningDaemon
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
+from pydory_tools.testing.mock_cluster import MockCluster
 
 QUIET_FOR_S = 4.0  # librdkafka reconnects within 0.1-1 s at first (reconnect.backoff.ms)
 

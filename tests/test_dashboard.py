@@ -19,9 +19,9 @@ import pytest
 
 from pydory.client import DatagramSender
 from pydory.daemon.books.events import DiscardReason
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 from test_status import fetch, port_of, wait_until
 from test_status_schemas import validator
 

@@ -12,8 +12,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from pydory.cli import main
-from pydory.demo import RATE_LIMIT_MAX_COUNT, counted
-from pydory.demo_kills import what_became_of_them
+from pydory_tools.demo import RATE_LIMIT_MAX_COUNT, counted
+from pydory_tools.demo_kills import what_became_of_them
 
 COUNT = 300  # messages per well-behaved client: enough for every stage to have work
 #: With --sigkill: enough that the clients still send after each restart. Stream clients

@@ -43,8 +43,8 @@ from pydory.daemon.books.discard_log import (
 from pydory.daemon.books.discard_log import DiscardLogRotatingFile as RotatingFile
 from pydory.daemon.books.events import DiscardEvent, DiscardReason, OpenOutcome, Transport
 from pydory.daemon.logsetup import configure_logging
-from pydory.testing.daemon import DaemonConfig, running_daemon
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 
 NOW_MS = 1795246679301
 TS_MS = 1795246679208

@@ -21,9 +21,9 @@ from pydory.pipeline.lake_binding import BINDING_FILE
 from pydory.pipeline.lake_files import HadoopFiles, join
 from pydory.pipeline.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
-from pydory.testing.hdfs_cluster import HdfsCluster
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.spark_cluster import SparkCluster
+from pydory_tools.testing.hdfs_cluster import HdfsCluster
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.spark_cluster import SparkCluster
 from test_pipeline_fleet_audit import name, produce, publish, run_books
 
 pytestmark = [

@@ -29,9 +29,9 @@ from daemon_process import DaemonProcess
 from dory_check import CRITICAL, OK, SOCKET_ERRORS, DoryCountersCheck
 from helpers import wait_until
 from pydory.client import DatagramSender, UnixStreamSender
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 TOPIC = "orders"
 LIMITED = "limited"

@@ -26,9 +26,9 @@ from helpers import settled, wait_until
 from pydory.client import UnixStreamSender
 from pydory.status.dory_counters import DORY_COUNTERS, NEVER_IN_PYDORY
 from pydory.status.server import PAGE_REUSE_S
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 from test_status import fetch
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3

@@ -38,9 +38,9 @@ from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.inputs import acceptor as acceptor_module
 from pydory.daemon.inputs.acceptor import RESERVE_FDS, Acceptor, FdLimit
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 #: Descriptors the daemon may open beyond those it holds when the limit is lowered: the
 #: reserve and a few dozen connections.

@@ -40,9 +40,9 @@ import pytest
 
 from helpers import wait_until
 from pydory.daemon.books.events import AFTER_ACCEPTANCE
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kill_loop import (
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kill_loop import (
     KilledDaemon,
     LandingJob,
     SurvivingClient,

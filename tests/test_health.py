@@ -24,8 +24,8 @@ from helpers import wait_until
 from pydory.daemon.delivery.kafka_stats import EMPTY_SNAPSHOT, BrokerStats, StatsSnapshot
 from pydory.status.health import readiness
 from pydory.status.view import DaemonView
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

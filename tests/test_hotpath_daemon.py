@@ -19,9 +19,9 @@ from helpers import wait_until
 from hotpaths import compiled_module
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import Transport
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition, encode_partition_key
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 pytestmark = [
     pytest.mark.slow,

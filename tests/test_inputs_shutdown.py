@@ -27,10 +27,10 @@ from pydory.daemon.inputs.datagram import DatagramInput
 from pydory.daemon.inputs.marks import mark_inputs
 from pydory.daemon.inputs.stream import StreamInput
 from pydory.errors import ClientProtocolError
-from pydory.testing.daemon import DaemonConfig, RunningDaemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import MockCluster
 
 # The host's net.unix.max_dgram_qlen is 10: more datagrams would block an unread sender.
 QUEUED_DATAGRAMS = 8

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException
 
-from pydory.testing.kafka_broker import (
+from pydory_tools.testing.kafka_broker import (
     KafkaBrokerError,
     KafkaCluster,
     find_kafka_jars,
     kafka_version,
     new_cluster_id,
 )
-from pydory.testing.kafka_util import DeliveryFailed, consume_all, produce_all, unique_topic
+from pydory_tools.testing.kafka_util import DeliveryFailed, consume_all, produce_all, unique_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -212,7 +212,7 @@ def broker_process(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
         [
             sys.executable,
             "-m",
-            "pydory.testing.kafka_broker",
+            "pydory_tools.testing.kafka_broker",
             "--topic",
             "cli:2",
             "--dir",

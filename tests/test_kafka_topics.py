@@ -1,4 +1,4 @@
-"""`python -m pydory.testing.kafka_broker topics` on a running Apache Kafka: operations.md's
+"""`python -m pydory_tools.testing.kafka_broker topics` on a running Apache Kafka: operations.md's
 books-topic step as written, and what it says when the topic exists."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from pydory.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_broker import KafkaCluster
 
 ROOT = Path(__file__).parents[1]
 OPERATIONS_MD = ROOT / "docs" / "operations.md"
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.kafka
 
 def topics(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pydory.testing.kafka_broker", "topics", *args],
+        [sys.executable, "-m", "pydory_tools.testing.kafka_broker", "topics", *args],
         capture_output=True,
         text=True,
         timeout=300,  # a safety net: the command asks Kafka once
@@ -35,7 +35,7 @@ def documented_step(bootstrap: str, topic: str) -> list[str]:
     """operations.md's books-topic command, for this broker and a topic of this test's."""
     (block,) = STEP.findall(OPERATIONS_MD.read_text(encoding="utf-8"))
     command = re.sub(r"\\\n\s*", "", block).split()
-    assert command[:3] == [".venv/bin/python", "-m", "pydory.testing.kafka_broker"]
+    assert command[:3] == [".venv/bin/python", "-m", "pydory_tools.testing.kafka_broker"]
     replaced = {"127.0.0.1:PORT": bootstrap, "pydory.books": topic}
     return [replaced.get(word, word) for word in command[3:]]
 

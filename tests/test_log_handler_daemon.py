@@ -12,8 +12,8 @@ import pytest
 
 from helpers import settled, wait_until
 from pydory.client import PydoryLogHandler
-from pydory.testing.daemon import DaemonConfig, running_daemon
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 
 BURST = 500
 

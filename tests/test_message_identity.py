@@ -15,10 +15,10 @@ from pydory.config.loader import parse_config
 from pydory.daemon.spool import identity as identity_module
 from pydory.daemon.spool.identity import HEADER_NAME, MessageIds, resolve_host_id
 from pydory.errors import ConfigError
-from pydory.testing.daemon import running_daemon
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import running_daemon
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 from test_spool_acks_kafka import read_topic
 
 

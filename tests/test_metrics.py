@@ -30,8 +30,8 @@ from pydory.daemon.reload import ReloadHistory, ReloadOutcome
 from pydory.status.metrics import DaemonCollector, build_registry
 from pydory.status.pages import StatusPages
 from pydory.status.view import DaemonView
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 from test_status import fetch, port_of, send_good_and_bad, wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -1,4 +1,5 @@
-"""librdkafka's mock cluster through pydory.testing: round trip, faults, injection, process."""
+"""librdkafka's mock cluster through pydory_tools.testing: round trip, faults, injection,
+process."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from pydory.testing.kafka_util import ConsumedRecord, consume_all, produce_all
-from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster, MockClusterError
+from pydory_tools.testing.kafka_util import ConsumedRecord, consume_all, produce_all
+from pydory_tools.testing.mock_cluster import ApiKey, ErrorCode, MockCluster, MockClusterError
 
 ROUND_TRIP_COUNT = 2000
 
@@ -238,7 +239,7 @@ def test_idempotent_producer_survives_a_broker_outage(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_process_serves_until_signalled(stop_signal: signal.Signals) -> None:
-    command = [sys.executable, "-m", "pydory.testing.mock_cluster", "--brokers", "2"]
+    command = [sys.executable, "-m", "pydory_tools.testing.mock_cluster", "--brokers", "2"]
     command += ["--topic", "demo:3", "--topic", "other:1"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
         try:
@@ -259,7 +260,7 @@ def test_process_serves_until_signalled(stop_signal: signal.Signals) -> None:
 
 
 def test_process_rejects_a_bad_topic_spec() -> None:
-    command = [sys.executable, "-m", "pydory.testing.mock_cluster", "--topic", "nopartitions"]
+    command = [sys.executable, "-m", "pydory_tools.testing.mock_cluster", "--topic", "nopartitions"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "NAME:PARTITIONS" in result.stderr

@@ -22,10 +22,10 @@ import pytest
 from helpers import settled, wait_until
 from pydory.client import DatagramSender, UnixStreamSender
 from pydory.commands.status import DaemonUnreachable, StatusClient
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import MockCluster
 
 FILES = ("msg_receive", "msg_send", "msg_got_ack")
 LINE = re.compile(

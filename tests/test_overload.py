@@ -30,10 +30,10 @@ from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.spool.records import HEADER_BYTES
 from pydory.daemon.spool.segments import Spool
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import MockCluster
 
 # --- unit: Overload on a fake clock and fake inputs ---------------------------------------
 

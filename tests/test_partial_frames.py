@@ -34,9 +34,9 @@ from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import Transport
 from pydory.daemon.books.pool import partial_frame_cost
 from pydory.daemon.inputs.stream_connection import PARTIAL_FRAME_WAIT_S
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 # Every test here runs on the compiled hot path and on the pure-Python one (issue 25).
 implementation = module_fixture()

@@ -46,8 +46,8 @@ from pydory.pipeline.spark import (
     spark_session,
     with_spark_kafka_jars,
 )
-from pydory.testing.daemon import DaemonConfig, running_daemon
-from pydory.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.daemon import DaemonConfig, running_daemon
+from pydory_tools.testing.kafka_broker import KafkaCluster
 
 # 2024-03-01 23:59:59.500 UTC and a second later, the next UTC day.
 LATE_EVENING_MS = 1_709_337_599_500

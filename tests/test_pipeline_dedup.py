@@ -28,7 +28,7 @@ from pydory.pipeline import land
 from pydory.pipeline.dedup import DEFAULT_WINDOW_S, IDENTITY_COLUMN
 from pydory.pipeline.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
-from pydory.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_broker import KafkaCluster
 
 HOST = "host-a"
 INCARNATION = "00000000000000aa"

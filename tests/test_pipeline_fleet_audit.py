@@ -24,7 +24,7 @@ from pydory.daemon.books.publisher import books_value
 from pydory.pipeline.fleet_audit import BooksTopicUnavailable, fleet_audit
 from pydory.pipeline.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
-from pydory.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import produce as produce_records
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -41,10 +41,10 @@ from pydory.pipeline.land import (
     utc_date,
 )
 from pydory.pipeline.spark import spark_session
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import admin_create_topic
-from pydory.testing.kill_loop import jvm_child_of
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import admin_create_topic
+from pydory_tools.testing.kill_loop import jvm_child_of
+from pydory_tools.testing.mock_cluster import MockCluster
 
 # 2024-03-01 23:59:59.500 UTC and half a second later, the next UTC day.
 LATE_EVENING_MS = 1_709_337_599_500

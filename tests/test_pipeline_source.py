@@ -32,9 +32,9 @@ from pydory.pipeline.kafka_source import (
     KafkaStreamReader,
 )
 from pydory.pipeline.range_reader import ARROW_SCHEMA, ARROW_SCHEMA_WITH_HEADERS
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import produce_all
-from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import produce_all
+from pydory_tools.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 
 # The mock cluster keeps about 5 MB per partition: 1,500 values of 10 kB push the
 # first ~1,000 offsets out of retention.

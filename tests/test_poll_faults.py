@@ -20,10 +20,10 @@ import producer_backends
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import UnixStreamSender
 from pydory.daemon.delivery import compiled_producer
-from pydory.testing.daemon import DaemonConfig, RunningDaemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import MockCluster
 
 COUNT = 3_000
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import producer_backends
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import UnixStreamSender
-from pydory.testing.daemon import DaemonConfig, running_daemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, running_daemon
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import ApiKey, ErrorCode, MockCluster
 
 # Every test on both producer backends (the compiled one and confluent-kafka's).
 producer_backend = producer_backends.module_fixture()

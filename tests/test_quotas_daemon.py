@@ -40,9 +40,9 @@ import pytest
 
 from helpers import SchedulingDelay, assert_balanced, settled, wait_until
 from pydory.daemon.books.events import Transport
-from pydory.testing.daemon import DaemonConfig, RunningDaemon
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
+from pydory_tools.testing.mock_cluster import MockCluster
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from helpers import wait_until
 from pydory.cli import main
 from pydory.client import UnixStreamSender
 from pydory.client.messages import encode_message
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
-from pydory.testing.ports import free_loopback_port
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
+from pydory_tools.testing.ports import free_loopback_port
 
 pytestmark = [pytest.mark.timeout(120)]
 

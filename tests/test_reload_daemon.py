@@ -24,10 +24,10 @@ from confluent_kafka.admin import AclOperation
 from helpers import assert_balanced, settled, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.client.messages import encode_message
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.ports import free_loopback_port
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.ports import free_loopback_port
 from test_daemon_kafka import CODEC_IDS, stored_codecs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -317,7 +317,7 @@ def test_brokers_and_credentials_change_by_reload_under_load(
 ) -> None:
     """Rotating credentials, or moving to another listener, without a restart: the same
     broker over PLAINTEXT, then SASL/PLAIN as alice, then TLS, while clients send."""
-    from pydory.testing.pytest_plugin import KAFKA_SASL_USERS
+    from pydory_tools.testing.pytest_plugin import KAFKA_SASL_USERS
     from test_daemon_kafka import grant, sasl_login
 
     alice = KAFKA_SASL_USERS[0]

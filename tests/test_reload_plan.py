@@ -16,7 +16,7 @@ from pydory.config.model import LoggingConfig, LogLevel
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
 from pydory.daemon.logsetup import LogFiles
 from pydory.daemon.reload import ReloadHistory, ReloadOutcome, plan_reload
-from pydory.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.daemon_config import DaemonConfig
 
 
 def config(**knobs: object) -> Config:

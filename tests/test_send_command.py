@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from pydory.cli import main
-from pydory.testing.daemon_config import DaemonConfig
 from pydory.wire import Message, decode
+from pydory_tools.testing.daemon_config import DaemonConfig
 from receivers import MAX_DATAGRAM, RECEIVE_TIMEOUT_S, read_stream, receive_datagram
 
 StreamReceiver = tuple[list[str], Callable[[], Future[list[Message]]], socket.socket]

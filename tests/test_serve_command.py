@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 PYDORY = str(Path(sys.executable).parent / "pydory")
 START_TIMEOUT_S = 60

@@ -23,10 +23,10 @@ from daemon_process import DaemonProcess
 from helpers import DISCARD_COUNTS, TOTALS_LINE, wait_until
 from pydory.client import UnixStreamSender
 from pydory.daemon.spool.records import HEADER_BYTES, decode_records
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import MockCluster
 
 # Every test on both producer backends (the compiled one and confluent-kafka's).
 producer_backend = producer_backends.module_fixture()

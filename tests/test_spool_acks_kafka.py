@@ -32,9 +32,9 @@ from daemon_process import DaemonProcess
 from helpers import wait_until
 from pydory import wire
 from pydory.daemon.spool.records import HEADER_BYTES, decode_records
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.kafka_broker import KafkaCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.kafka_broker import KafkaCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -92,10 +92,10 @@ from pydory.client import UnixStreamSender
 from pydory.daemon.inputs.datagram import DATAGRAM_BURST
 from pydory.daemon.spool.records import HEADER_BYTES, decode_records
 from pydory.daemon.spool.segments import Spool
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.kafka_broker import KafkaCluster
-from pydory.testing.kafka_util import consume_all
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.kafka_util import consume_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

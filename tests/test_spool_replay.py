@@ -16,9 +16,9 @@ import pytest
 
 from daemon_process import DaemonProcess
 from pydory.daemon.spool.segments import Spool
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 pytestmark = pytest.mark.slow
 

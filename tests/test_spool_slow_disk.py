@@ -15,10 +15,10 @@ import pytest
 
 from helpers import settled, wait_until
 from pydory.client import UnixStreamSender
-from pydory.testing.daemon import running_daemon
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import running_daemon
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 DISK_WORKER = "pydory-spool-disk"
 

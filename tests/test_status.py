@@ -28,9 +28,9 @@ from pydory import __version__
 from pydory.client import DatagramSender
 from pydory.errors import ConfigError
 from pydory.status.server import PORT_CONFIG_PATH, RequestPacer, listen_hosts, paced, reused_briefly
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 
 SAMPLES = Path(__file__).parent / "data" / "dory_http_samples"
 PLAIN = "text/plain; charset=utf-8"

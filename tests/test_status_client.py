@@ -25,9 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pydory
-from pydory.bench.daemon import DaemonProcess as BenchDaemon
 from pydory.cli import main
-from pydory.demo import get_json as demo_get_json
 from pydory.pipeline.audit import BooksUnavailable, fetch_books
 from pydory.status_client import (
     DaemonUnreachable,
@@ -38,7 +36,9 @@ from pydory.status_client import (
     proxies_for,
     status_base_url,
 )
-from pydory.testing.daemon_config import DaemonConfig
+from pydory_tools.bench.daemon import BenchDaemon
+from pydory_tools.demo import get_json as demo_get_json
+from pydory_tools.testing.daemon_config import DaemonConfig
 
 BOOKS = {"received": {"unix_dgram": 3}, "topics": [], "from": "the daemon"}
 COMMIT_POINT = {

@@ -24,9 +24,9 @@ from pydory.commands.status import (
     render_queues,
     table,
 )
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
-from pydory.testing.ports import free_loopback_port
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
+from pydory_tools.testing.ports import free_loopback_port
 
 SAMPLES = Path(__file__).parent / "data" / "dory_http_samples"
 

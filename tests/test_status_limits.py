@@ -23,8 +23,8 @@ from helpers import wait_until
 from pydory.daemon.books import counters as counter_names
 from pydory.status import server as status_server
 from pydory.status.limits import QuietRequestErrors, StatusLimits
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 
 #: Long enough for a test's client to do what it must before a limit acts on it.
 SHORT_S = 1.0

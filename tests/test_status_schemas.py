@@ -17,8 +17,8 @@ import pytest
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError
 
 from pydory.client import DatagramSender
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.mock_cluster import MockCluster
 from test_status import fetch, port_of, request_metadata_update, send_good_and_bad, wait_until
 
 SCHEMAS = Path(__file__).parents[1] / "docs" / "schemas"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from pydory.daemon import systemd
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The Tansu broker through pydory.testing: start, round trip, stop."""
+"""The Tansu broker through pydory_tools.testing: start, round trip, stop."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from pydory.testing.kafka_util import consume_all, produce_all
-from pydory.testing.tansu import TansuBroker, find_tansu_binary
+from pydory_tools.testing.kafka_util import consume_all, produce_all
+from pydory_tools.testing.tansu import TansuBroker, find_tansu_binary
 
 pytestmark = pytest.mark.tansu
 

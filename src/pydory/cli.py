@@ -2,7 +2,8 @@
 
 Only the module of the command being run is imported (``pydory.commands.COMMANDS`` lists
 them with the line `pydory --help` shows), so a quick command starts quickly. A command
-that needs the ``spark`` extra says so in one line on a host without it.
+that needs the ``spark`` extra, or the tools' distribution (``pydory-tools``: `demo`,
+`bench`), says so in one line on a host without it.
 This is the only place that turns errors into exit statuses.
 """
 
@@ -19,6 +20,8 @@ from pydory.commands import (
     COMMANDS,
     SPARK_INSTALL_HINT,
     SPARK_MODULES,
+    TOOLS_INSTALL_HINT,
+    TOOLS_PACKAGE,
     Command,
     add_version_option,
 )
@@ -51,6 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     name = chosen_command(argv)
     command = next((each for each in COMMANDS if each.name == name), None)
+    if command is not None and command.needs_tools and not tools_installed():
+        # Before the parser: the command's own module is in the missing package.
+        print(
+            f"pydory {command.name}: this needs `{TOOLS_INSTALL_HINT}` "
+            f"(no module named {TOOLS_PACKAGE!r} here)",
+            file=sys.stderr,
+        )
+        return 1
     # Nothing registered when no known command is named: argparse then lists them all.
     parser = build_parser(command.name if command else "")
     args = parser.parse_args(argv)
@@ -78,6 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_needs_spark(command, missing_module), file=sys.stderr)
         return 1
     return status
+
+
+def tools_installed() -> bool:
+    """Whether the tools' package (``pydory-tools``: the demo, the benchmark) is here."""
+    return importlib.util.find_spec(TOOLS_PACKAGE) is not None
 
 
 def missing_spark_modules() -> list[str]:

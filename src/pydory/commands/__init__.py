@@ -4,6 +4,12 @@ Each command is named here with its one-line summary and the module that impleme
 `pydory.cli` imports only the module of the command being run, so that `pydory send` or
 `pydory status` loads no daemon, Spark or benchmark code (the start-up target is in
 BENCHMARKS.md; tests/test_cli_startup.py counts the modules `pydory send` imports).
+`demo` and `bench` live in the tools' distribution (``pydory-tools``, package
+``pydory_tools``, in ``tools/`` of the checkout): named here by their module's name only,
+so `pydory --help` lists them and a host without the tools is told what to install, while
+nothing in ``pydory`` imports the tools. (Not an entry-point group the tools register:
+reading entry points costs every command tens of milliseconds of importlib.metadata, and
+the commands would vanish from `pydory --help` instead of saying what they need.)
 A module's ``register(subparsers)`` adds its parser with :func:`add_command` (its help line
 from here, its description, its ``handler``: a function taking the parsed namespace and
 returning an exit status); a command of subcommands (`config`, `pipeline`) with
@@ -26,6 +32,10 @@ from typing import Any, TypeAlias
 SPARK_INSTALL_HINT = "pip install 'pydory[spark]'"
 #: The modules of the ``spark`` extra a Spark command imports (py4j comes with PySpark).
 SPARK_MODULES = ("pyspark", "py4j", "pyarrow")
+#: What a tools command (demo, bench) says on a host without the tools' distribution.
+TOOLS_INSTALL_HINT = "pip install pydory-tools"
+#: The tools' package, which ``pydory`` itself never imports.
+TOOLS_PACKAGE = "pydory_tools"
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 #: Runs a command: the parsed namespace in, the exit status out.
@@ -40,6 +50,8 @@ class Command:
     summary: str
     module: str
     needs_spark: bool = False
+    #: Lives in the tools' distribution (``pydory_tools``), not in ``pydory``.
+    needs_tools: bool = False
 
 
 COMMANDS = (
@@ -70,9 +82,10 @@ COMMANDS = (
     Command(
         "demo",
         "run the demo: clients, the daemon, Kafka, the Spark lake and its audit "
-        f"(needs {SPARK_INSTALL_HINT})",
-        "pydory.commands.demo",
+        f"(needs {TOOLS_INSTALL_HINT} and {SPARK_INSTALL_HINT})",
+        "pydory_tools.commands.demo",
         needs_spark=True,
+        needs_tools=True,
     ),
     Command(
         "pipeline",
@@ -83,8 +96,10 @@ COMMANDS = (
     ),
     Command(
         "bench",
-        "measure pydory end to end against a mock cluster, with baselines",
-        "pydory.commands.bench",
+        "measure pydory end to end against a mock cluster, with baselines "
+        f"(needs {TOOLS_INSTALL_HINT})",
+        "pydory_tools.commands.bench",
+        needs_tools=True,
     ),
 )
 

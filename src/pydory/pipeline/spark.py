@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: Spark's master URL when none is given. ``spark://HOST:PORT`` runs the jobs on a standalone
-#: cluster (``pydory.testing.spark_cluster`` starts one on loopback), ``yarn`` or
+#: cluster (``pydory_tools.testing.spark_cluster`` starts one on loopback), ``yarn`` or
 #: ``k8s://...`` on those; every pipeline command takes it as ``--master``.
 DEFAULT_MASTER = "local[*]"
 
@@ -127,7 +127,7 @@ def _project_root() -> Path:
 
 def _master_on_loopback(master: str) -> bool:
     """Whether ``master`` is a standalone master on this machine's loopback
-    (``spark://127.0.0.1:7077``, as :mod:`pydory.testing.spark_cluster` starts one)."""
+    (``spark://127.0.0.1:7077``, as :mod:`pydory_tools.testing.spark_cluster` starts one)."""
     if not master.startswith("spark://"):
         return False
     hosts = [address.rsplit(":", 1)[0] for address in master[len("spark://") :].split(",")]

@@ -1,9 +1,0 @@
-"""Kafka brokers and helpers for pydory's tests and demos.
-
-- :mod:`pydory.testing.mock_cluster`: librdkafka's in-process mock cluster (fault injection).
-- :mod:`pydory.testing.tansu`: the Tansu broker as a separate process.
-- :mod:`pydory.testing.kafka_util`: topic names, topic creation, reading a topic back.
-- :mod:`pydory.testing.pytest_plugin`: pytest fixtures over the above.
-
-Submodules are imported on demand, so ``import pydory.testing`` stays cheap.
-"""

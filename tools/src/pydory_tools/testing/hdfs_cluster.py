@@ -1,0 +1,292 @@
+"""HDFS on loopback for the tests and the fleet demo: Hadoop's ``MiniDFSCluster`` (a namenode
+and datanodes) in one JVM process of its own.
+
+The jars come from Maven Central at set-up (``./dev`` copies what ``jvm/hadoop/pom.xml``
+pins into ``.jars/hadoop/``, the Hadoop release PySpark's own client is built against);
+nothing downloads here. The process is Hadoop's own ``MiniDFSClusterManager`` main
+(shipped in ``hadoop-client-minicluster``): its namenode listens on a free loopback port,
+its datanodes on loopback too, its data lives in a directory of ours, and it writes a
+small JSON file once the cluster is active (``waitActive``: the namenode answers and every
+datanode has registered), which is the condition :class:`HdfsCluster` waits for.
+:meth:`HdfsCluster.stop` ends the process by its PID.
+
+Run it as a process for demos and manual testing::
+
+    python -m pydory_tools.testing.hdfs_cluster
+
+The first line of output is the file system's URI (``hdfs://127.0.0.1:PORT``); the process
+serves until SIGTERM or SIGINT, then stops HDFS and exits 0.
+
+Rule: `HdfsCluster` is the only code that starts, waits for and stops an HDFS process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydory.errors import PydoryError
+from pydory_tools.testing.lifecycle import StopsOnExit, terminate_then_kill
+from pydory_tools.testing.ports import LOOPBACK, accepts_connections, free_loopback_ports
+
+__all__ = ["HdfsCluster", "HdfsError", "find_hadoop_jars", "main"]
+
+_JARS_ENV = "PYDORY_HADOOP_JARS"
+_MAIN_CLASS = "org.apache.hadoop.test.MiniDFSClusterManager"
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_LOG_TAIL_BYTES = 4000
+_POLL_INTERVAL_S = 0.1
+# A namenode and a datanode for tests fit a small heap; Serial GC keeps the footprint and
+# the background threads low beside Kafka and Spark on a 2-core machine.
+_JVM_OPTIONS = (
+    "-Xms64m",
+    "-Xmx384m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Djava.awt.headless=true",
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+)
+
+
+class HdfsError(PydoryError):
+    """HDFS could not be set up, started or stopped. Carries the log tail."""
+
+
+def find_hadoop_jars() -> Path:
+    """The directory of the minicluster's jars: ``$PYDORY_HADOOP_JARS`` or ``.jars/hadoop``."""
+    configured = os.environ.get(_JARS_ENV)
+    directory = Path(configured) if configured else _project_root() / ".jars" / "hadoop"
+    if not any(directory.glob("hadoop-client-minicluster-*.jar")):
+        raise HdfsError(
+            f"no hadoop-client-minicluster jar in {directory}: run ./dev jars (it fetches "
+            f"them from Maven Central), or set {_JARS_ENV} to a directory holding it and "
+            "its dependencies"
+        )
+    return directory
+
+
+def _project_root() -> Path:
+    # tools/src/pydory_tools/testing/hdfs_cluster.py -> the checkout (installed editable).
+    return Path(__file__).resolve().parents[4]
+
+
+class HdfsCluster(StopsOnExit):
+    """HDFS on 127.0.0.1, started by the constructor, ended by :meth:`stop`.
+
+    ``datanodes`` datanodes (each file's blocks are written to ``min(3, datanodes)`` of
+    them, the cluster's replication). Data lives under ``base_dir`` if given (kept
+    afterwards), else in a temporary directory removed by :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        datanodes: int = 1,
+        *,
+        base_dir: Path | None = None,
+        startup_timeout_s: float = 180.0,
+    ) -> None:
+        if datanodes < 1:
+            raise ValueError("HDFS needs at least one datanode")
+        self._jars = find_hadoop_jars()
+        self._java = _find_java()
+        self._owns_base_dir = base_dir is None
+        self.base_dir = (
+            Path(tempfile.mkdtemp(prefix="pydory-hdfs-")) if base_dir is None else base_dir
+        )
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.port, self.http_port = free_loopback_ports(2)
+        self.datanodes = datanodes
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        try:
+            started = time.monotonic()
+            self._spawn()
+            self._wait_until_active(startup_timeout_s)
+            self.startup_s = time.monotonic() - started
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def uri(self) -> str:
+        """The file system's URI, ``hdfs://127.0.0.1:PORT`` (a path is appended to it)."""
+        return f"hdfs://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's process id, or None once stopped or killed."""
+        return None if self._process is None else self._process.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / "hdfs.log"
+
+    def describe(self) -> str:
+        """One line for people: ``HDFS (MiniDFSCluster, 1 datanode) at hdfs://...``."""
+        noun = "datanode" if self.datanodes == 1 else "datanodes"
+        return f"HDFS (Hadoop MiniDFSCluster, {self.datanodes} {noun}) at {self.uri}"
+
+    def kill(self) -> None:
+        """SIGKILL the process (namenode and datanodes at once): HDFS gone, its data kept."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """End the process (SIGTERM, SIGKILL after ``grace_s``); remove a temporary base_dir."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is not None:
+            if self._owns_base_dir:
+                process.kill()  # its data is about to go: a clean shutdown only costs time
+                process.wait()
+            else:
+                terminate_then_kill(process, grace_s)
+        if self._owns_base_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def log_tail(self) -> str:
+        """The last few kilobytes the process wrote, for error messages."""
+        return _tail(self.log_path)
+
+    # --- start-up ------------------------------------------------------------------------------
+
+    @property
+    def _details_path(self) -> Path:
+        return self.base_dir / "details.json"
+
+    def _command(self) -> list[str]:
+        data = self.base_dir / "data"
+        return [
+            self._java,
+            *_JVM_OPTIONS,
+            # MiniDFSCluster's fallback data directory (its own default is under the cwd).
+            f"-Dtest.build.data={data}",
+            "-cp",
+            f"{self._jars}/*",
+            _MAIN_CLASS,
+            "-format",
+            "-datanodes",
+            str(self.datanodes),
+            "-nnport",
+            str(self.port),
+            "-httpport",
+            str(self.http_port),
+            "-writeDetails",
+            str(self._details_path),
+            "-D",
+            f"hdfs.minidfs.basedir={data}",
+            "-D",
+            f"dfs.replication={min(3, self.datanodes)}",
+            # Loopback only: the namenode's RPC and HTTP servers, and where it sends clients.
+            "-D",
+            f"dfs.namenode.rpc-bind-host={LOOPBACK}",
+            "-D",
+            f"dfs.namenode.http-bind-host={LOOPBACK}",
+        ]
+
+    def _spawn(self) -> None:
+        self._details_path.unlink(missing_ok=True)
+        with self.log_path.open("ab") as output:
+            # Its own session (a Ctrl-C aimed at the test run does not race our stop()),
+            # killed with the thread that started it (a killed test run leaves no HDFS).
+            self._process = subprocess.Popen(
+                self._command(),
+                cwd=self.base_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def _wait_until_active(self, timeout_s: float) -> None:
+        """Wait for the details file (written after ``waitActive``) and the namenode's port."""
+        deadline = time.monotonic() + timeout_s
+        while not (self._details_written() and accepts_connections(LOOPBACK, self.port)):
+            process = self._process
+            if process is None or process.poll() is not None:
+                status = None if process is None else process.returncode
+                raise HdfsError(self._failure(f"exited with status {status}"))
+            if time.monotonic() >= deadline:
+                raise HdfsError(self._failure(f"was not active after {timeout_s:.0f} s"))
+            time.sleep(_POLL_INTERVAL_S)
+
+    def _details_written(self) -> bool:
+        try:
+            details = json.loads(self._details_path.read_text())
+        except (FileNotFoundError, ValueError):  # not yet, or being written
+            return False
+        return isinstance(details, dict) and details.get("namenode_port") == self.port
+
+    def _failure(self, what: str) -> str:
+        return f"HDFS at {self.uri} {what}; log {self.log_path}:\n{self.log_tail()}"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the thread that started it exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    candidate = Path(java_home) / "bin" / "java" if java_home else None
+    if candidate is not None and candidate.is_file():
+        return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        raise HdfsError("no java on PATH: HDFS needs Java 17 (./dev installs it)")
+    return found
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "(no log written)"
+    return data[-_LOG_TAIL_BYTES:].decode(errors="replace")
+
+
+# --- python -m pydory_tools.testing.hdfs_cluster -------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pydory_tools.testing.hdfs_cluster",
+        description="Run HDFS (Hadoop's MiniDFSCluster) on loopback; print its URI first.",
+    )
+    parser.add_argument("--datanodes", type=int, default=1, help="number of datanodes")
+    parser.add_argument("--dir", type=Path, help="keep HDFS's data here")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        cluster = HdfsCluster(args.datanodes, base_dir=args.dir)
+    except HdfsError as error:
+        print(f"hdfs_cluster: {error}", file=sys.stderr)
+        return 1
+    with cluster:
+        print(cluster.uri, flush=True)
+        print(f"{cluster.describe()}; started in {cluster.startup_s:.1f} s", file=sys.stderr)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
