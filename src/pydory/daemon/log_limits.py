@@ -81,10 +81,12 @@ class ClientLines:
         self._gate = RepeatGate(interval_s)
         self._clock = clock
 
-    def log(self, level: int, kind: Hashable, msg: str, *args: object) -> None:
-        """``logger.log(level, msg, *args)``, unless a line of ``kind`` was logged less
-        than the interval ago (then only counted). Nothing is formatted for a line held
-        back, nor for a level the logger does not log."""
+    def log(
+        self, level: int, kind: Hashable, msg: str, *args: object, exc_info: bool = False
+    ) -> None:
+        """``logger.log(level, msg, *args, exc_info=exc_info)``, unless a line of ``kind``
+        was logged less than the interval ago (then only counted). Nothing is formatted
+        for a line held back, nor for a level the logger does not log."""
         if not self.logger.isEnabledFor(level):
             return
         passed = self._gate.admit(kind, self._clock())
@@ -96,4 +98,4 @@ class ClientLines:
         else:
             msg += " (at most one line like it per %.0f s)"
             args = (*args, self._gate.interval_s)
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
