@@ -13,17 +13,21 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import pytest
 import uvloop
 
+from helpers import wait_until
 from hotpaths import module_fixture
+from pydory.client import DatagramSender
 from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs import datagram
 from pydory.daemon.inputs.datagram import DatagramInput
 from pydory.errors import ClientProtocolError, ConfigError
+from pydory.testing.daemon import DaemonConfig, RunningDaemon
+from pydory.testing.mock_cluster import MockCluster
 
 implementation = module_fixture()
 
@@ -163,3 +167,48 @@ def test_a_size_the_reader_cannot_take_is_refused_naming_the_element() -> None:
         DatagramInput.check_limits(2**31, True)  # above what the config check accepts
     assert "maxDatagramMsgSize" in str(refused.value)
     assert refused.value.path == datagram.MAX_SIZE_ELEMENT
+
+
+@dataclass
+class LargeDatagramsConfig(DaemonConfig):
+    """DaemonConfig with ``allowLargeUnixDatagrams`` on (its render writes it off)."""
+
+    def render(self) -> str:
+        rendered = super().render()
+        assert rendered.count('<allowLargeUnixDatagrams value="false"') == 1
+        return rendered.replace(
+            '<allowLargeUnixDatagrams value="false"', '<allowLargeUnixDatagrams value="true"'
+        )
+
+
+def test_a_daemon_runs_at_64_mib_and_reloaded_to_the_largest_size(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Before: the compiled reader raised at every loop turn from 64 MiB + 1 on (no
+    datagram read, SIGTERM exiting 1); now the daemon reads and delivers, and stops."""
+    topic = unique_topic("large")
+    mock_cluster.create_topic(topic, 1)
+    config = LargeDatagramsConfig(
+        mock_cluster.bootstrap_servers,
+        str(tmp_path_factory.mktemp("s")),
+        max_datagram_msg_size="64m",
+    )
+    daemon = RunningDaemon(config).start()
+    try:
+        with DatagramSender(config.datagram_path) as sender:
+            sender.send(topic, b"at 64 MiB")
+            wait_until(lambda: delivered(daemon, topic) == 1, what="the first delivered")
+            largest = replace(config, max_datagram_msg_size=str(LARGEST_ACCEPTED))
+            outcome = daemon.reload(largest)
+            assert outcome.ok, outcome.errors
+            sender.send(topic, b"at 2^31 - 1")
+            wait_until(lambda: delivered(daemon, topic) == 2, what="the second delivered")
+    finally:
+        daemon.stop()
+    assert daemon.server.snapshot()["received"]["unix_dgram"] == 2
+
+
+def delivered(daemon: RunningDaemon, topic: str) -> int:
+    return int(daemon.snapshot()["topics"].get(topic, {}).get("delivered", 0))
