@@ -11,18 +11,20 @@ import asyncio
 import http.client
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import uvloop
 from aiohttp.http_exceptions import BadHttpMessage
 
 from helpers import wait_until
 from pydory.daemon.books import counters as counter_names
 from pydory.status import server as status_server
-from pydory.status.limits import QuietRequestErrors, StatusLimits
+from pydory.status.limits import QuietRequestErrors, SlotShares, StatusLimits, status_peer
 from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon, running_daemon
 from pydory_tools.testing.mock_cluster import MockCluster
 
@@ -211,3 +213,96 @@ def test_the_count_of_left_out_errors_is_logged_at_the_intervals_end(
         "49 more BadHttpMessage from status clients in the last 0.2 s",
     ]
     assert all(record.exc_info is None for record in caplog.records)
+
+
+def test_the_slots_go_to_the_peers_holding_the_fewest() -> None:
+    shares = SlotShares(4)
+
+    assert [shares.claim("greedy") for _ in range(4)] == [(True, None)] * 4
+    assert shares.claim("greedy") == (False, None)  # full, and it holds them all
+    assert shares.claim("polite") == (True, "greedy")  # the greedy one gives one up
+    assert shares.claim("polite") == (True, "greedy")
+    assert (shares.held("greedy"), shares.held("polite")) == (2, 2)
+    assert shares.claim("polite") == (False, None)  # an even share: nobody gives one up
+    assert shares.claim("third") == (True, "greedy")  # 2 is more than 0 + 1
+    assert (shares.held("greedy"), shares.held("polite"), shares.held("third")) == (1, 2, 1)
+    assert shares.claim("polite") == (False, None)  # no peer holds more than 3
+    shares.release("polite")
+    assert shares.claim("fourth") == (True, None)
+    assert shares.open == 4
+
+
+def by_source_address(transport: asyncio.BaseTransport) -> object:
+    """Peers told apart by their source address (the test's clients share one uid)."""
+    return transport.get_extra_info("peername")[0]
+
+
+def test_a_client_holding_every_status_slot_cannot_starve_another(
+    monkeypatch: pytest.MonkeyPatch, mock_cluster: MockCluster, socket_dir: str
+) -> None:
+    """One client (127.0.0.2) holds every slot with connections that send nothing; the
+    header timeout is far off. Before: every other client's request got 503. Now each of
+    the polite client's requests is answered, a greedy connection reset for it."""
+    limits = StatusLimits(
+        header_timeout_s=LONG_S,
+        idle_timeout_s=LONG_S,
+        max_connections=CAP,
+        peer_of=by_source_address,
+    )
+    with daemon_with(monkeypatch, mock_cluster, socket_dir, limits) as daemon:
+        port = port_of(daemon)
+        hogs = [
+            socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0))
+            for _ in range(CAP)
+        ]
+        try:
+            # The loop accepts in the kernel's order: the polite requests come after
+            # every hog. Each is answered.
+            answers = [counters_unless_refused(port) for _ in range(5)]
+            assert None not in answers
+            # The greedy client is the one refused: its oldest connections reset, each
+            # counted as refused.
+            reset = [hog for hog in hogs if closed_by_daemon_now(hog)]
+            assert len(reset) >= 1
+            assert reset == hogs[: len(reset)]
+            last = answers[-1]
+            assert last is not None
+            assert last[counter_names.STATUS_CONNECTIONS_REFUSED] == len(reset)
+        finally:
+            for hog in hogs:
+                hog.close()
+
+
+def closed_by_daemon_now(sock: socket.socket) -> bool:
+    """Whether the daemon has closed ``sock`` already (a read would not block)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_loopback_status_client_is_known_by_its_uid() -> None:
+    """As the inputs' quotas know a client (daemon/inputs/peers.py), on the daemon's loop."""
+
+    async def scenario() -> object:
+        peers: list[object] = []
+        made = asyncio.Event()
+
+        class Recorder(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                peers.append(status_peer(transport))
+                made.set()
+
+        server = await asyncio.get_running_loop().create_server(Recorder, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            async with asyncio.timeout(CLIENT_PATIENCE_S):
+                await made.wait()
+            writer.close()
+        return peers[0]
+
+    assert uvloop.run(scenario()) == ("uid", os.getuid())

@@ -9,7 +9,9 @@
  *                  every whole frame held, as a list, in one call.
  *   DatagramReader recvmmsg(2): up to 64 datagrams per system call (Python's socket
  *                  module has none), each copied out as bytes, an oversized one as
- *                  (size, its first 64 bytes), as inputs/datagram.py's loop does.
+ *                  (size, its first 64 bytes), as inputs/datagram.py's loop does; with
+ *                  a max_size of 256 KiB or more, one at a time, its size peeked first,
+ *                  a large one's memory taken when it arrives.
  *   parse_any_partition_burst(frames, topic_cache)
  *                  [wire.parse_any_partition(f) for f in frames], the topic looked up in
  *                  wire's cache of legal topics (the same dict), None for anything the
@@ -326,17 +328,26 @@ static PyTypeObject FramerType = {
 
 /* --- DatagramReader ---------------------------------------------------------------------- */
 
-/* Datagrams per recvmmsg call. Each slot has a buffer of max_size + 1 bytes (one more
- * tells an oversized datagram apart, as recv_into's does); the memory is reserved, and
- * only the pages datagrams reach become resident. */
+/* Datagrams per recvmmsg call. With max_size < SLOT_BYTES each slot has a buffer of
+ * max_size + 1 bytes (one more tells an oversized datagram apart, as recv_into's does):
+ * at most 64 * SLOT_BYTES reserved, only the pages datagrams reach resident. A larger
+ * max_size reads one datagram at a time instead: its size peeked (MSG_PEEK | MSG_TRUNC
+ * into one buffer of SLOT_BYTES, which holds a small one whole), a larger one received
+ * straight into a bytes object of its own size, allocated when it arrives and owned by
+ * the message from then on; so no memory is held for large datagrams while none come,
+ * and every max_size the config accepts (1 .. INT32_MAX) is honoured. */
 #define DATAGRAM_SLOTS 64
+#define SLOT_BYTES (256 * 1024)
 #define OVERSIZED_PREFIX 64
+#define MAX_SIZE_LIMIT 0x7fffffffL
 
 typedef struct {
     PyObject_HEAD
     int fd;
     Py_ssize_t max_size;
-    unsigned char *buffers; /* DATAGRAM_SLOTS * (max_size + 1) */
+    int one_at_a_time;      /* max_size >= SLOT_BYTES: peek each datagram's size */
+    size_t slot_bytes;      /* each slot's buffer */
+    unsigned char *buffers; /* DATAGRAM_SLOTS slots, or one when one_at_a_time */
     struct mmsghdr messages[DATAGRAM_SLOTS];
     struct iovec vectors[DATAGRAM_SLOTS];
 } DatagramReader;
@@ -346,21 +357,27 @@ static int Reader_init(DatagramReader *self, PyObject *args, PyObject *kwargs) {
     int fd;
     Py_ssize_t max_size;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "in", names, &fd, &max_size)) return -1;
-    if (max_size < 1 || max_size > (1 << 26)) {
-        PyErr_Format(PyExc_ValueError, "max_size must be 1..%d, got %zd", 1 << 26, max_size);
+    if (max_size < 1 || max_size > MAX_SIZE_LIMIT) {
+        PyErr_Format(PyExc_ValueError, "max_size must be 1..%ld, got %zd", MAX_SIZE_LIMIT,
+                     max_size);
         return -1;
     }
+    int one_at_a_time = max_size >= SLOT_BYTES;
+    size_t slot_bytes = one_at_a_time ? (size_t)SLOT_BYTES : (size_t)max_size + 1;
+    size_t slots = one_at_a_time ? 1 : DATAGRAM_SLOTS;
     PyMem_Free(self->buffers);
-    self->buffers = PyMem_Malloc((size_t)DATAGRAM_SLOTS * (size_t)(max_size + 1));
+    self->buffers = PyMem_Malloc(slots * slot_bytes);
     if (self->buffers == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     self->fd = fd;
     self->max_size = max_size;
-    for (int i = 0; i < DATAGRAM_SLOTS; i++) {
-        self->vectors[i].iov_base = self->buffers + (size_t)i * (size_t)(max_size + 1);
-        self->vectors[i].iov_len = (size_t)(max_size + 1);
+    self->one_at_a_time = one_at_a_time;
+    self->slot_bytes = slot_bytes;
+    for (size_t i = 0; i < slots; i++) {
+        self->vectors[i].iov_base = self->buffers + i * slot_bytes;
+        self->vectors[i].iov_len = slot_bytes;
     }
     return 0;
 }
@@ -370,15 +387,103 @@ static void Reader_dealloc(DatagramReader *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* An oversized datagram as the reader hands it on: (size, at most OVERSIZED_PREFIX of the
+ * `held` bytes a buffer kept of it). */
+static PyObject *oversized_item(Py_ssize_t size, const char *data, Py_ssize_t held) {
+    return Py_BuildValue("(ny#)", size, data, held < OVERSIZED_PREFIX ? held : OVERSIZED_PREFIX);
+}
+
 /* One datagram as the reader hands it on: bytes, or (size, prefix) when oversized. */
 static PyObject *datagram_item(DatagramReader *self, int slot) {
     const char *data = self->vectors[slot].iov_base;
     Py_ssize_t size = (Py_ssize_t)self->messages[slot].msg_len; /* MSG_TRUNC: the true size */
     if (size <= self->max_size) return PyBytes_FromStringAndSize(data, size);
-    /* What the slot holds of it (max_size + 1 bytes), at most OVERSIZED_PREFIX. */
-    Py_ssize_t kept = self->max_size + 1 < OVERSIZED_PREFIX ? self->max_size + 1
-                                                            : OVERSIZED_PREFIX;
-    return Py_BuildValue("(ny#)", size, data, kept);
+    return oversized_item(size, data, (Py_ssize_t)self->slot_bytes);
+}
+
+/* recv(2) that retries on EINTR (PEP 475); -1 with errno otherwise. -2: a signal handler
+ * raised (the Python error is set). */
+static Py_ssize_t recv_retrying(int fd, void *buffer, size_t length, int flags) {
+    for (;;) {
+        Py_ssize_t got = recv(fd, buffer, length, flags | MSG_DONTWAIT);
+        if (got >= 0 || errno != EINTR) return got;
+        if (PyErr_CheckSignals() < 0) return -2;
+    }
+}
+
+/* The next datagram, one_at_a_time: its size peeked; small, already copied by the peek
+ * and then dropped from the queue; up to max_size, received into a bytes object of its
+ * own size; larger, consumed as (size, prefix). NULL with *again = 1 on EAGAIN (no
+ * Python error); NULL otherwise: a Python error is set. */
+static PyObject *read_one(DatagramReader *self, int *again) {
+    unsigned char *buffer = self->buffers;
+    size_t held = self->slot_bytes;
+    *again = 0;
+    Py_ssize_t size = recv_retrying(self->fd, buffer, held, MSG_PEEK | MSG_TRUNC);
+    if (size == -2) return NULL;
+    if (size < 0) goto os_error;
+    if ((size_t)size < held) { /* whole in the buffer: drop it from the queue */
+        if (recv_retrying(self->fd, buffer, 0, MSG_TRUNC) < 0) goto os_error_or_signal;
+        return PyBytes_FromStringAndSize((const char *)buffer, size);
+    }
+    if (size <= self->max_size) {
+        PyObject *data = PyBytes_FromStringAndSize(NULL, size);
+        if (data != NULL) {
+            Py_ssize_t got = recv_retrying(self->fd, PyBytes_AS_STRING(data), (size_t)size, 0);
+            if (got == size) return data;
+            Py_DECREF(data);
+            if (got < 0) goto os_error_or_signal;
+            PyErr_Format(PyExc_OSError, "a datagram of %zd bytes read as %zd", size, got);
+            return NULL;
+        }
+        /* No memory for it now: it is consumed and reported as too large, not left to be
+         * met again on every turn of the loop. */
+        PyErr_Clear();
+    }
+    Py_ssize_t got = recv_retrying(self->fd, buffer, held, MSG_TRUNC);
+    if (got < 0) goto os_error_or_signal;
+    return oversized_item(got, (const char *)buffer, (Py_ssize_t)held);
+os_error_or_signal:
+    if (PyErr_Occurred()) return NULL;
+os_error:
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        *again = 1;
+        return NULL;
+    }
+    PyErr_SetFromErrno(PyExc_OSError);
+    return NULL;
+}
+
+/* read_one's loop for read(): the same (items, oversized, drained) contract. */
+static PyObject *read_one_at_a_time(DatagramReader *self, Py_ssize_t limit) {
+    PyObject *items = PyList_New(0);
+    if (items == NULL) return NULL;
+    int oversized = 0, drained = 0;
+    while (PyList_GET_SIZE(items) < limit) {
+        int again;
+        PyObject *item = read_one(self, &again);
+        if (item == NULL) {
+            if (again) {
+                drained = 1;
+                break;
+            }
+            if (PyList_GET_SIZE(items) > 0 && PyErr_ExceptionMatches(PyExc_OSError)) {
+                PyErr_Clear(); /* what was read goes on; the error comes back next time */
+                break;
+            }
+            Py_DECREF(items);
+            return NULL;
+        }
+        oversized |= !PyBytes_CheckExact(item);
+        int failed = PyList_Append(items, item);
+        Py_DECREF(item);
+        if (failed < 0) {
+            Py_DECREF(items);
+            return NULL;
+        }
+    }
+    return Py_BuildValue("(NOO)", items, oversized ? Py_True : Py_False,
+                         drained ? Py_True : Py_False);
 }
 
 /* read(limit) -> (items, oversized, drained): up to `limit` datagrams in arrival order;
@@ -395,6 +500,7 @@ static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
         PyErr_SetString(PyExc_RuntimeError, "DatagramReader was not initialised");
         return NULL;
     }
+    if (self->one_at_a_time) return read_one_at_a_time(self, limit);
     PyObject *items = PyList_New(0);
     if (items == NULL) return NULL;
     int oversized = 0, drained = 0;

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from pydory.config.model import LoggingConfig, LogLevel
+from pydory.daemon.log_limits import RepeatGate
 
 NOTICE = 25
 logging.addLevelName(NOTICE, "NOTICE")
@@ -52,32 +53,29 @@ _MAX_REMEMBERED = 1000
 
 class RepeatedLines(logging.Filter):
     """Lets each distinct line through once per ``interval_s``; the next one let through
-    says how many like it were held back meanwhile. Thread-safe: librdkafka's lines are
-    logged from the loop and from the metadata thread."""
+    says how many like it were held back meanwhile (``log_limits.RepeatGate``, keyed by
+    the line's text). Thread-safe: librdkafka's lines are logged from the loop and from
+    the metadata thread."""
 
     def __init__(
         self, interval_s: float = REPEAT_INTERVAL_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
         super().__init__()
-        self._interval_s = interval_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[float, int]] = {}  # line -> (let through at, held back)
+        self._gate = RepeatGate(interval_s, max_keys=_MAX_REMEMBERED)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         key = _VARYING.sub("", message)
-        now = self._clock()
         with self._lock:
-            seen = self._seen.get(key)
-            if seen is not None and now - seen[0] < self._interval_s:
-                self._seen[key] = (seen[0], seen[1] + 1)
-                return False
-            if len(self._seen) >= _MAX_REMEMBERED:
-                self._seen.clear()
-            self._seen[key] = (now, 0)
-        if seen is not None and seen[1]:
-            record.msg = f"{message} ({seen[1]} more like it in the last {now - seen[0]:.0f} s)"
+            passed = self._gate.admit(key, self._clock())
+        if passed is None:
+            return False
+        if passed.held:
+            record.msg = (
+                f"{message} ({passed.held} more like it in the last {passed.since_s:.0f} s)"
+            )
             record.args = ()
         return True
 

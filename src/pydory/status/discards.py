@@ -25,6 +25,7 @@ __all__ = [
     "discard_report_plain",
     "period_json",
     "period_plain_lines",
+    "printable_name",
 ]
 
 
@@ -142,8 +143,22 @@ def _b64(data: bytes) -> str:
 
 
 def _length_prefixed(text: str) -> str:
-    """Dory's plain-text framing of a name: its byte length, then the name in brackets."""
-    return f"{len(text.encode('utf-8', 'surrogateescape'))}[{text}]"
+    """Dory's plain-text framing of a name: its byte length, then the name in brackets.
+    The name is the client's when it was rejected: escaped (:func:`printable_name`), so
+    it cannot forge a line; the length is of what is printed."""
+    printed = printable_name(text)
+    return f"{len(printed.encode('utf-8', 'surrogateescape'))}[{printed}]"
+
+
+def printable_name(name: str) -> str:
+    """A name as a plain page prints it: a rejected (``bad_topic``) name is the client's
+    bytes and can hold any character, so one with a character that is not printable (a
+    newline, a carriage return, a Unicode line separator, ...) is escaped whole
+    (``unicode_escape``: a newline becomes ``\\n``) and stays on its line. A name Kafka
+    accepts is printable ASCII: it is printed as it is."""
+    if name.isprintable():
+        return name
+    return name.encode("unicode_escape").decode("ascii")
 
 
 def _topic_intervals_json(

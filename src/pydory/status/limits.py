@@ -9,8 +9,14 @@ one) must not be able to hold either for long:
 * the **idle timeout**: aiohttp's own ``keepalive_timeout`` closes a connection that has
   sent no complete request for IDLE_TIMEOUT_S since it opened or since its last response
   (so a half-sent second request on a kept-alive connection is bounded by it too);
-* the **connection cap**: above MAX_CONNECTIONS open status connections, a new one is
-  answered ``503`` and closed at once, without reading it, and counted.
+* the **connection cap**: MAX_CONNECTIONS open status connections, shared between the
+  clients (:class:`SlotShares`): a client is a peer (on loopback, the uid owning its socket,
+  found as the inputs find it, ``daemon/inputs/peers.py``; else its address). When the
+  slots are full, a new connection is answered ``503`` and closed at once, without reading
+  it, and counted, unless its peer holds fewer than the peer holding the most less one:
+  then that greedy peer's oldest connection is reset (counted as refused too) and the
+  new one served. So one client holding every slot cannot starve another: it is the one
+  refused.
 
 aiohttp has no knob for the first and the last, so :class:`GuardedSite` (a ``TCPSite``)
 wraps each accepted connection's protocol in :class:`_GuardedConnection`, which watches
@@ -20,15 +26,17 @@ aiohttp logs every malformed request with a traceback (``RequestHandler.handle_e
 through its ``logger``); :class:`QuietRequestErrors` is that logger, cut down to one line
 per kind of error per REQUEST_ERROR_LOG_INTERVAL_S, with the count of those left out.
 
-Rule: limits act on the transport alone (open, bytes seen, close: :class:`ConnectionGuard`);
-everything HTTP stays aiohttp's.
+Rule: limits act on the transport alone (open, its peer, bytes seen, close:
+:class:`ConnectionGuard`, the slots shared by :class:`SlotShares`); everything HTTP stays
+aiohttp's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -36,12 +44,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from pydory.daemon.books import counters as counter_names
+from pydory.daemon.inputs.peers import loopback_tcp_owner
 
 __all__ = [
     "ConnectionGuard",
     "GuardedSite",
     "QuietRequestErrors",
+    "SlotShares",
     "StatusLimits",
+    "status_peer",
 ]
 
 #: Seconds a new connection has to deliver its whole first request head.
@@ -72,73 +83,172 @@ _REFUSAL = (
 _MAX_ERROR_TEXT = 200
 
 Count = Callable[[str], None]
+#: Who holds a status connection (its transport -> a peer), for the shares of the slots.
+PeerOf = Callable[[asyncio.BaseTransport], Hashable]
+
+
+def status_peer(transport: asyncio.BaseTransport) -> Hashable:
+    """The client of a status connection: on loopback, the uid owning the client's
+    socket (as the inputs' quotas know a client, ``daemon/inputs/peers.py``); elsewhere,
+    or when the kernel does not say, the client's address."""
+    peer = transport.get_extra_info("peername")
+    host = peer[0] if peer else None
+    try:
+        loopback = host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:  # e.g. a scoped IPv6 address
+        loopback = False
+    if loopback:
+        sock = transport.get_extra_info("socket")
+        uid = loopback_tcp_owner(sock) if sock is not None else None
+        if uid is not None:
+            return ("uid", uid)
+    return ("address", host)
 
 
 @dataclass(frozen=True)
 class StatusLimits:
-    """The status port's connection limits (module defaults; tests shrink them)."""
+    """The status port's connection limits (module defaults; tests shrink them, and may
+    tell peers apart by another rule)."""
 
     header_timeout_s: float = HEADER_TIMEOUT_S
     idle_timeout_s: float = IDLE_TIMEOUT_S
     max_connections: int = MAX_CONNECTIONS
+    peer_of: PeerOf = status_peer
+
+
+class SlotShares:
+    """The connection slots, shared between peers (pure logic).
+
+    A claim is granted while a slot is free. When none is, it is granted only if the peer
+    holding the most holds more than one more than the claimant: that peer gives one up
+    (:meth:`claim` names it; the caller closes one of its connections). So slots go to
+    the peers holding the fewest, and a peer holding every slot is the one refused."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.open = 0
+        self._held: dict[Hashable, int] = {}
+
+    def held(self, peer: Hashable) -> int:
+        return self._held.get(peer, 0)
+
+    def claim(self, peer: Hashable) -> tuple[bool, Hashable | None]:
+        """``(granted, the peer that gives a slot up for it, or None)``."""
+        if self.open < self.slots:
+            self._take(peer)
+            return True, None
+        greedy = max(self._held, key=self._held.__getitem__, default=None)
+        if greedy is None or self._held[greedy] <= self.held(peer) + 1:
+            return False, None
+        self.release(greedy)
+        self._take(peer)
+        return True, greedy
+
+    def release(self, peer: Hashable) -> None:
+        self.open -= 1
+        left = self._held[peer] - 1
+        if left:
+            self._held[peer] = left
+        else:
+            del self._held[peer]
+
+    def _take(self, peer: Hashable) -> None:
+        self.open += 1
+        self._held[peer] = self._held.get(peer, 0) + 1
 
 
 class ConnectionGuard:
-    """The open-connection count of all the sites of one status server (the cap counts
-    them together), and its limits."""
+    """The open connections of all the sites of one status server (the cap counts them
+    together), by peer, and its limits."""
 
     def __init__(self, limits: StatusLimits, count: Count) -> None:
         self.limits = limits
         self.count = count
-        self.open = 0
+        self.shares = SlotShares(limits.max_connections)
+        # Each peer's open connections, oldest first (the one a greedy peer gives up).
+        self._connections: dict[Hashable, dict[_GuardedConnection, None]] = {}
+
+    @property
+    def open(self) -> int:
+        return self.shares.open
 
     def protocol_factory(
         self, make_handler: Callable[[], asyncio.Protocol]
     ) -> Callable[[], asyncio.Protocol]:
         def guarded() -> asyncio.Protocol:
-            if self.open >= self.limits.max_connections:
-                return _Refused(self)
             return _GuardedConnection(make_handler(), self)
 
         return guarded
 
+    def admit(self, connection: _GuardedConnection, peer: Hashable) -> bool:
+        """Whether ``peer``'s new ``connection`` gets a slot (a greedy peer's oldest
+        connection reset for it, when the slots are full); a refusal is counted."""
+        granted, giver = self.shares.claim(peer)
+        if not granted:
+            self.count(counter_names.STATUS_CONNECTIONS_REFUSED)
+            return False
+        if giver is not None:
+            given = self._connections[giver]
+            oldest = next(iter(given))
+            self._forget(oldest, giver)
+            self.count(counter_names.STATUS_CONNECTIONS_REFUSED)
+            oldest.reset()
+        self._connections.setdefault(peer, {})[connection] = None
+        return True
 
-class _Refused(asyncio.Protocol):
-    """A connection above the cap: one 503, then closed, its fd freed at once."""
+    def lost(self, connection: _GuardedConnection, peer: Hashable) -> None:
+        """``connection`` closed: its slot is free (unless it was given up already)."""
+        held = self._connections.get(peer)
+        if held is not None and connection in held:
+            self._forget(connection, peer)
+            self.shares.release(peer)
 
-    def __init__(self, guard: ConnectionGuard) -> None:
-        self._guard = guard
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._guard.count(counter_names.STATUS_CONNECTIONS_REFUSED)
-        # A fresh socket's send buffer takes these few bytes; close() then flushes them.
-        # (A cast, not isinstance: uvloop's transports are not asyncio's classes.)
-        stream = cast(asyncio.Transport, transport)
-        stream.write(_REFUSAL)
-        stream.close()
+    def _forget(self, connection: _GuardedConnection, peer: Hashable) -> None:
+        held = self._connections[peer]
+        del held[connection]
+        if not held:
+            del self._connections[peer]
 
 
 class _GuardedConnection(asyncio.Protocol):
-    """aiohttp's protocol for one connection, counted and held to the header timeout."""
+    """aiohttp's protocol for one connection, given a slot (or refused: one 503, then
+    closed, its fd freed at once), counted and held to the header timeout."""
 
     def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard) -> None:
         self._inner = inner
         self._guard = guard
         self._transport: asyncio.BaseTransport | None = None
+        self._peer: Hashable = None
+        self._refused = False
         self._header_deadline: asyncio.TimerHandle | None = None
         # The last bytes seen, so that a blank line split across two reads is found.
         self._tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._guard.open += 1
         self._transport = transport
+        self._peer = self._guard.limits.peer_of(transport)
+        if not self._guard.admit(self, self._peer):
+            self._refused = True
+            # A fresh socket's send buffer takes these few bytes; close() then flushes
+            # them. (A cast, not isinstance: uvloop's transports are not asyncio's.)
+            stream = cast(asyncio.Transport, transport)
+            stream.write(_REFUSAL)
+            stream.close()
+            return
         loop = asyncio.get_running_loop()
         self._header_deadline = loop.call_later(
             self._guard.limits.header_timeout_s, self._head_too_slow
         )
         self._inner.connection_made(transport)
 
+    def reset(self) -> None:
+        """Given up for a peer holding fewer slots: reset now (its fd freed at once)."""
+        if self._transport is not None:
+            cast(asyncio.Transport, self._transport).abort()
+
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         if self._header_deadline is not None:
             # The head ends at the first blank line; aiohttp takes "\r\n\r\n" and "\n\n".
             seen = self._tail + data
@@ -149,16 +259,22 @@ class _GuardedConnection(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self._refused:
+            return None
         return self._inner.eof_received()
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        if not self._refused:
+            self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        if not self._refused:
+            self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._guard.open -= 1
+        if self._refused:
+            return
+        self._guard.lost(self, self._peer)
         if self._header_deadline is not None:
             self._header_deadline.cancel()
             self._header_deadline = None

@@ -52,6 +52,7 @@ from pydory.daemon.books.pool import MemoryPool, message_cost, pool_cost
 from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.outcomes import EnqueueRefused, Tokens
 from pydory.daemon.delivery.router import Router
+from pydory.daemon.log_limits import ClientLines
 from pydory.daemon.spool.identity import Headers, MessageIds
 from pydory.daemon.spool.write_ahead import WriteAhead
 from pydory.errors import (
@@ -101,6 +102,8 @@ class Intake:
         (``<maxUnknownTopics>``; a message for one more is a bad topic)."""
         self._books = books
         self._counters = books.counters
+        # A client's errors come as fast as it sends them: a line per kind per minute.
+        self._lines = ClientLines(log)
         self._pool = pool
         self._limiter = limiter
         self._router = router
@@ -326,7 +329,12 @@ class Intake:
     def datagram_too_large(self, size: int, prefix: bytes) -> None:
         self._books.received(Transport.UNIX_DGRAM)
         self._counters.inc(counter_names.DATAGRAM_OVER_MAX_SIZE)
-        log.debug("datagram of %d bytes exceeds maxDatagramMsgSize", size)
+        self._lines.log(
+            logging.DEBUG,
+            "datagram too large",
+            "datagram of %d bytes exceeds maxDatagramMsgSize",
+            size,
+        )
         self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=prefix)
 
     def over_quota(self, burst: Sequence[bytes]) -> None:
@@ -359,15 +367,25 @@ class Intake:
     def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
         if isinstance(error, OversizedFrame):
             self._counters.inc(counter_names.STREAM_OVERSIZED_FRAME[transport])
-            log.error(
+            self._lines.log(
+                logging.ERROR,
+                ("oversized frame", transport),
                 "%s client announced a %d-byte message, above maxStreamMsgSize: "
-                "closing the connection",
+                "closing the connection; counted in %s",
                 transport,
                 error.size,
+                counter_names.STREAM_OVERSIZED_FRAME[transport],
             )
         else:
             self._counters.inc(counter_names.STREAM_FRAMING_ERROR[transport])
-            log.error("%s client sent an unframeable stream (%s): closing", transport, error)
+            self._lines.log(
+                logging.ERROR,
+                ("framing error", transport),
+                "%s client sent an unframeable stream (%s): closing; counted in %s",
+                transport,
+                error,
+                counter_names.STREAM_FRAMING_ERROR[transport],
+            )
         self._books.discarded(DiscardReason.MALFORMED, None, None, prefix=error.prefix)
 
     def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:

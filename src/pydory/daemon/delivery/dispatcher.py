@@ -57,9 +57,11 @@ from pydory.daemon.delivery.outcomes import (
 from pydory.daemon.delivery.producer import DeliveryReports, ProducerHandle
 from pydory.daemon.delivery.router import Router
 from pydory.daemon.delivery.settlement import Settlement
+from pydory.daemon.log_limits import ClientLines
 from pydory.errors import ConfigError
 
 log = logging.getLogger(__name__)
+_lines = ClientLines(log)  # lines a client's messages can repeat
 
 #: While librdkafka holds messages, the longest the loop goes without serving their
 #: reports (besides the poll after every burst of sends).
@@ -226,7 +228,14 @@ class Dispatcher:
             try:
                 handle = self._by_profile[profile] = self._new_handle(profile)
             except KafkaException:
-                log.exception("cannot create a producer for topic %s", topic)
+                # Tried again at the topic's next message: a line per minute, not each.
+                _lines.log(
+                    logging.ERROR,
+                    "producer creation failed",
+                    "cannot create a producer for topic %s",
+                    topic,
+                    exc_info=True,
+                )
                 return None
         self._by_topic[topic] = handle
         return handle

@@ -33,8 +33,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from pydory.daemon.delivery.librdkafka_settings import metadata_client_properties
 from pydory.daemon.delivery.router import MetadataSnapshot, Router
+from pydory.daemon.log_limits import ClientLines
 
 log = logging.getLogger(__name__)
+# A client names the topics auto-created: their lines, one per kind per minute.
+_lines = ClientLines(log)
 
 #: How long one metadata request may take before it counts as failed.
 FETCH_TIMEOUT_S = 10.0
@@ -280,11 +283,19 @@ class MetadataService:
         try:
             refusal = await self._request_creation(topic)
             if refusal is not None:
-                log.warning("creating topic %s refused: %s", topic, refusal.name())
+                _lines.log(
+                    logging.WARNING,
+                    "creation refused",
+                    "creating topic %s refused: %s",
+                    topic,
+                    refusal.name(),
+                )
                 return
             await self._look_for(topic)
         except KafkaException as exc:
-            log.warning("creating topic %s failed: %s", topic, why(exc))
+            _lines.log(
+                logging.WARNING, "creation failed", "creating topic %s failed: %s", topic, why(exc)
+            )
 
     async def _request_creation(self, topic: str) -> KafkaError | None:
         """The single-topic metadata request; returns the broker's refusal, if it refused."""
@@ -306,7 +317,9 @@ class MetadataService:
             if self._router.knows(topic):
                 return
             if time.monotonic() >= give_up:
-                log.warning(
+                _lines.log(
+                    logging.WARNING,
+                    "creation unseen",
                     "topic %s is not in metadata %.0f s after asking to create it",
                     topic,
                     AUTOCREATE_GIVE_UP_S,

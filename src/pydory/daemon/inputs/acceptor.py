@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
+from pydory.daemon.log_limits import ClientLines
 
 __all__ = ["ACCEPT_RETRY_S", "RESERVE_FDS", "Acceptor", "FdLimit", "listen_tcp", "listen_unix"]
 
@@ -198,6 +199,7 @@ class Acceptor:
         self._fd_limit = fd_limit
         self._reading = False
         self._closed = False
+        self._lines = ClientLines(log)  # a client can cause these: once a minute each
         self._handoffs: set[asyncio.Task[object]] = set()
         sock.setblocking(False)
         if fd_limit.register(self):  # else the episode's retry starts it with the others
@@ -233,7 +235,12 @@ class Acceptor:
                 if error.errno in _AT_THE_LIMIT:
                     self._fd_limit.refused(error)
                 else:  # e.g. ENOBUFS: the loop calls again while the backlog is not empty
-                    log.warning("accepting a stream connection failed: %s", error)
+                    self._lines.log(
+                        logging.WARNING,
+                        "accept failed",
+                        "accepting a stream connection failed: %s",
+                        error,
+                    )
                 return
             self._hand_off(conn)
 
@@ -253,7 +260,12 @@ class Acceptor:
             return
         error = task.exception()
         if error is not None:  # the socket failed before it was served: nothing read
-            log.warning("a stream connection could not be set up: %s", error)
+            self._lines.log(
+                logging.WARNING,
+                "set-up failed",
+                "a stream connection could not be set up: %s",
+                error,
+            )
             conn.close()
 
     def close(self) -> None:

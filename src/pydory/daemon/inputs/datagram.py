@@ -15,6 +15,15 @@ With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 d
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
 the same oversized rule and the same "found empty" count; ``recv_into`` is the reference.
 
+Memory for large datagrams is taken only when one arrives: below
+:data:`LARGE_DATAGRAM_BYTES` the read buffers are of ``maxDatagramMsgSize`` + 1 bytes (64 of
+them for ``recvmmsg``); from it on, each datagram's size is peeked first (``MSG_PEEK |
+MSG_TRUNC`` into one buffer of that size, which holds a small one whole) and a larger one
+received into memory of its own size, which goes with the message. So every
+``maxDatagramMsgSize`` the config accepts runs (the reader is built when the limit is set,
+at start and on a reload, and :meth:`DatagramInput.check_limits` refuses a limit it cannot
+build one for) and an idle input holds at most 64 buffers of 256 KiB, whatever the limit.
+
 Rule: every datagram a :class:`DatagramInput` reads is handed on, in the order read: whole
 ones in bursts, one too large (MSG_TRUNC tells its size) as ``datagram_too_large`` after the
 ones before it (and those over their sender's quota, as ``over_quota``, at the end of their
@@ -47,12 +56,24 @@ from pydory.hotpath import DatagramReader
 
 log = logging.getLogger(__name__)
 
+# A peek at the next datagram's true size (its bytes stay queued).
+_PEEK_SIZE = socket.MSG_PEEK | socket.MSG_TRUNC
+# SO_RCVBUF is a C int.
+_MAX_SOCKET_BUFFER = 2**31 - 1
+
 #: No rate quota on the datagram socket (the default).
 NO_CLIENT_RATE = ClientRate()
 #: Datagrams read per readiness callback before yielding to other work on the loop.
 DATAGRAM_BURST = 512
 #: At shutdown, the most datagrams read from the queue (the kernel queues far fewer).
 SHUTDOWN_DATAGRAMS_MAX = 100_000
+#: From this ``maxDatagramMsgSize`` on, datagrams are read one at a time, each size peeked
+#: first (as ``_cwire.c``'s ``SLOT_BYTES``): no buffer of that size is held.
+LARGE_DATAGRAM_BYTES = 256 * 1024
+#: Of a datagram too large, the bytes handed on (as ``_cwire.c``'s ``OVERSIZED_PREFIX``).
+OVERSIZED_PREFIX = 64
+#: The config element a datagram size comes from, for a refusal.
+MAX_SIZE_ELEMENT = "/doryConfig/inputConfig/maxDatagramMsgSize"
 
 
 class DatagramInput:
@@ -73,8 +94,8 @@ class DatagramInput:
         self._mode = mode
         self._intake = intake
         self.check_limits(max_msg_size, allow_large)
-        self._set_max(max_msg_size)
         self._sock: socket.socket | None = None
+        self._set_max(max_msg_size)
         self._loop: asyncio.AbstractEventLoop | None = None
         # For the commit point's marks (see DatagramMark).
         self.datagrams_read = 0
@@ -92,8 +113,9 @@ class DatagramInput:
                 f"maxDatagramMsgSize {max_msg_size} exceeds the kernel's default datagram "
                 f"limit ({kernel_datagram_limit()}); set allowLargeUnixDatagrams to true "
                 "(clients must then raise SO_SNDBUF) or lower maxDatagramMsgSize",
-                "/doryConfig/inputConfig/maxDatagramMsgSize",
+                MAX_SIZE_ELEMENT,
             )
+        _new_reader(-1, max_msg_size)
 
     def set_max_msg_size(self, max_msg_size: int) -> None:
         """A config reload: the largest datagram from the next read on (checked first
@@ -103,9 +125,20 @@ class DatagramInput:
     def _set_max(self, max_msg_size: int) -> None:
         self._max = max_msg_size
         # One extra byte tells an oversized datagram apart; MSG_TRUNC reports its true size.
-        self._buffer = bytearray(max_msg_size + 1)
+        # From LARGE_DATAGRAM_BYTES on, the buffer only holds the small ones whole.
+        self._large = max_msg_size >= LARGE_DATAGRAM_BYTES
+        self._buffer = bytearray(LARGE_DATAGRAM_BYTES if self._large else max_msg_size + 1)
         self._view = memoryview(self._buffer)
-        self._batch_reader: tuple[int, object] | None = None  # (fd, its reader), made at need
+        self._batch_reader: tuple[int, object] | None = None  # (fd, its reader)
+        if self._sock is not None:
+            self._build_reader(self._sock)
+
+    def _build_reader(self, sock: socket.socket) -> None:
+        """The compiled reader of ``sock`` at this limit, built now (not at the first read:
+        a limit it cannot honour is a config error, never an error on every loop turn)."""
+        fd = sock.fileno()
+        reader = _new_reader(fd, self._max)
+        self._batch_reader = None if reader is None else (fd, reader)
 
     def set_quota(self, rate: ClientRate) -> None:
         """The senders' rate quota (a config reload: windows start afresh); credentials
@@ -126,10 +159,13 @@ class DatagramInput:
             sock.bind(self.path)
             if self._mode is not None:
                 os.chmod(self.path, self._mode)
-            # A larger receive buffer absorbs bursts while the loop is busy elsewhere.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, max(4 * self._max, 1 << 20))
+            # A larger receive buffer absorbs bursts while the loop is busy elsewhere (the
+            # kernel caps it at net.core.rmem_max; the option is a C int).
+            receive_buffer = min(max(4 * self._max, 1 << 20), _MAX_SOCKET_BUFFER)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
             sock.setblocking(False)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, self.quota is not None)
+            self._build_reader(sock)
         except BaseException:
             sock.close()
             raise
@@ -159,6 +195,8 @@ class DatagramInput:
         """Read up to ``limit`` datagrams into the intake; True if the queue ran empty."""
         if DatagramReader is not None:
             return self._read_batched(sock, limit)
+        if self._large:
+            return self._read_large(sock, limit)
         recv_into = sock.recv_into
         buffer, view, max_size = self._buffer, self._view, self._max
         capacity = len(buffer)
@@ -181,7 +219,7 @@ class DatagramInput:
                 if burst:  # the ones before it first, in order
                     intake.datagrams(burst)
                     burst.clear()
-                intake.datagram_too_large(size, bytes(view[: min(size, 64)]))
+                intake.datagram_too_large(size, bytes(view[: min(size, OVERSIZED_PREFIX)]))
         finally:
             # Handed over as one burst: the intake counts and books once per burst.
             if burst:
@@ -191,13 +229,61 @@ class DatagramInput:
                 self.times_drained += 1
         return drained
 
+    def _read_large(self, sock: socket.socket, limit: int) -> bool:
+        """:meth:`_read` from :data:`LARGE_DATAGRAM_BYTES` on: one datagram at a time."""
+        intake = self._intake
+        burst: list[bytes] = []
+        read = 0
+        drained = False
+        try:
+            while read < limit:
+                try:
+                    size, data, _ = self._receive_large(sock, 0)
+                except (BlockingIOError, InterruptedError):
+                    drained = True
+                    break
+                read += 1
+                if len(data) == size:
+                    burst.append(data)
+                    continue
+                if burst:  # the ones before it first, in order
+                    intake.datagrams(burst)
+                    burst = []
+                intake.datagram_too_large(size, data)
+        finally:
+            if burst:
+                intake.datagrams(burst)
+            self.datagrams_read += read
+            if drained:
+                self.times_drained += 1
+        return drained
+
+    def _receive_large(
+        self, sock: socket.socket, ancillary: int
+    ) -> tuple[int, bytes, list[tuple[int, int, bytes]]]:
+        """One datagram, from :data:`LARGE_DATAGRAM_BYTES` on: ``(its size, its bytes,
+        its ancillary data)``, the bytes whole if their length is the size, else the
+        prefix of one too large (or one there was no memory for: consumed all the same,
+        so it is not met again). Its size is peeked first; a large one is received into
+        memory of its own size, taken now."""
+        buffers = [self._buffer]
+        size, ancdata, _, _ = sock.recvmsg_into(buffers, ancillary, _PEEK_SIZE)
+        if len(self._buffer) <= size <= self._max:
+            with contextlib.suppress(MemoryError):
+                data, ancdata, _, _ = sock.recvmsg(size, ancillary)
+                return size, data, ancdata
+        size, ancdata, _, _ = sock.recvmsg_into(buffers, ancillary, socket.MSG_TRUNC)
+        if size < len(self._buffer):
+            return size, bytes(self._view[:size]), ancdata
+        return size, bytes(self._view[:OVERSIZED_PREFIX]), ancdata
+
     def _read_batched(self, sock: socket.socket, limit: int) -> bool:
         """:meth:`_read` with recvmmsg (compiled): the same hand-over, in one call per
         64 datagrams, the burst's datagrams handed on in one call when none is too large."""
         assert DatagramReader is not None
-        fd = sock.fileno()
-        if self._batch_reader is None or self._batch_reader[0] != fd:
-            self._batch_reader = (fd, DatagramReader(fd, self._max))
+        if self._batch_reader is None or self._batch_reader[0] != sock.fileno():
+            self._build_reader(sock)  # a socket of its own (shutdown's read, a test's)
+        assert self._batch_reader is not None
         reader = self._batch_reader[1]
         assert isinstance(reader, DatagramReader)
         items, oversized, drained = reader.read(limit)
@@ -236,22 +322,31 @@ class DatagramInput:
         try:
             while read < limit:
                 try:
-                    size, ancdata, _, _ = recvmsg_into(buffers, CREDENTIALS_SPACE, socket.MSG_TRUNC)
+                    if self._large:
+                        size, data, ancdata = self._receive_large(sock, CREDENTIALS_SPACE)
+                    else:
+                        size, ancdata, _, _ = recvmsg_into(
+                            buffers, CREDENTIALS_SPACE, socket.MSG_TRUNC
+                        )
+                        if size <= max_size:
+                            data = bytes(view[:size])
+                        else:  # what the buffer kept of it, at most the prefix
+                            data = bytes(view[: min(size, OVERSIZED_PREFIX)])
                 except (BlockingIOError, InterruptedError):
                     self.times_drained += 1
                     break
                 read += 1
-                if size > max_size:
+                if len(data) != size:
                     if burst:
                         intake.datagrams(burst)
                         burst = []
-                    intake.datagram_too_large(size, bytes(view[: min(size, 64)]))
+                    intake.datagram_too_large(size, data)
                     continue
                 uid = credentials_uid(ancdata)
                 if uid is None or quota.admits(uid, now, size):
-                    burst.append(bytes(view[:size]))
+                    burst.append(data)
                 else:
-                    over.append(bytes(view[:size]))
+                    over.append(data)
         finally:
             if burst:
                 intake.datagrams(burst)
@@ -290,3 +385,18 @@ class DatagramInput:
                 )
         finally:
             sock.close()
+
+
+def _new_reader(fd: int, max_msg_size: int) -> object | None:
+    """The compiled reader for ``maxDatagramMsgSize`` ``max_msg_size`` (None on the pure
+    path); ConfigError, naming the element, if it cannot be built."""
+    if DatagramReader is None:
+        return None
+    try:
+        return DatagramReader(fd, max_msg_size)
+    except (ValueError, MemoryError) as error:
+        raise ConfigError(
+            f"maxDatagramMsgSize {max_msg_size}: the datagram reader cannot be built "
+            f"({error or type(error).__name__})",
+            MAX_SIZE_ELEMENT,
+        ) from error

@@ -63,9 +63,12 @@ from pydory.daemon.inputs.peers import loopback_tcp_owner, peer_uid
 from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota
 from pydory.daemon.inputs.sockets import dup_socket, read_buffered
 from pydory.daemon.inputs.turns import READ_BYTES, ReadTurns
+from pydory.daemon.log_limits import ClientLines
 from pydory.hotpath import StreamFramer
 
 log = logging.getLogger(__name__)
+# Lines a client causes as often as it connects: one per kind per minute.
+_lines = ClientLines(log)
 
 #: A TCP read smaller than this makes its connection gather (the module's docstring) ...
 GATHER_BYTES = 16 * 1024
@@ -293,7 +296,12 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         connections = self._connections
         connections.accepting.discard(self)
         connections.counters.inc(connections.refused_counter)
-        log.debug("%s input: connection refused by the connection quota", self._kind)
+        _lines.log(
+            logging.DEBUG,
+            ("quota refusal", self._kind),
+            "%s input: connection refused by the connection quota",
+            self._kind,
+        )
         assert self._transport is not None
         self._transport.abort()
 

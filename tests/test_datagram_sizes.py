@@ -1,0 +1,214 @@
+"""Every ``maxDatagramMsgSize`` the config check accepts runs (issue 33, point 4).
+
+At each boundary (64 KiB, 4 MiB, 64 MiB, the largest the check accepts: 2^31 - 1) a
+datagram input starts, reads the largest datagrams a client can send it (the kernel sends
+a UNIX datagram of about 4 MiB at most, whatever SO_SNDBUF: its buffer is one
+allocation), and holds no memory for them once they are handed on: the reader's buffers
+are of normal size, a large datagram's memory taken when it arrives and going with it.
+Run on both hot paths (tests/hotpaths.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import pytest
+import uvloop
+
+from helpers import wait_until
+from hotpaths import module_fixture
+from pydory.client import DatagramSender
+from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs import datagram
+from pydory.daemon.inputs.datagram import DatagramInput
+from pydory.errors import ClientProtocolError, ConfigError
+from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
+from pydory_tools.testing.mock_cluster import MockCluster
+
+implementation = module_fixture()
+
+KIB, MIB = 1024, 1024 * 1024
+#: The config's largest maxDatagramMsgSize (config/loader.py's MSG_SIZE: INT32_MAX).
+LARGEST_ACCEPTED = 2**31 - 1
+#: The largest UNIX datagram sent here (the kernel's limit is a little above it).
+LARGEST_SENT = 4 * MIB
+#: Datagrams queued at once (the host's net.unix.max_dgram_qlen is at least 10).
+QUEUED = 8
+#: What the input may still hold once the datagrams are gone: buffers of normal size,
+#: and what the allocator keeps; far below QUEUED * LARGEST_SENT.
+IDLE_GROWTH_BOUND = 12 * MIB
+SO_SNDBUFFORCE = 32
+
+
+@dataclass
+class SizesIntake:
+    """Records the sizes it is handed, never the bytes (they must be free to go)."""
+
+    sizes: list[int] = field(default_factory=list)
+    too_large: list[tuple[int, bytes]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def datagrams(self, burst: Sequence[bytes]) -> None:
+        self.sizes += [len(data) for data in burst]
+        self.changed.set()
+
+    def datagram_too_large(self, size: int, prefix: bytes) -> None:
+        self.too_large.append((size, prefix))
+        self.changed.set()
+
+    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def connection_opened(self, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
+        raise AssertionError("no stream here")
+
+    async def until_handed(self, count: int) -> None:
+        async with asyncio.timeout(60):  # a safety net only
+            while len(self.sizes) + len(self.too_large) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def large_sender() -> socket.socket:
+    """A datagram client whose send buffer holds QUEUED of the largest datagrams."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        client.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 16 * QUEUED * LARGEST_SENT)
+    except PermissionError:
+        client.close()
+        pytest.skip("queueing several 4 MiB datagrams needs CAP_NET_ADMIN (SO_SNDBUFFORCE)")
+    return client
+
+
+@pytest.mark.parametrize("limit", [64 * KIB, 4 * MIB, 64 * MIB, LARGEST_ACCEPTED])
+def test_every_accepted_datagram_size_runs_reads_its_datagrams_and_holds_no_memory_idle(
+    tmp_path_factory: pytest.TempPathFactory, limit: int
+) -> None:
+    path = os.path.join(str(tmp_path_factory.mktemp("s", numbered=True)), "d")
+    size = min(limit, LARGEST_SENT)
+    intake = SizesIntake()
+
+    async def scenario() -> int:
+        before = resident_bytes()
+        datagram_input = DatagramInput(path, None, limit, True, intake)
+        datagram_input.start(asyncio.get_running_loop())
+        try:
+            with large_sender() as client:
+                client.connect(path)
+                # Sent without yielding: all queued at once, read in one burst.
+                for n in range(QUEUED):
+                    client.send(bytes([n]) * size)
+                if limit < LARGEST_SENT:
+                    client.send(b"x" * (limit + 1))
+                await intake.until_handed(QUEUED + (limit < LARGEST_SENT))
+            return resident_bytes() - before
+        finally:
+            datagram_input.close()
+
+    growth = uvloop.run(scenario())
+
+    assert intake.sizes == [size] * QUEUED
+    if limit < LARGEST_SENT:
+        assert intake.too_large == [(limit + 1, b"x" * 64)]
+    else:
+        assert intake.too_large == []
+    assert growth < IDLE_GROWTH_BOUND, f"{growth / MIB:.0f} MiB held after the datagrams"
+
+
+def test_a_datagram_too_large_for_a_large_limit_is_reported_with_its_size(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """From LARGE_DATAGRAM_BYTES on the reader peeks each size: one above the limit is
+    handed on as too large (its size, its prefix), the ones around it whole, in order."""
+    path = os.path.join(str(tmp_path_factory.mktemp("s", numbered=True)), "d")
+    limit = datagram.LARGE_DATAGRAM_BYTES + 10
+    intake = SizesIntake()
+
+    async def scenario() -> None:
+        datagram_input = DatagramInput(path, None, limit, True, intake)
+        datagram_input.start(asyncio.get_running_loop())
+        try:
+            with large_sender() as client:
+                client.connect(path)
+                for data in (b"a" * 5, b"b" * limit, b"c" * (limit + 1), b"", b"d" * 70_000):
+                    client.send(data)
+                await intake.until_handed(5)
+        finally:
+            datagram_input.close()
+
+    uvloop.run(scenario())
+
+    assert intake.sizes == [5, limit, 0, 70_000]
+    assert intake.too_large == [(limit + 1, b"c" * 64)]
+
+
+def test_a_size_the_reader_cannot_take_is_refused_naming_the_element() -> None:
+    if datagram.DatagramReader is None:
+        pytest.skip("the pure path has no reader to build")
+    with pytest.raises(ConfigError) as refused:
+        DatagramInput.check_limits(2**31, True)  # above what the config check accepts
+    assert "maxDatagramMsgSize" in str(refused.value)
+    assert refused.value.path == datagram.MAX_SIZE_ELEMENT
+
+
+@dataclass
+class LargeDatagramsConfig(DaemonConfig):
+    """DaemonConfig with ``allowLargeUnixDatagrams`` on (its render writes it off)."""
+
+    def render(self) -> str:
+        rendered = super().render()
+        assert rendered.count('<allowLargeUnixDatagrams value="false"') == 1
+        return rendered.replace(
+            '<allowLargeUnixDatagrams value="false"', '<allowLargeUnixDatagrams value="true"'
+        )
+
+
+def test_a_daemon_runs_at_64_mib_and_reloaded_to_the_largest_size(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Before: the compiled reader raised at every loop turn from 64 MiB + 1 on (no
+    datagram read, SIGTERM exiting 1); now the daemon reads and delivers, and stops."""
+    topic = unique_topic("large")
+    mock_cluster.create_topic(topic, 1)
+    config = LargeDatagramsConfig(
+        mock_cluster.bootstrap_servers,
+        str(tmp_path_factory.mktemp("s")),
+        max_datagram_msg_size="64m",
+    )
+    daemon = RunningDaemon(config).start()
+    try:
+        with DatagramSender(config.datagram_path) as sender:
+            sender.send(topic, b"at 64 MiB")
+            wait_until(lambda: delivered(daemon, topic) == 1, what="the first delivered")
+            largest = replace(config, max_datagram_msg_size=str(LARGEST_ACCEPTED))
+            outcome = daemon.reload(largest)
+            assert outcome.ok, outcome.errors
+            sender.send(topic, b"at 2^31 - 1")
+            wait_until(lambda: delivered(daemon, topic) == 2, what="the second delivered")
+    finally:
+        daemon.stop()
+    assert daemon.server.snapshot()["received"]["unix_dgram"] == 2
+
+
+def delivered(daemon: RunningDaemon, topic: str) -> int:
+    return int(daemon.snapshot()["topics"].get(topic, {}).get("delivered", 0))
