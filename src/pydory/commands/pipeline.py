@@ -15,7 +15,12 @@ from pydory.commands import Subparsers, add_command_group, add_subcommand
 from pydory.commands.arguments import positive_float, positive_int
 from pydory.errors import BadTopic
 from pydory.pipeline import audit_command, fleet_audit_command
-from pydory.pipeline.command_options import add_connector_option, add_master_option, topic_list
+from pydory.pipeline.command_options import (
+    add_bootstrap_option,
+    add_connector_option,
+    add_master_option,
+    topic_list,
+)
 
 #: pydory.pipeline.dedup.DEFAULT_WINDOW_S, spelt here so that --help needs no PySpark.
 DEFAULT_DEDUP_WINDOW_S = 600.0
@@ -56,9 +61,7 @@ def register_land(subparsers: Subparsers) -> None:
         ),
         handler=run_land,
     )
-    parser.add_argument(
-        "--bootstrap", required=True, metavar="HOST:PORT,...", help="Kafka bootstrap servers"
-    )
+    add_bootstrap_option(parser, "Kafka bootstrap servers", required=True)
     parser.add_argument(
         "--topics", required=True, type=_valid_topic_list, metavar="A,B", help="topics to land"
     )
@@ -136,7 +139,7 @@ def run_land(args: argparse.Namespace) -> int:
     from pydory.pipeline.land import LandSettings, run_landing  # imports PySpark
 
     settings = LandSettings(
-        bootstrap_servers=args.bootstrap,
+        bootstrap_servers=args.bootstrap_servers,
         topics=tuple(args.topics),
         lake=args.lake,
         checkpoint=args.checkpoint,

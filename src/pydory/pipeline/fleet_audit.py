@@ -6,7 +6,10 @@ its runs' books to, ``<messageIdentity><booksTopic>``), so a host that is down, 
 is audited like the others. Both sides are read with Spark:
 
 - the books topic in one batch read (Spark's ``kafka`` source, or ``pydory-kafka``), the
-  latest record per run kept (the topic is compacted; older records may still be there);
+  latest record per run kept (the topic is compacted; older records may still be there).
+  A run whose latest entry is a tombstone (its books deleted) keeps its last record
+  before it, marked so, or, with none left, is named as deleted
+  (:mod:`pydory.pipeline.fleet_reconcile` says how each is proved);
 - the lake through the file sink's commit log (``spark.read.parquet(lake)`` lists only the
   files of committed batches), its ``pydory_id`` column parsed into host, incarnation,
   stream and sequence, and aggregated in Spark: per (host, incarnation, topic) the rows
@@ -27,9 +30,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +103,8 @@ class FleetState:
     books_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset
     books: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> record JSON
     unreadable_books: int = 0
+    #: Runs whose latest books entry is a tombstone (their record, if read, kept in books).
+    deleted: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, state_dir: str | None, lake: str, books_topic: str) -> FleetState:
@@ -129,6 +135,8 @@ class FleetState:
             books_offsets={int(p): int(o) for p, o in document["books_offsets"].items()},
             books=document["books"],
             unreadable_books=int(document["unreadable_books"]),
+            # Absent from a state kept before tombstones were told apart.
+            deleted=set(document.get("deleted", [])),
         )
 
     def save(self, state_dir: str) -> None:
@@ -146,6 +154,7 @@ class FleetState:
             "books_offsets": {str(p): o for p, o in self.books_offsets.items()},
             "books": self.books,
             "unreadable_books": self.unreadable_books,
+            "deleted": sorted(self.deleted),
         }
         path = Path(state_dir) / STATE_FILE
         temporary = path.with_suffix(".tmp")
@@ -201,9 +210,11 @@ def fleet_audit(
     state_dir: str | None = None,
     connector: str = "native",
     kafka_options: Mapping[str, str] | None = None,
+    topics: Collection[str] | None = None,
 ) -> FleetReport:
     """Read what is new in the books topic and the lake, and prove the books; with
-    ``state_dir``, keep what was read for the next run. Raises :class:`NotALake`,
+    ``state_dir``, keep what was read for the next run; ``topics``: audit only these (a
+    lake that lands some of the topics the daemons send). Raises :class:`NotALake`,
     :class:`BooksTopicUnavailable` or :class:`StateMismatch`."""
     lake_path = require_lake(lake)
     state = FleetState.load(state_dir, lake_path, books_topic)
@@ -211,9 +222,10 @@ def fleet_audit(
     books_read = _read_books(spark, state, options, _FORMATS[connector])
     files_read = _read_lake(spark, state)
     runs = []
-    for value in state.books.values():
+    for key, value in state.books.items():
         with contextlib.suppress(UnreadableBooksRecord):  # counted when it was read
-            runs.append(RunRecord.from_json(value))
+            run = RunRecord.from_json(value)
+            runs.append(dataclasses.replace(run, tombstoned=key in state.deleted))
     report = reconcile_fleet(
         runs,
         LakeIdentities(
@@ -231,7 +243,10 @@ def fleet_audit(
             "runs": len(runs),
             "unreadable_books_records": state.unreadable_books,
             "incremental": state_dir is not None,
+            "topics": None if topics is None else sorted(topics),
         },
+        deleted=state.deleted - set(state.books),
+        topics=topics,
     )
     if state_dir is not None:
         state.save(state_dir)
@@ -276,7 +291,11 @@ def _read_books(
         )
     )
     latest = records.groupBy("key").agg(
-        F.max_by("value", "offset").alias("value"), F.count("*").alias("n")
+        # The latest record, and whether a tombstone (a null value) came after it: max_by
+        # passes over rows whose ordering is null.
+        F.max_by("value", F.when(F.col("value").isNotNull(), F.col("offset"))).alias("value"),
+        F.max_by(F.col("value").isNull(), "offset").alias("deleted"),
+        F.count("*").alias("n"),
     )
     ends = records.groupBy("partition").agg(F.max("offset").alias("last"))
     read = 0
@@ -284,6 +303,12 @@ def _read_books(
         read += row["n"]
         if row["key"] is None:  # not a run's record (the daemon always keys them)
             state.unreadable_books += 1
+            continue
+        if row["deleted"]:
+            state.deleted.add(row["key"])
+        else:
+            state.deleted.discard(row["key"])
+        if row["value"] is None:  # only a tombstone: an earlier run's record, if any, stays
             continue
         try:
             state.books[row["key"]] = json.loads(row["value"])

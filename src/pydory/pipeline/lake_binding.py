@@ -47,6 +47,7 @@ __all__ = [
     "ensure_checkpoint_id",
     "record_binding",
     "record_landed_batch",
+    "recorded_bootstrap_servers",
     "seed_checkpoint",
 ]
 
@@ -133,9 +134,11 @@ def ensure_checkpoint_id(checkpoint: str) -> str | None:
     return new_id
 
 
-def record_binding(lake: str, checkpoint: str, checkpoint_id: str | None) -> None:
+def record_binding(
+    lake: str, checkpoint: str, checkpoint_id: str | None, bootstrap_servers: str | None = None
+) -> None:
     """Record in ``lake`` that it belongs to ``checkpoint`` (its landed offsets kept when
-    the checkpoint is the same)."""
+    the checkpoint is the same), and the Kafka it lands from (the audit reads its gaps)."""
     if checkpoint_id is None or not _is_local(lake):
         return
     lake_dir = _local(lake)
@@ -146,8 +149,21 @@ def record_binding(lake: str, checkpoint: str, checkpoint_id: str | None) -> Non
         "checkpoint_id": checkpoint_id,
         "landed_batch": previous.get("landed_batch") if same else None,
         "landed_offsets": previous.get("landed_offsets") if same else None,
+        "bootstrap_servers": bootstrap_servers or previous.get("bootstrap_servers"),
     }
     _write_binding(lake_dir, binding)
+
+
+def recorded_bootstrap_servers(lake: str) -> str | None:
+    """The Kafka bootstrap servers the landing job last recorded in ``lake``, if any."""
+    if not _is_local(lake):
+        return None
+    try:
+        binding = _read_binding(_local(lake)) or {}
+    except LakeCheckpointMismatch:  # unreadable: the audit then has no default
+        return None
+    servers = binding.get("bootstrap_servers")
+    return servers if isinstance(servers, str) and servers else None
 
 
 def record_landed_batch(lake: str, batch: int, end_offsets: Mapping[str, Any] | None) -> None:

@@ -217,6 +217,8 @@ class LandSummary:
     #: Each batch's start and end offsets (topic -> partition -> offset), as the source
     #: reported them; a start is None when the source gave none.
     batch_offsets: list[tuple[OffsetsJson | None, OffsetsJson | None]] = field(default_factory=list)
+    #: Beside each of ``batch_offsets``: the second copies that batch dropped, per topic.
+    batch_dropped: list[dict[str, int]] = field(default_factory=list)
 
 
 def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWriter:
@@ -329,13 +331,17 @@ def _land(
             )
         checkpoint_id = ensure_checkpoint_id(settings.checkpoint)
         if pairing.kind is not PairingKind.FRESH:  # the lake exists: record the pair first
-            record_binding(settings.lake, settings.checkpoint, checkpoint_id)
+            record_binding(
+                settings.lake, settings.checkpoint, checkpoint_id, settings.bootstrap_servers
+            )
         with _stop_on_signals(progress.stop_requested) as interrupted:
             query = _run_with_restarts(spark, settings, progress, jvm, interrupted, out)
             if pairing.kind is PairingKind.FRESH:
                 # Only once the query ran, so a job that cannot start makes no lake. A
                 # batch landed before this line is adopted: the batch numbers match.
-                record_binding(settings.lake, settings.checkpoint, checkpoint_id)
+                record_binding(
+                    settings.lake, settings.checkpoint, checkpoint_id, settings.bootstrap_servers
+                )
     except SparkJvmDied as error:
         _say(out, f"landing FAILED: {error}")
         return 1
@@ -406,7 +412,7 @@ def _report_skips(
     spark: SparkSession, settings: LandSettings, summary: LandSummary, out: TextIO
 ) -> int:
     """Print what the run skipped, per partition (data loss accepted); return how many."""
-    plan = plan_of_run(summary.batch_offsets)
+    plan = plan_of_run(summary.batch_offsets, summary.batch_dropped)
     landed = _landed_within(spark, settings.lake, plan.forward)
     skips = skips_of_run(plan, landed, reads_new_log=settings.connector == "python")
     total = sum(skip.total for skip in skips)
@@ -648,6 +654,7 @@ class _ProgressPrinter(StreamingQueryListener):
             summary = self._summaries.setdefault(str(progress.id), LandSummary())
             # A batch without rows still counts here: its offsets may have jumped.
             summary.batch_offsets.append((start, end))
+            summary.batch_dropped.append(dropped)
             if progress.numInputRows > 0:
                 summary.batches += 1
                 summary.records += progress.numInputRows

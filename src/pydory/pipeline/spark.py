@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyspark
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pydory.pipeline.kafka_source import KafkaDataSource
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_MASTER",
     "SPARK_KAFKA_JARS_ENV",
     "find_spark_kafka_jars",
+    "job_session",
     "spark_kafka_connector_jar",
     "spark_kafka_jars_dir",
     "spark_session",
@@ -81,6 +84,24 @@ def spark_session(
     spark.sparkContext.setLogLevel("WARN")
     _register_source(spark)
     return spark
+
+
+@contextmanager
+def job_session(
+    master: str = DEFAULT_MASTER,
+    app_name: str = "pydory",
+    conf: Mapping[str, str] | None = None,
+) -> Iterator[SparkSession]:
+    """:func:`spark_session` for one job, stopped when the job ends if this call started
+    it (its executors and JVM go cleanly); one already running in the process (a test's,
+    a notebook's) is reused and left running."""
+    starts = SparkContext._active_spark_context is None
+    spark = spark_session(master, app_name, conf)
+    try:
+        yield spark
+    finally:
+        if starts:
+            spark.stop()
 
 
 def spark_kafka_jars_dir() -> Path:
