@@ -40,6 +40,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from pydory.pipeline.dedup import IDENTITY_COLUMN, identity_of
 from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.faults import require_kafka
 from pydory.pipeline.lake_binding import recorded_bootstrap_servers
 from pydory.pipeline.reconcile import (
     AuditReport,
@@ -309,6 +310,7 @@ def audit(
     servers = bootstrap_servers or recorded_bootstrap_servers(str(lake))
     dropped = {}
     if summary.gap_spans and servers:
+        require_kafka(servers)  # a Kafka that does not answer is said, not waited on
         dropped = second_copies_in_gaps(spark, str(lake), summary.gap_spans, servers)
     return reconcile(
         books,

@@ -18,9 +18,11 @@ Rule: how an environmental fault is named to the operator lives here alone.
 from __future__ import annotations
 
 import errno
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from pydory.pipeline.errors import PipelineError
 
@@ -56,6 +58,7 @@ _JVM_FAULTS = (
     ("AccessDeniedException", "permission denied"),
     ("Permission denied", "permission denied"),
     ("Not a directory", "a part of the path is a file, not a directory"),
+    ("Parent path is not a directory", "a part of the path is a file, not a directory"),
     ("is not a Parquet file", "a lake file is not readable Parquet (corrupt or truncated)"),
     ("CANNOT_READ_FILE_FOOTER", "a lake file is not readable Parquet (corrupt or truncated)"),
     ("ParquetDecodingException", "a lake file is not readable Parquet (corrupt)"),
@@ -83,12 +86,62 @@ def fault_line(error: BaseException) -> str | None:
     if isinstance(error, OSError) and error.errno in _ERRNO:
         where = f" ({error.filename})" if error.filename else ""
         return f"{_ERRNO[error.errno]}{where}"
-    text = str(error)
+    text = "\n".join(_texts(error))
+    found = _FILE_IN_TEXT.search(text)
+    where = f" ({found.group(1)})" if found else ""
+    if _CANNOT_CREATE in text or _MKDIR_FAILED.search(text):
+        # Hadoop's local file system says only that it failed: look at the path.
+        return _why_not_writable(found.group(1) if found else None) + where
     for needle, said in _JVM_FAULTS:
         if needle in text:
-            found = _FILE_IN_TEXT.search(text)
-            return said + (f" ({found.group(1)})" if found else "")
+            return said + where
     return None
+
+
+def _texts(error: BaseException) -> Iterator[str]:
+    """The error's own words and those of its causes: Python's chain, PySpark's captured
+    JVM stack trace (``Caused by:`` lines), a py4j error's Java cause chain."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield str(current)
+        stack = getattr(current, "_stackTrace", None)  # PySpark's CapturedException
+        if isinstance(stack, str):
+            yield stack
+        java = getattr(current, "java_exception", None)  # py4j's Py4JJavaError
+        for _ in range(_JAVA_CAUSES):
+            java = java.getCause() if java is not None else None
+            if java is None:
+                break
+            yield str(java.toString())
+        current = current.__cause__ or getattr(current, "_cause", None)
+
+
+#: How deep a Java cause chain is read.
+_JAVA_CAUSES = 16
+#: Hadoop's words when it cannot make a directory, its cause untold.
+_CANNOT_CREATE = "Mkdirs failed to create"
+_MKDIR_FAILED = re.compile(r"mkdir of \S+ failed")
+
+
+def _why_not_writable(uri: str | None) -> str:
+    """Why a local directory could not be made: the nearest existing ancestor tells."""
+    if uri is None or not uri.startswith("file:"):
+        return "cannot create the directory"
+    path = Path("/" + uri.removeprefix("file:").lstrip("/"))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return _ERRNO[errno.ENOTDIR]
+    stats = os.statvfs(path)
+    if stats.f_flag & os.ST_RDONLY:
+        return _ERRNO[errno.EROFS]
+    if not os.access(path, os.W_OK):
+        return _ERRNO[errno.EACCES]
+    if stats.f_bavail == 0:
+        return _ERRNO[errno.ENOSPC]
+    return "cannot create the directory"
 
 
 def first_line(error: BaseException) -> str:

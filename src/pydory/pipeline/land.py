@@ -59,6 +59,7 @@ from pydory.pipeline.dedup import (
     observe_topics,
 )
 from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
+from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, fault_line, require_kafka
 from pydory.pipeline.kafka_source import SOURCE_NAME
 from pydory.pipeline.lake_binding import (
     LakeCheckpointMismatch,
@@ -89,6 +90,7 @@ from pydory.pipeline.spark import (
 __all__ = [
     "DATA_COLUMNS",
     "DEFAULT_CONNECTOR",
+    "EXIT_COULD_NOT_RUN",
     "EXIT_RECORDS_SKIPPED",
     "PARTITION_COLUMNS",
     "LandSettings",
@@ -267,8 +269,11 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     (interval trigger), 1 when it failed, could not start (including a lake and
     checkpoint that do not belong together: :mod:`pydory.pipeline.lake_binding`), was
     interrupted before landing everything available, or Spark's JVM died;
-    :data:`EXIT_RECORDS_SKIPPED` when it finished but, with ``fail_on_data_loss`` false,
-    skipped records no longer in Kafka (listed per partition). A session this call starts
+    :data:`EXIT_COULD_NOT_RUN` (2) when a fault of its surroundings stopped it (the lake
+    or checkpoint not writable, the disk full, Kafka not answering: its last line names
+    it, :mod:`pydory.pipeline.faults`); :data:`EXIT_RECORDS_SKIPPED` when it finished
+    but, with ``fail_on_data_loss`` false, skipped records no longer in Kafka (listed per
+    partition). A session this call starts
     is stopped before it returns; one already running in the process (a test's, a
     notebook's) is left running.
     """
@@ -279,6 +284,8 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     except LakeCheckpointMismatch as error:
         _say(out, f"refused: {error}")
         return 1
+    except OSError as error:
+        return _could_not_run(out, error)
     for note in (pairing.unchecked, pairing.note):
         if note is not None:
             _say(out, note)
@@ -318,6 +325,10 @@ def _land(
 ) -> int:
     """Prepare the checkpoint, run the query to its end, print the summary."""
     try:
+        if settings.connector == "native":
+            _require_native_kafka(spark)  # its own words first: a connector missing
+        # Before any file is written: a Kafka that does not answer is said at once.
+        require_kafka(settings.bootstrap_servers, _BROKER_TIMEOUT_S)
         if pairing.kind is PairingKind.SEED:
             _seed_checkpoint(spark, settings, pairing, out)
         deduplicating = drops_second_copies(settings.checkpoint)
@@ -345,12 +356,19 @@ def _land(
     except SparkJvmDied as error:
         _say(out, f"landing FAILED: {error}")
         return 1
+    except (OSError, CouldNotRun) as error:
+        return _could_not_run(out, error)
     except (ConnectorUnavailable, PipelineError, PySparkException, Py4JJavaError) as error:
+        if fault_line(error) is not None and not isinstance(error, ConnectorUnavailable):
+            return _could_not_run(out, error)
         _say(out, f"cannot start: {_cause(error)}")
         return 1
     summary = progress.summary_of(query, seconds=time.monotonic() - began)
     summary.deduplicating = deduplicating
     _print_summary(out, settings, summary, interrupted.is_set())
+    exception = query.exception()
+    if exception is not None and fault_line(exception) is not None:
+        return _could_not_run(out, exception)
     if summary.error is not None:
         return 1
     if interrupted.is_set() and settings.available_now:
@@ -446,6 +464,12 @@ def _landed_within(
     condition = functools.reduce(operator.or_, within)
     rows = spark.read.parquet(lake).where(condition).groupBy("topic", "partition").count().collect()
     return {PartitionId(row.topic, row.partition): row["count"] for row in rows}
+
+
+def _could_not_run(out: TextIO, error: BaseException) -> int:
+    """The one line naming a fault of the job's surroundings; :data:`EXIT_COULD_NOT_RUN`."""
+    _say(out, f"could not run: {fault_line(error) or _cause(error)}")
+    return EXIT_COULD_NOT_RUN
 
 
 def _say(out: TextIO, text: str) -> None:
