@@ -42,6 +42,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
+from pydory.message_identity import INCARNATION_PATTERN, SEPARATOR, parse_identity
 from pydory.pipeline.audit import COMMIT_LOG_DIR, NotALake
 from pydory.pipeline.dedup import IDENTITY_COLUMN
 from pydory.pipeline.errors import PipelineError
@@ -71,7 +72,6 @@ _FORMATS = {"native": "kafka", "python": SOURCE_NAME}
 _LAKE_COLUMNS = StructType(
     [StructField(IDENTITY_COLUMN, StringType()), StructField("topic", StringType())]
 )
-_INCARNATION = r"^[0-9a-f]{16}$"
 
 
 class BooksTopicUnavailable(PipelineError):
@@ -163,11 +163,10 @@ class FleetState:
 
     def landed(self, identity: str) -> bool:
         """Whether ``identity`` (``host/incarnation/stream/sequence``) is in the lake."""
-        try:
-            host, incarnation, stream, sequence = identity.split("/")
-            key, number = (host, incarnation, int(stream)), int(sequence)
-        except ValueError:
+        parsed = parse_identity(identity)
+        if parsed is None:
             return False
+        key, number = (parsed.host, parsed.incarnation, parsed.stream), parsed.sequence
         ranges = self.ranges.get(key, [])
         at = bisect.bisect_right(ranges, [number, float("inf")]) - 1
         return at >= 0 and ranges[at][0] <= number <= ranges[at][1]
@@ -401,18 +400,18 @@ def _count_unidentified(rows: DataFrame, state: FleetState) -> None:
 
 
 def _valid_identity(column: Any) -> Any:
-    parts = F.split(column, "/")
+    parts = F.split(column, SEPARATOR)
     return (
         (F.size(parts) == 4)
         & (F.length(parts[0]) > 0)
-        & parts[1].rlike(_INCARNATION)
+        & parts[1].rlike(INCARNATION_PATTERN)
         & parts[2].rlike(r"^[0-9]{1,10}$")
         & parts[3].rlike(r"^[0-9]{1,10}$")
     )
 
 
 def _identities(rows: DataFrame) -> DataFrame:
-    parts = F.split(F.col(IDENTITY_COLUMN), "/")
+    parts = F.split(F.col(IDENTITY_COLUMN), SEPARATOR)
     return rows.where(_valid_identity(F.col(IDENTITY_COLUMN))).select(
         "topic",
         parts[0].alias("host"),
