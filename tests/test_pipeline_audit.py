@@ -34,8 +34,8 @@ from pyspark.sql.types import (
 )
 
 from pydory.cli import main
-from pydory.pipeline.audit import NotALake, audit, load_books, summarize_lake
-from pydory.pipeline.reconcile import (
+from pydory.pipeline.audits.audit import NotALake, audit, load_books, summarize_lake
+from pydory.pipeline.audits.reconcile import (
     BooksFormatError,
     DaemonBooks,
     PartitionLanding,

@@ -24,9 +24,9 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pydory.pipeline import land
-from pydory.pipeline.dedup import DEFAULT_WINDOW_S, IDENTITY_COLUMN
-from pydory.pipeline.land import LandSettings, run_landing
+from pydory.pipeline.landing import land
+from pydory.pipeline.landing.dedup import DEFAULT_WINDOW_S, IDENTITY_COLUMN
+from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory.testing.kafka_broker import KafkaCluster
 

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from pydory.cli import main
 from pydory.pipeline.faults import fault_line
-from pydory.pipeline.land import EXIT_COULD_NOT_RUN, LandSettings, run_landing
+from pydory.pipeline.landing.land import EXIT_COULD_NOT_RUN, LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import identity, produce

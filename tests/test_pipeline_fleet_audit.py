@@ -22,8 +22,8 @@ from pyspark.sql import SparkSession
 from pydory.cli import main
 from pydory.daemon.books.durable import CLEAN, REBUILT, RUNNING, RunBooks
 from pydory.daemon.books.publisher import books_value
-from pydory.pipeline.fleet_audit import BooksTopicUnavailable, fleet_audit
-from pydory.pipeline.land import LandSettings, run_landing
+from pydory.pipeline.audits.fleet_audit import BooksTopicUnavailable, fleet_audit
+from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import produce as produce_records

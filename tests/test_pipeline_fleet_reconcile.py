@@ -1,5 +1,5 @@
-"""The fleet audit's arithmetic (pydory.pipeline.fleet_reconcile) and its kept state
-(pydory.pipeline.fleet_audit.FleetState), without Spark or Kafka: books records as the
+"""The fleet audit's arithmetic (pydory.pipeline.audits.fleet_reconcile) and its kept state
+(pydory.pipeline.audits.fleet_audit.FleetState), without Spark or Kafka: books records as the
 daemons publish them, a lake summarised by identity."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydory.pipeline.fleet_reconcile import (
+from pydory.pipeline.audits.fleet_reconcile import (
     LakeIdentities,
     RunRecord,
     UnreadableBooksRecord,
@@ -22,7 +22,7 @@ from pydory.pipeline.fleet_reconcile import (
 
 pyspark = pytest.importorskip("pyspark")  # fleet_audit imports it (the state lives there)
 
-from pydory.pipeline.fleet_audit import FleetState, StateMismatch  # noqa: E402
+from pydory.pipeline.audits.fleet_audit import FleetState, StateMismatch  # noqa: E402
 
 
 def record(

@@ -21,10 +21,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pydory.cli import main
-from pydory.pipeline.audit import audit
-from pydory.pipeline.dedup import IDENTITY_COLUMN
-from pydory.pipeline.land import LandSettings, run_landing
-from pydory.pipeline.reconcile import DaemonBooks, TopicBooks
+from pydory.pipeline.audits.audit import audit
+from pydory.pipeline.audits.reconcile import DaemonBooks, TopicBooks
+from pydory.pipeline.landing.dedup import IDENTITY_COLUMN
+from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import identity, produce

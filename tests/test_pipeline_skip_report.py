@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from pydory.pipeline.offsets import PartitionId
-from pydory.pipeline.skip_report import PartitionSkips, TopicSkips, plan_of_run, skips_of_run
+from pydory.pipeline.landing.skip_report import (
+    PartitionSkips,
+    TopicSkips,
+    plan_of_run,
+    skips_of_run,
+)
+from pydory.pipeline.source.offsets import PartitionId
 
 E0, E1 = PartitionId("events", 0), PartitionId("events", 1)
 

@@ -28,7 +28,7 @@ import pydory
 from pydory.bench.daemon import DaemonProcess as BenchDaemon
 from pydory.cli import main
 from pydory.demo import get_json as demo_get_json
-from pydory.pipeline.audit import BooksUnavailable, fetch_books
+from pydory.pipeline.audits.audit import BooksUnavailable, fetch_books
 from pydory.status_client import (
     DaemonUnreachable,
     NotAStatusPage,

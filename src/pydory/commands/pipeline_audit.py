@@ -1,4 +1,4 @@
-"""`pydory pipeline audit`: the command line of :mod:`pydory.pipeline.audit`.
+"""`pydory pipeline audit`: the command line of :mod:`pydory.pipeline.audits.audit`.
 
 Kept apart from the job so that building the CLI parser does not import PySpark.
 Exit status: 0 the lake reconciles with the books, 1 it does not, 2 the audit could not
@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from pydory.commands import Subparsers, add_subcommand
-from pydory.pipeline.command_options import (
+from pydory.commands.pipeline_options import (
     add_audited_lake_option,
     add_bootstrap_option,
     add_json_report_option,
@@ -75,9 +75,9 @@ def register(subparsers: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the audit and print the report; see the module docstring for the exit status."""
-    from pydory.pipeline.audit import BooksUnavailable, NotALake, audit, load_books
+    from pydory.pipeline.audits.audit import BooksUnavailable, NotALake, audit, load_books
+    from pydory.pipeline.audits.reconcile import BooksFormatError, DaemonBooks
     from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, could_not_run
-    from pydory.pipeline.reconcile import BooksFormatError, DaemonBooks
     from pydory.pipeline.spark import job_session
 
     if not args.status and not args.books:

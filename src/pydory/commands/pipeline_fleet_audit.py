@@ -1,4 +1,4 @@
-"""`pydory pipeline fleet-audit`: the command line of :mod:`pydory.pipeline.fleet_audit`.
+"""`pydory pipeline fleet-audit`: the command line of :mod:`pydory.pipeline.audits.fleet_audit`.
 
 Kept apart from the job so that building the CLI parser does not import PySpark.
 Exit status: 0 every host's books balance with the lake, 1 they do not, 2 the audit
@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from pydory.commands import Subparsers, add_subcommand
-from pydory.pipeline.command_options import (
+from pydory.commands.pipeline_options import (
     add_audited_lake_option,
     add_bootstrap_option,
     add_connector_option,
@@ -20,7 +20,7 @@ from pydory.pipeline.command_options import (
     add_topics_filter_option,
 )
 
-#: The same default as pydory.pipeline.fleet_audit's, spelt here without importing PySpark.
+#: The same default as pydory.pipeline.audits.fleet_audit's, spelt here without importing PySpark.
 DEFAULT_BOOKS_TOPIC = "pydory.books"
 
 
@@ -71,14 +71,14 @@ def register(subparsers: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the fleet audit and print the report; see the module docstring."""
-    from pydory.pipeline.audit import NotALake
-    from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, could_not_run
-    from pydory.pipeline.fleet_audit import (
+    from pydory.pipeline.audits.audit import NotALake
+    from pydory.pipeline.audits.fleet_audit import (
         BooksTopicUnavailable,
         StateMismatch,
         fleet_audit,
         require_lake,
     )
+    from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, could_not_run
     from pydory.pipeline.spark import job_session
 
     try:

@@ -9,7 +9,7 @@ Those jars come from Maven Central at set-up: ``./dev jars`` copies what
 ``jvm/spark-kafka/pom.xml`` pins into the checkout's ``.jars/spark-kafka/``;
 ``$PYDORY_SPARK_KAFKA_JARS`` names another directory. Nothing downloads at run time.
 Without them the session starts all the same, and only ``--connector native`` fails
-(:func:`pydory.pipeline.land.landing_writer` says where the jars were looked for).
+(:func:`pydory.pipeline.landing.land.landing_writer` says where the jars were looked for).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pydory.pipeline.kafka_source import KafkaDataSource
+from pydory.pipeline.source.kafka_source import KafkaDataSource
 
 __all__ = [
     "DEFAULT_MASTER",

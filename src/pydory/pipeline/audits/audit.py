@@ -1,6 +1,6 @@
 """The audit job: does the lake hold what the daemon says it delivered, exactly once?
 
-Two inputs, read here, compared in :mod:`pydory.pipeline.reconcile`:
+Two inputs, read here, compared in :mod:`pydory.pipeline.audits.reconcile`:
 
 - the lake, through Spark. ``spark.read.parquet(LAKE)`` on the file sink's own path
   reads the sink's commit log (``LAKE/_spark_metadata``) and only the files it lists, so
@@ -38,11 +38,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from pydory.pipeline.dedup import IDENTITY_COLUMN, identity_of
-from pydory.pipeline.errors import PipelineError
-from pydory.pipeline.faults import require_kafka
-from pydory.pipeline.lake_binding import recorded_bootstrap_servers
-from pydory.pipeline.reconcile import (
+from pydory.pipeline.audits.reconcile import (
     AuditReport,
     DaemonBooks,
     DuplicateOffset,
@@ -50,6 +46,10 @@ from pydory.pipeline.reconcile import (
     PartitionLanding,
     reconcile,
 )
+from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.faults import require_kafka
+from pydory.pipeline.landing.dedup import IDENTITY_COLUMN, identity_of
+from pydory.pipeline.landing.lake_binding import recorded_bootstrap_servers
 from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp, StatusUrlError
 
 __all__ = [

@@ -1,5 +1,5 @@
 """The fleet audit job: every daemon's books from the books topic, every identity from
-the lake, proved against each other by :mod:`pydory.pipeline.fleet_reconcile`.
+the lake, proved against each other by :mod:`pydory.pipeline.audits.fleet_reconcile`.
 
 No daemon is asked anything: the books come from Kafka (the topic each daemon publishes
 its runs' books to, ``<messageIdentity><booksTopic>``), so a host that is down, or gone,
@@ -9,7 +9,7 @@ is audited like the others. Both sides are read with Spark:
   latest record per run kept (the topic is compacted; older records may still be there).
   A run whose latest entry is a tombstone (its books deleted) keeps its last record
   before it, marked so, or, with none left, is named as deleted
-  (:mod:`pydory.pipeline.fleet_reconcile` says how each is proved);
+  (:mod:`pydory.pipeline.audits.fleet_reconcile` says how each is proved);
 - the lake through the file sink's commit log (``spark.read.parquet(lake)`` lists only the
   files of committed batches), its ``pydory_id`` column parsed into host, incarnation,
   stream and sequence, and aggregated in Spark: per (host, incarnation, topic) the rows
@@ -43,17 +43,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from pydory.message_identity import INCARNATION_PATTERN, SEPARATOR, parse_identity
-from pydory.pipeline.audit import COMMIT_LOG_DIR, NotALake
-from pydory.pipeline.dedup import IDENTITY_COLUMN
-from pydory.pipeline.errors import PipelineError
-from pydory.pipeline.fleet_reconcile import (
+from pydory.pipeline.audits.audit import COMMIT_LOG_DIR, NotALake
+from pydory.pipeline.audits.fleet_reconcile import (
     FleetReport,
     LakeIdentities,
     RunRecord,
     UnreadableBooksRecord,
     reconcile_fleet,
 )
-from pydory.pipeline.kafka_source import SOURCE_NAME
+from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.landing.dedup import IDENTITY_COLUMN
+from pydory.pipeline.source.kafka_source import SOURCE_NAME
 
 __all__ = [
     "DEFAULT_BOOKS_TOPIC",

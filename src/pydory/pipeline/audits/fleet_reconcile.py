@@ -1,5 +1,5 @@
 """The fleet audit's arithmetic: every daemon run's books against the identities in the
-lake. No I/O, no Spark (:mod:`pydory.pipeline.fleet_audit` gathers both sides).
+lake. No I/O, no Spark (:mod:`pydory.pipeline.audits.fleet_audit` gathers both sides).
 
 The books side is the books topic (docs/accounting.md, "The books topic"): one record per
 daemon run (*incarnation*), keyed ``<host>/<incarnation>``, final once the run stopped

@@ -2,7 +2,7 @@
 
 Inputs are two small summaries: :class:`DaemonBooks` (parsed from the daemon's
 ``/books/json``) and per Kafka partition :class:`PartitionLanding` (aggregated from the
-lake by :mod:`pydory.pipeline.audit`). :func:`reconcile` turns them into an
+lake by :mod:`pydory.pipeline.audits.audit`). :func:`reconcile` turns them into an
 :class:`AuditReport`: one :class:`TopicReconciliation` per topic and a verdict.
 
 What is provable, and therefore what fails the audit:

@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pydory.pipeline.errors import PipelineError
-from pydory.pipeline.offsets import Offsets, offsets_to_json
+from pydory.pipeline.source.offsets import Offsets, offsets_to_json
 
 __all__ = [
     "BINDING_FILE",

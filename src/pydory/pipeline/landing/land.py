@@ -13,7 +13,7 @@ timestampType (int), pydory_id (the ``pydory-id`` header, null without it); part
 columns: topic, date (the UTC day of the Kafka timestamp, as a ``yyyy-MM-dd`` string).
 Read the lake with ``spark.read.parquet(LAKE)``, which honours the commit log. Why this
 is exactly once: docs/pipeline.md. A second copy of a message (a daemon's replay after a
-crash) is dropped by its identity: :mod:`pydory.pipeline.dedup`.
+crash) is dropped by its identity: :mod:`pydory.pipeline.landing.dedup`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-from pydory.pipeline.broker_offsets import BrokerOffsets
-from pydory.pipeline.dedup import (
+from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
+from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, fault_line, require_kafka
+from pydory.pipeline.landing.dedup import (
     DEFAULT_WINDOW_S,
     IDENTITY_COLUMN,
     LANDED_METRICS,
@@ -58,10 +59,7 @@ from pydory.pipeline.dedup import (
     identity_of,
     observe_topics,
 )
-from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
-from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, fault_line, require_kafka
-from pydory.pipeline.kafka_source import SOURCE_NAME
-from pydory.pipeline.lake_binding import (
+from pydory.pipeline.landing.lake_binding import (
     LakeCheckpointMismatch,
     Pairing,
     PairingKind,
@@ -71,14 +69,16 @@ from pydory.pipeline.lake_binding import (
     record_landed_batch,
     seed_checkpoint,
 )
-from pydory.pipeline.offsets import (
+from pydory.pipeline.landing.skip_report import plan_of_run, skips_of_run
+from pydory.pipeline.source.broker_offsets import BrokerOffsets
+from pydory.pipeline.source.kafka_source import SOURCE_NAME
+from pydory.pipeline.source.offsets import (
     EARLIEST,
     PartitionId,
     offsets_to_json,
     parse_offset_spec,
     resolve_offsets,
 )
-from pydory.pipeline.skip_report import plan_of_run, skips_of_run
 from pydory.pipeline.spark import (
     DEFAULT_MASTER,
     SPARK_KAFKA_JARS_ENV,
@@ -152,9 +152,9 @@ class LandSettings:
     ``pydory-kafka``, which needs no jar. Both land the same lake.
     ``starting_offsets`` (``earliest``, ``latest`` or JSON) applies to a new checkpoint
     only (default ``earliest``); on a lake that already holds batches it is required,
-    and what the lake holds is skipped (:mod:`pydory.pipeline.lake_binding`).
+    and what the lake holds is skipped (:mod:`pydory.pipeline.landing.lake_binding`).
     ``dedup_window_s``: a second copy of a message landing this long after its first is
-    still dropped (:mod:`pydory.pipeline.dedup`; default :data:`DEFAULT_WINDOW_S`).
+    still dropped (:mod:`pydory.pipeline.landing.dedup`; default :data:`DEFAULT_WINDOW_S`).
     """
 
     bootstrap_servers: str
@@ -257,7 +257,7 @@ def start_landing(spark: SparkSession, settings: LandSettings) -> StreamingQuery
     """Start the landing query on ``spark`` and return it (it runs in the background).
 
     The bare query: unlike :func:`run_landing`, it neither compares the lake with the
-    checkpoint nor records the pair (:mod:`pydory.pipeline.lake_binding`).
+    checkpoint nor records the pair (:mod:`pydory.pipeline.landing.lake_binding`).
     """
     return landing_writer(spark, settings).start()
 
@@ -267,7 +267,7 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
 
     Returns 0 when the query finished (available-now) or was stopped by SIGINT/SIGTERM
     (interval trigger), 1 when it failed, could not start (including a lake and
-    checkpoint that do not belong together: :mod:`pydory.pipeline.lake_binding`), was
+    checkpoint that do not belong together: :mod:`pydory.pipeline.landing.lake_binding`), was
     interrupted before landing everything available, or Spark's JVM died;
     :data:`EXIT_COULD_NOT_RUN` (2) when a fault of its surroundings stopped it (the lake
     or checkpoint not writable, the disk full, Kafka not answering: its last line names

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pydory.pipeline.offsets import PartitionId
+from pydory.pipeline.source.offsets import PartitionId
 
 __all__ = ["PartitionSkips", "PlannedRanges", "TopicSkips", "plan_of_run", "skips_of_run"]
 
