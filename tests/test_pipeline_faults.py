@@ -173,3 +173,39 @@ def test_faults_are_named_from_python_and_from_jvm_errors() -> None:
     )
     assert fault_line(RuntimeError("a bug of ours")) is None
     assert os.strerror(30)  # the errno above is EROFS on this platform
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (the socket bound, never listening, closed)."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        return int(unused.getsockname()[1])
+
+
+def test_kafka_down_stops_both_audits_with_one_line_and_exit_2(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fleet audit reads the books topic; the audit reads a gap's records: with no
+    Kafka at the address, each says so in one line and exits 2."""
+    lake = file_sink_lake(spark, tmp_path, [("a", 0, n, f"h/{n:016x}/1/{n}") for n in (0, 2)])
+    kafka = f"127.0.0.1:{closed_port()}"
+
+    fleet = main(["pipeline", "fleet-audit", "--lake", str(lake), "--bootstrap-servers", kafka])
+
+    err = capsys.readouterr().err
+    assert fleet == 2, err
+    (line,) = [line for line in err.splitlines() if line.startswith("pydory ")]
+    assert line.startswith("pydory pipeline fleet-audit: cannot read books topic pydory.books")
+
+    books = tmp_path / "books.json"
+    entry = {"topic": "a", "accepted": 2, "delivered": 2, "discarded": {}}
+    entry |= {"discarded_after_acceptance": 0, "in_flight": 0}
+    books.write_text(json.dumps({"topics": [entry], "received": {}}))
+    command = ["pipeline", "audit", "--lake", str(lake), "--books", str(books)]
+
+    single = main([*command, "--bootstrap-servers", kafka])  # offset 1 is a gap to read
+
+    err = capsys.readouterr().err
+    assert single == 2, err
+    (line,) = [line for line in err.splitlines() if line.startswith("pydory ")]
+    assert line.startswith(f"pydory pipeline audit: could not run: Kafka at {kafka} did not")

@@ -149,8 +149,10 @@ def record_binding(
         "checkpoint_id": checkpoint_id,
         "landed_batch": previous.get("landed_batch") if same else None,
         "landed_offsets": previous.get("landed_offsets") if same else None,
-        "bootstrap_servers": bootstrap_servers or previous.get("bootstrap_servers"),
     }
+    servers = bootstrap_servers or previous.get("bootstrap_servers")
+    if servers:  # where the audit reads a gap's records (none given: none recorded)
+        binding["bootstrap_servers"] = servers
     _write_binding(lake_dir, binding)
 
 
