@@ -7,7 +7,7 @@ them in R interleaved rounds (plus one warm-up round, reported apart), each roun
 - bare: one confluent-kafka (librdkafka) consumer, assign() over every partition from
   the start, consume() in batches until it has every record; the clock starts after it
   has connected. The ceiling of reading the topic at all from Python;
-- python: the landing job (pydory.pipeline.land, Trigger.AvailableNow, Parquet file sink)
+- python: the landing job (pydory.pipeline.landing.land, Trigger.AvailableNow, Parquet file sink)
   with ``connector="python"`` (the ``pydory-kafka`` source, librdkafka in Python workers);
 - native: the same job with ``connector="native"`` (Spark's own ``kafka`` source, the
   jars from .jars/spark-kafka).
@@ -166,7 +166,7 @@ def bare_consumer(bootstrap: str, partitions: int, expected: int) -> dict[str, f
 
 def landing(spark: Any, bootstrap: str, connector: str, expected: int, workdir: Path) -> Any:
     """One AvailableNow landing into a fresh lake; returns its rates."""
-    from pydory.pipeline.land import LandSettings, start_landing
+    from pydory.pipeline.landing.land import LandSettings, start_landing
 
     run = Path(tempfile.mkdtemp(prefix=f"{connector}-", dir=workdir))
     settings = LandSettings(

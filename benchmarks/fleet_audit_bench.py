@@ -68,7 +68,7 @@ def send_run(bootstrap: str, host: str, incarnation: int, count: int) -> RunBook
 
 
 def land(bootstrap: str, root: Path) -> None:
-    from pydory.pipeline.land import LandSettings, run_landing
+    from pydory.pipeline.landing.land import LandSettings, run_landing
 
     out = io.StringIO()
     settings = LandSettings(
@@ -83,7 +83,7 @@ def land(bootstrap: str, root: Path) -> None:
 
 
 def timed_audit(label: str, spark: object, bootstrap: str, root: Path, state: bool) -> None:
-    from pydory.pipeline.fleet_audit import STATE_FILE, FleetState, fleet_audit
+    from pydory.pipeline.audits.fleet_audit import STATE_FILE, FleetState, fleet_audit
 
     started = time.monotonic()
     report = fleet_audit(

@@ -5,7 +5,7 @@ with N records of V bytes, then reads all of them twice:
 
 - bare: one confluent-kafka (librdkafka) consumer, assign() over every partition from the
   start, consume() in batches until it has every record: the ceiling of reading in Python;
-- land: pydory's landing job (pydory.pipeline.land, ``pydory-kafka`` source, Parquet file
+- land: pydory's landing job (pydory.pipeline.landing.land, ``pydory-kafka`` source, Parquet file
   sink, Trigger.AvailableNow) on ``local[*]``.
 
 For the landing job it reports two rates: records / (query start -> termination), which
@@ -97,7 +97,7 @@ def bare_consumer_rate(bootstrap: str, expected: int, timeout_s: float = 120) ->
 
 
 def landing_rates(bootstrap: str, expected: int, workdir: Path) -> dict[str, float]:
-    from pydory.pipeline.land import LandSettings, start_landing
+    from pydory.pipeline.landing.land import LandSettings, start_landing
     from pydory.pipeline.spark import spark_session
 
     begun = time.monotonic()

@@ -15,11 +15,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pydory.daemon.books.durable import CLEAN
-from pydory.pipeline.audit import summarize_lake
-from pydory.pipeline.fleet_audit import fleet_audit
-from pydory.pipeline.lake_binding import BINDING_FILE
+from pydory.pipeline.audits.audit import summarize_lake
+from pydory.pipeline.audits.fleet_audit import fleet_audit
 from pydory.pipeline.lake_files import HadoopFiles, join
-from pydory.pipeline.land import LandSettings, run_landing
+from pydory.pipeline.landing.lake_binding import BINDING_FILE
+from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.hdfs_cluster import HdfsCluster
 from pydory_tools.testing.kafka_broker import KafkaCluster

@@ -255,3 +255,32 @@ def test_there_is_no_import_circle() -> None:
 def test_a_circle_is_found_when_there_is_one() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
+
+
+def test_the_pipeline_is_a_wing_of_its_own_grouped_by_job() -> None:
+    """Issue 31, item 7: ``pipeline/`` imports nothing of ``daemon/``, the server or
+    ``commands/`` (the identity it shares with the daemon is ``pydory.message_identity``);
+    its modules sit in a package per job (source, landing, audits), beside the few the
+    jobs share; its command lines are under ``commands/``."""
+    graph = import_graph()
+    forbidden = ("pydory.daemon", "pydory.server", "pydory.commands")
+    crossings = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module == "pydory.pipeline" or module.startswith("pydory.pipeline.")
+        for target in targets
+        if any(target == f or target.startswith(f + ".") for f in forbidden)
+    )
+    assert crossings == []
+    pipeline = PACKAGE_DIR / "pipeline"
+    jobs = sorted(p.name for p in pipeline.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert jobs == ["audits", "landing", "source"]
+    shared = sorted(p.stem for p in pipeline.glob("*.py"))
+    assert shared == ["__init__", "errors", "faults", "lake_files", "spark"]
+    for job in jobs:
+        init = pipeline / job / "__init__.py"
+        assert "Rule:" in (ast.get_docstring(ast.parse(init.read_text())) or ""), job
+    assert not list(pipeline.rglob("*command*.py")), "a command line belongs in commands/"
+    # The identity's header is spelt once, in the neutral module, and both sides use it.
+    assert "pydory.message_identity" in graph["pydory.pipeline.landing.dedup"]
+    assert "pydory.message_identity" in graph["pydory.daemon.spool.identity"]

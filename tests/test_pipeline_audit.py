@@ -34,8 +34,8 @@ from pyspark.sql.types import (
 )
 
 from pydory.cli import main
-from pydory.pipeline.audit import NotALake, audit, load_books, summarize_lake
-from pydory.pipeline.reconcile import (
+from pydory.pipeline.audits.audit import NotALake, audit, load_books, summarize_lake
+from pydory.pipeline.audits.reconcile import (
     BooksFormatError,
     DaemonBooks,
     PartitionLanding,
@@ -273,11 +273,32 @@ def test_the_json_report_carries_every_number() -> None:
             "landed": 2,
             "duplicates": 0,
             "missing": 0,
+            "second_copies_dropped": 0,
             "before_first": 0,
             "balanced": True,
             "problems": [],
         }
     ]
+
+
+def test_gap_offsets_that_are_dropped_second_copies_are_not_missing() -> None:
+    """1,000 messages, the same 1,000 again (a replay), 500 new: the lake holds offsets
+    0-999 and 2000-2499. Kafka shows the 1,000 in the gap are second copies; one more
+    offset not landed is still missing, and more rows than delivered still fail."""
+    lake = [landing("a", 0, [*range(1_000), *range(2_000, 2_500)])]
+
+    report = reconcile(books(topic_entry("a", 1_500)), lake, second_copies={"a": 1_000})
+
+    assert report.balanced, report.render()
+    assert (report.topics[0].missing, report.topics[0].second_copies) == (0, 1_000)
+    assert report.gaps == ()
+    one_lost = reconcile(books(topic_entry("a", 1_500)), lake, second_copies={"a": 999})
+    assert one_lost.topics[0].problems == ("1 offsets missing from the lake",)
+    not_told = reconcile(books(topic_entry("a", 1_500)), lake)
+    assert not_told.topics[0].missing == 1_000
+    assert "gaps not read from Kafka" in not_told.render()
+    twice = [landing("a", 0, [*range(1_000), *range(1_000), *range(2_000, 2_500)])]
+    assert not reconcile(books(topic_entry("a", 1_500)), twice, second_copies={"a": 1_000}).balanced
 
 
 # --- possibly delivered and left for the next start (issue 20) --------------------------------

@@ -32,8 +32,8 @@ from helpers import settled, wait_until
 from pydory.cli import build_parser
 from pydory.cli import main as cli_main
 from pydory.client import DatagramSender, UnixStreamSender
-from pydory.pipeline.audit import fetch_books
-from pydory.pipeline.land import (
+from pydory.pipeline.audits.audit import fetch_books
+from pydory.pipeline.landing.land import (
     DATA_COLUMNS,
     DEFAULT_CONNECTOR,
     PARTITION_COLUMNS,

@@ -19,10 +19,11 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
+from pydory.cli import main
 from pydory.daemon.books.durable import CLEAN, REBUILT, RUNNING, RunBooks
 from pydory.daemon.books.publisher import books_value
-from pydory.pipeline.fleet_audit import BooksTopicUnavailable, fleet_audit
-from pydory.pipeline.land import LandSettings, run_landing
+from pydory.pipeline.audits.fleet_audit import BooksTopicUnavailable, fleet_audit
+from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import produce as produce_records
@@ -213,3 +214,64 @@ def test_a_books_topic_that_does_not_exist_stops_the_audit_naming_it_and_is_not_
                 bootstrap_servers=kafka_broker.bootstrap_servers,
                 books_topic=missing,
             )
+
+
+def test_a_host_that_never_came_back_and_a_tombstoned_run_balance_and_a_loss_still_fails(
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 31, item 3. Host h-b crashed and never came back: its last books record
+    (written every 5 s) counts 6 accepted, 8 of its messages landed. Host h-c's run C was
+    deleted from the books topic (a tombstone after its record), run D's record was only
+    ever a tombstone. The lake lands one topic of two the daemons sent (--topics)."""
+    bootstrap = kafka_broker.bootstrap_servers
+    events, other = unique_topic("gone-events"), unique_topic("gone-other")
+    books_topic = unique_topic("gone-books")
+    kafka_broker.create_topic(events, 3)
+    kafka_broker.create_topic(books_topic, 1, config={"cleanup.policy": "compact"})
+    produce(bootstrap, events, [name("h-b", A, n) for n in range(8)])
+    produce(bootstrap, events, [name("h-c", C, n) for n in range(3)])
+    produce(bootstrap, events, [name("h-c", D, n) for n in range(2)])
+    b_last = run_books(
+        "h-b",
+        A,
+        RUNNING,
+        {events: {"accepted": 6, "delivered": 5, "in_flight": 1}, other: {"accepted": 4}},
+    )
+    c_clean = run_books("h-c", C, CLEAN, {events: {"accepted": 3, "delivered": 3}})
+    publish(bootstrap, books_topic, [b_last, c_clean])
+    tombstones = Producer({"bootstrap.servers": bootstrap})
+    for key in (c_clean.key, f"h-c/{D:016x}"):
+        tombstones.produce(books_topic, None, key)
+    assert tombstones.flush(30) == 0
+    land(bootstrap, events, tmp_path)
+    lake = str(tmp_path / "lake")
+
+    report = fleet_audit(
+        spark, lake, bootstrap_servers=bootstrap, books_topic=books_topic, topics=[events]
+    )
+
+    assert report.balanced, report.render()
+    hosts = {host.host: host for host in report.hosts}
+    assert hosts["h-b"].topics[0].after_record == 2
+    assert any("2 of its identities landed beyond the 6" in note for note in hosts["h-b"].notes)
+    assert hosts["h-c"].runs[0].record.tombstoned
+    assert any("no earlier record left): 2 of its identities" in n for n in hosts["h-c"].notes)
+    # Without --topics the other topic's 4 messages are missing from this lake.
+    assert not fleet_audit(
+        spark, lake, bootstrap_servers=bootstrap, books_topic=books_topic
+    ).balanced
+
+    # A real loss of h-b's is still caught: a delivered message that never landed.
+    publish(
+        bootstrap,
+        books_topic,
+        [run_books("h-b", A, RUNNING, {events: {"accepted": 9, "delivered": 9}})],
+    )
+    command = ["pipeline", "fleet-audit", "--lake", lake, "--bootstrap", bootstrap]
+    command += ["--books-topic", books_topic, "--topics", events]
+    assert main(command) == 1
+    assert "NOT OK: landed 8, the books say 9" in capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""The fleet audit's arithmetic (pydory.pipeline.fleet_reconcile) and its kept state
-(pydory.pipeline.fleet_audit.FleetState), without Spark or Kafka: books records as the
+"""The fleet audit's arithmetic (pydory.pipeline.audits.fleet_reconcile) and its kept state
+(pydory.pipeline.audits.fleet_audit.FleetState), without Spark or Kafka: books records as the
 daemons publish them, a lake summarised by identity."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydory.pipeline.fleet_reconcile import (
+from pydory.pipeline.audits.fleet_reconcile import (
     LakeIdentities,
     RunRecord,
     UnreadableBooksRecord,
@@ -23,7 +23,7 @@ from pydory.pipeline.fleet_reconcile import (
 
 pyspark = pytest.importorskip("pyspark")  # fleet_audit imports it (the state lives there)
 
-from pydory.pipeline.fleet_audit import FleetState, StateMismatch  # noqa: E402
+from pydory.pipeline.audits.fleet_audit import FleetState, StateMismatch  # noqa: E402
 
 
 def record(
@@ -289,3 +289,69 @@ def test_the_command_refuses_a_directory_that_is_not_a_lake_with_exit_2(
     )
     assert status == 2
     assert "_spark_metadata/ commit log" in capsys.readouterr().err
+
+
+# --- a host that never came back, and books deleted by a tombstone ----------------------------
+
+
+def test_a_crashed_host_that_never_came_back_is_proved_up_to_its_last_books_record() -> None:
+    """Its last record (written every 5 s) counts 2,520 accepted; 2,700 of its identities
+    landed: the 180 beyond are messages accepted after that record, never "NOT balanced".
+    A delivered message missing, or a second copy, still fails the audit."""
+    last_record = record(
+        A, {"t": {"accepted": 2520, "delivered": 2500, "in_flight": 20}}, ended="running"
+    )
+    report = reconcile_fleet([last_record], lake({("h1", A, "t"): (2700, 2700)}))
+    assert report.balanced, report.render()
+    (topic,) = report.hosts[0].topics
+    assert (topic.after_record, topic.exact) == (180, False)
+    assert "180 of its identities landed beyond the 2520" in report.render()
+    assert report.as_dict()["hosts"][0]["runs"][0]["open"] is True
+    # A real loss: fewer than it delivered by its record.
+    assert not reconcile_fleet([last_record], lake({("h1", A, "t"): (2499, 2499)})).balanced
+    # A real second copy: one identity landed twice.
+    assert not reconcile_fleet([last_record], lake({("h1", A, "t"): (2701, 2700)})).balanced
+
+
+def test_only_the_last_run_of_a_host_may_have_landed_beyond_its_books() -> None:
+    crashed = record(A, {"t": {"accepted": 10, "delivered": 10}}, ended="running")
+    later = record(B, {"t": {"accepted": 5, "delivered": 5}}, started_ms=1)
+    # The earlier run is not open: identities beyond its record are a problem.
+    report = reconcile_fleet(
+        [crashed, later], lake({("h1", A, "t"): (12, 12), ("h1", B, "t"): (5, 5)})
+    )
+    assert not report.balanced
+    # A final (clean) run is never open either.
+    clean = record(A, {"t": {"accepted": 10, "delivered": 10}})
+    assert not reconcile_fleet([clean], lake({("h1", A, "t"): (12, 12)})).balanced
+
+
+def test_a_run_whose_books_were_deleted_is_noted_not_failed_and_others_still_proved() -> None:
+    other = record(B, {"t": {"accepted": 3, "delivered": 3}}, started_ms=1)
+    landed = {("h1", A, "t"): (7, 7), ("h1", B, "t"): (3, 3)}
+    report = reconcile_fleet([other], lake(landed), deleted=[f"h1/{A}"])
+    assert report.balanced, report.render()
+    assert "books were deleted" in report.render()
+    # Without the tombstone the same lake fails: a run with no books at all.
+    assert not reconcile_fleet([other], lake(landed)).balanced
+    # The deleted run's identities do not hide a loss of another run.
+    assert not reconcile_fleet(
+        [other], lake({**landed, ("h1", B, "t"): (2, 2)}), deleted=[f"h1/{A}"]
+    ).balanced
+    # A host whose only run was deleted is listed, balanced.
+    alone = reconcile_fleet([], lake({("h2", C, "t"): (4, 4)}), deleted=[f"h2/{C}"])
+    assert alone.balanced
+    assert alone.hosts[0].host == "h2"
+
+
+def test_topics_limits_the_proof_to_the_topics_a_lake_holds() -> None:
+    books = [
+        record(A, {"t": {"accepted": 3, "delivered": 3}, "u": {"accepted": 2, "delivered": 2}})
+    ]
+    only_t = lake({("h1", A, "t"): (3, 3)})
+    assert not reconcile_fleet(books, only_t).balanced  # u's 2 messages are not in this lake
+    report = reconcile_fleet(books, only_t, topics=["t"])
+    assert report.balanced, report.render()
+    assert [topic.topic for topic in report.hosts[0].topics] == ["t"]
+    # A loss in an audited topic is still caught.
+    assert not reconcile_fleet(books, lake({("h1", A, "t"): (2, 2)}), topics=["t"]).balanced

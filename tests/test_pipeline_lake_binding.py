@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pydory.pipeline.lake_binding import (
+from pydory.pipeline.lake_files import NeedsSpark
+from pydory.pipeline.landing.lake_binding import (
     BINDING_FILE,
     LakeCheckpointMismatch,
     PairingKind,
@@ -20,8 +21,7 @@ from pydory.pipeline.lake_binding import (
     record_landed_batch,
     seed_checkpoint,
 )
-from pydory.pipeline.lake_files import NeedsSpark
-from pydory.pipeline.offsets import PartitionId
+from pydory.pipeline.source.offsets import PartitionId
 
 
 def make_lake(path: Path, batches: int, compacted: int | None = None) -> str:

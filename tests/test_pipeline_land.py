@@ -31,7 +31,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from helpers import wait_until
 from pydory.cli import main as cli_main
-from pydory.pipeline.land import (
+from pydory.pipeline.landing.land import (
     DATA_COLUMNS,
     EXIT_RECORDS_SKIPPED,
     PARTITION_COLUMNS,
@@ -637,7 +637,7 @@ def test_offsets_that_went_backwards_are_named_and_what_was_skipped_is_reported(
 STOPS_ITS_SESSION = """
 import sys
 from pyspark import SparkContext
-from pydory.pipeline.land import LandSettings, run_landing
+from pydory.pipeline.landing.land import LandSettings, run_landing
 
 bootstrap, topic, lake, checkpoint = sys.argv[1:]
 status = run_landing(LandSettings(

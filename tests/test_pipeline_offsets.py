@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pydory.pipeline.errors import SourceOptionError
-from pydory.pipeline.offsets import (
+from pydory.pipeline.source.offsets import (
     EARLIEST,
     LATEST,
     LossKind,
@@ -27,7 +27,7 @@ from pydory.pipeline.offsets import (
     resolve_offsets,
     starts_to_look_up,
 )
-from pydory.pipeline.source_options import SourceOptions
+from pydory.pipeline.source.source_options import SourceOptions
 
 A0, A1, A2 = PartitionId("a", 0), PartitionId("a", 1), PartitionId("a", 2)
 B0 = PartitionId("b", 0)

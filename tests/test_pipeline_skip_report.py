@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from pydory.pipeline.offsets import PartitionId
-from pydory.pipeline.skip_report import PartitionSkips, plan_of_run, skips_of_run
+from pydory.pipeline.landing.skip_report import (
+    PartitionSkips,
+    TopicSkips,
+    plan_of_run,
+    skips_of_run,
+)
+from pydory.pipeline.source.offsets import PartitionId
 
 E0, E1 = PartitionId("events", 0), PartitionId("events", 1)
 
@@ -50,3 +55,36 @@ def test_a_jump_backwards_skips_the_new_log_only_where_the_connector_does_not_re
     )
     assert [skip.total for skip in python] == [0]
     assert "the new log read from its earliest offset" in python[0].describe()
+
+
+def test_second_copies_dropped_are_never_counted_as_skipped() -> None:
+    """The issue's case: 1,000 messages, the same 1,000 again (a crash's replay), 500 new,
+    all planned in one range; the lake holds 1,500 rows, 1,000 copies were dropped."""
+    plan = plan_of_run([({"events": {"0": 0}}, {"events": {"0": 2_500}})], [{"events": 1_000}])
+
+    assert skips_of_run(plan, {E0: 1_500}, reads_new_log=True) == []
+
+
+def test_a_real_skip_beside_dropped_second_copies_is_still_counted_for_its_topic() -> None:
+    plan = plan_of_run(
+        [
+            ({"events": {"0": 0, "1": 0}}, {"events": {"0": 100, "1": 50}}),
+            ({"events": {"0": 100, "1": 50}}, {"events": {"0": 200, "1": 60}}),
+        ],
+        [{"events": 30}, {}],
+    )
+
+    # Partition 0 lacks 40 rows, partition 1 lacks 5: 30 were dropped copies, 15 skipped.
+    skips = skips_of_run(plan, {E0: 160, E1: 55}, reads_new_log=True)
+
+    assert skips == [TopicSkips("events", (0, 1), aged_out=15, second_copies=30)]
+    assert skips[0].describe() == (
+        "events (partitions 0, 1): 15 offsets aged out of Kafka before they were read "
+        "(30 others not landed were second copies dropped)"
+    )
+    # A batch with no start is not planned: what it dropped is not taken off either.
+    unplanned = plan_of_run(
+        [(None, {"events": {"0": 100}}), ({"events": {"0": 100}}, {"events": {"0": 110}})],
+        [{"events": 50}, {}],
+    )
+    assert [skip.total for skip in skips_of_run(unplanned, {E0: 5}, reads_new_log=True)] == [5]

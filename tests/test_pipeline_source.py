@@ -24,14 +24,14 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pydory.pipeline.errors import DataLossError, KafkaReadError
-from pydory.pipeline.kafka_source import (
+from pydory.pipeline.source.kafka_source import (
     KAFKA_SCHEMA,
     KAFKA_SCHEMA_WITH_HEADERS,
     KafkaBatchReader,
     KafkaDataSource,
     KafkaStreamReader,
 )
-from pydory.pipeline.range_reader import ARROW_SCHEMA, ARROW_SCHEMA_WITH_HEADERS
+from pydory.pipeline.source.range_reader import ARROW_SCHEMA, ARROW_SCHEMA_WITH_HEADERS
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from pydory_tools.testing.kafka_util import produce_all
 from pydory_tools.testing.mock_cluster import ApiKey, ErrorCode, MockCluster

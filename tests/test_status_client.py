@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import pydory
 from pydory.cli import main
-from pydory.pipeline.audit import BooksUnavailable, fetch_books
+from pydory.pipeline.audits.audit import BooksUnavailable, fetch_books
 from pydory.status_client import (
     DaemonUnreachable,
     NotAStatusPage,

@@ -11,13 +11,23 @@ import argparse
 from collections.abc import Callable
 
 from pydory import wire
-from pydory.commands import Subparsers, add_command_group, add_subcommand
+from pydory.commands import (
+    Subparsers,
+    add_command_group,
+    add_subcommand,
+    pipeline_audit,
+    pipeline_fleet_audit,
+)
 from pydory.commands.arguments import positive_float, positive_int
+from pydory.commands.pipeline_options import (
+    add_bootstrap_option,
+    add_connector_option,
+    add_master_option,
+    topic_list,
+)
 from pydory.errors import BadTopic
-from pydory.pipeline import audit_command, fleet_audit_command
-from pydory.pipeline.command_options import add_connector_option, add_master_option, topic_list
 
-#: pydory.pipeline.dedup.DEFAULT_WINDOW_S, spelt here so that --help needs no PySpark.
+#: pydory.pipeline.landing.dedup.DEFAULT_WINDOW_S, spelt here so that --help needs no PySpark.
 DEFAULT_DEDUP_WINDOW_S = 600.0
 
 PipelineSubcommand = Callable[[Subparsers], None]
@@ -56,9 +66,7 @@ def register_land(subparsers: Subparsers) -> None:
         ),
         handler=run_land,
     )
-    parser.add_argument(
-        "--bootstrap", required=True, metavar="HOST:PORT,...", help="Kafka bootstrap servers"
-    )
+    add_bootstrap_option(parser, "Kafka bootstrap servers", required=True)
     parser.add_argument(
         "--topics", required=True, type=_valid_topic_list, metavar="A,B", help="topics to land"
     )
@@ -133,10 +141,10 @@ def register_land(subparsers: Subparsers) -> None:
 
 def run_land(args: argparse.Namespace) -> int:
     """Run the landing job; see the parser's description for the exit status."""
-    from pydory.pipeline.land import LandSettings, run_landing  # imports PySpark
+    from pydory.pipeline.landing.land import LandSettings, run_landing  # imports PySpark
 
     settings = LandSettings(
-        bootstrap_servers=args.bootstrap,
+        bootstrap_servers=args.bootstrap_servers,
         topics=tuple(args.topics),
         lake=args.lake,
         checkpoint=args.checkpoint,
@@ -166,7 +174,7 @@ def _valid_topic_list(text: str) -> list[str]:
 
 def _starting_offsets(text: str) -> str:
     from pydory.pipeline.errors import SourceOptionError
-    from pydory.pipeline.offsets import EARLIEST, parse_offset_spec
+    from pydory.pipeline.source.offsets import EARLIEST, parse_offset_spec
 
     try:
         parse_offset_spec(text, "--starting-offsets", unlisted=EARLIEST)
@@ -185,5 +193,5 @@ def _spark_conf(text: str) -> tuple[str, str]:
 # The group's subcommands, in the order `pydory pipeline --help` lists them.
 SUBCOMMANDS: list[PipelineSubcommand] = []
 SUBCOMMANDS.append(register_land)
-SUBCOMMANDS.append(audit_command.register)
-SUBCOMMANDS.append(fleet_audit_command.register)
+SUBCOMMANDS.append(pipeline_audit.register)
+SUBCOMMANDS.append(pipeline_fleet_audit.register)

@@ -1,15 +1,20 @@
-"""The data pipeline on Apache Spark: a Kafka source for PySpark, the landing job, the audit.
+"""The data pipeline on Apache Spark, grouped by job as ``daemon/`` is by stage:
 
-- ``kafka_source``: the ``pydory-kafka`` streaming and batch source (PySpark's Python
-  Data Source API), reading with a librdkafka consumer by ``assign()`` over offset ranges.
-- ``offsets``: the source's offset planning, pure functions (no Kafka, no Spark).
-- ``source_options``, ``broker_offsets``, ``range_reader``: the source's options, its
-  driver-side watermark queries, its executor-side range reads.
-- ``land``: the landing job, Kafka to a Parquet lake, exactly once.
-- ``audit``, ``reconcile``: the audit job, the lake against the daemon's books.
-- ``spark``: the one place a SparkSession is built.
+- ``source/``: reading Kafka: the ``pydory-kafka`` streaming and batch source (PySpark's
+  Python Data Source API, ``kafka_source``), its offset planning (``offsets``, pure), its
+  options (``source_options``), driver-side watermarks (``broker_offsets``) and
+  executor-side range reads (``range_reader``).
+- ``landing/``: the landing job, Kafka to a Parquet lake exactly once (``land``), second
+  copies dropped by identity (``dedup``), the lake's checkpoint (``lake_binding``), what
+  a run with data loss accepted skipped (``skip_report``).
+- ``audits/``: the lake against the books: one daemon run's (``audit`` + ``reconcile``),
+  every host's from the books topic (``fleet_audit`` + ``fleet_reconcile``).
+- beside them, shared by the jobs: ``spark`` (the one place a SparkSession is built),
+  ``errors``, ``faults`` (a fault of the surroundings said in one line, exit 2).
 
-The jobs' modules import PySpark, so the CLI imports them only when a pipeline command
-runs (``pydory.commands.pipeline``, ``audit_command`` and ``fleet_audit_command`` build the
-parsers without it, from the options in ``command_options``).
+The wing imports nothing of ``daemon/``, ``server`` or ``commands/`` (tests/test_layout.py):
+the message identity it shares with the daemon is :mod:`pydory.message_identity`. The
+command lines are ``pydory.commands.pipeline`` (``land``), ``pipeline_audit`` and
+``pipeline_fleet_audit``, built without PySpark from ``pipeline_options``; they import a
+job's modules only when it runs.
 """

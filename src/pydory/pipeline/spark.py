@@ -9,25 +9,28 @@ Those jars come from Maven Central at set-up: ``./dev jars`` copies what
 ``jvm/spark-kafka/pom.xml`` pins into the checkout's ``.jars/spark-kafka/``;
 ``$PYDORY_SPARK_KAFKA_JARS`` names another directory. Nothing downloads at run time.
 Without them the session starts all the same, and only ``--connector native`` fails
-(:func:`pydory.pipeline.land.landing_writer` says where the jars were looked for).
+(:func:`pydory.pipeline.landing.land.landing_writer` says where the jars were looked for).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyspark
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pydory.pipeline.kafka_source import KafkaDataSource
+from pydory.pipeline.source.kafka_source import KafkaDataSource
 
 __all__ = [
     "DEFAULT_MASTER",
     "SPARK_KAFKA_JARS_ENV",
     "find_spark_kafka_jars",
+    "job_session",
     "spark_kafka_connector_jar",
     "spark_kafka_jars_dir",
     "spark_session",
@@ -85,6 +88,24 @@ def spark_session(
     spark.sparkContext.setLogLevel("WARN")
     _register_source(spark)
     return spark
+
+
+@contextmanager
+def job_session(
+    master: str = DEFAULT_MASTER,
+    app_name: str = "pydory",
+    conf: Mapping[str, str] | None = None,
+) -> Iterator[SparkSession]:
+    """:func:`spark_session` for one job, stopped when the job ends if this call started
+    it (its executors and JVM go cleanly); one already running in the process (a test's,
+    a notebook's) is reused and left running."""
+    starts = SparkContext._active_spark_context is None
+    spark = spark_session(master, app_name, conf)
+    try:
+        yield spark
+    finally:
+        if starts:
+            spark.stop()
 
 
 def spark_kafka_jars_dir() -> Path:

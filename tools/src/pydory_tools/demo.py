@@ -39,7 +39,7 @@ from confluent_kafka import KafkaException
 
 from pydory.client import encode_message
 from pydory.errors import PydoryError
-from pydory.pipeline.reconcile import AuditReport
+from pydory.pipeline.audits.reconcile import AuditReport
 from pydory.status_client import StatusHttp
 from pydory_tools.testing.daemon import DaemonConfig
 from pydory_tools.testing.daemon_process import DaemonDidNotStart, DaemonProcess
@@ -443,7 +443,7 @@ def landed_query(
     bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str
 ) -> StreamingQuery:
     """The landing query (Trigger.AvailableNow, second copies dropped), run to its end."""
-    from pydory.pipeline.land import LandSettings, start_landing
+    from pydory.pipeline.landing.land import LandSettings, start_landing
     from pydory.pipeline.spark import spark_session
 
     settings = LandSettings(
@@ -468,8 +468,8 @@ def landed_query(
 
 def audit(topics: DemoTopics, paths: DemoPaths, master: str) -> AuditReport:
     """Reconcile the lake with the saved books; write the report in text and JSON."""
-    from pydory.pipeline.audit import audit as audit_lake
-    from pydory.pipeline.audit import load_books
+    from pydory.pipeline.audits.audit import audit as audit_lake
+    from pydory.pipeline.audits.audit import load_books
     from pydory.pipeline.spark import spark_session
 
     spark = spark_session(master=master, app_name="pydory-demo")

@@ -61,7 +61,7 @@ from pydory_tools.testing.kill_loop import (
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from pydory.pipeline.fleet_reconcile import FleetReport
+    from pydory.pipeline.audits.fleet_reconcile import FleetReport
 
 STAGES = 6
 #: The daemon's host id: the first part of every identity it gives out.
@@ -125,7 +125,7 @@ def send_while_killing(
 
 def second_copies_dropped(query: StreamingQuery, topics: Sequence[str]) -> int:
     """The rows the landing query read and did not land (its observed metrics)."""
-    from pydory.pipeline.dedup import dropped_per_topic
+    from pydory.pipeline.landing.dedup import dropped_per_topic
 
     return sum(
         sum(dropped_per_topic(progress.observedMetrics or {}, topics).values())
@@ -137,8 +137,8 @@ def fleet_audit(
     bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str
 ) -> FleetReport:
     """The fleet audit over the books topic and the lake; the report written in text and JSON."""
+    from pydory.pipeline.audits.fleet_audit import fleet_audit as audit_fleet
     from pydory.pipeline.errors import PipelineError
-    from pydory.pipeline.fleet_audit import fleet_audit as audit_fleet
     from pydory.pipeline.spark import spark_session
 
     spark = spark_session(master=master, app_name="pydory-demo")

@@ -4,7 +4,8 @@ crash's replay sends (issue 24).
 
 An identity is ``(host id, incarnation, stream, sequence)``, rendered in the header as
 ASCII ``<host>/<incarnation: 16 hex digits>/<stream>/<sequence>``, e.g.
-``3f0c...e1/9b2d4c0e7a1f3355/4/81234``:
+``3f0c...e1/9b2d4c0e7a1f3355/4/81234`` (the header's name and this text form are the
+contract with the lake and the audits: :mod:`pydory.message_identity`):
 
 - ``host``: ``<messageIdentity><hostId>`` in the config, else ``/etc/machine-id``, else
   an id generated once and kept in the spool directory (``host-id``); with neither a
@@ -24,9 +25,9 @@ ASCII ``<host>/<incarnation: 16 hex digits>/<stream>/<sequence>``, e.g.
 The header is on by default; ``<messageIdentity enable="false">`` sends no header (for
 consumers that cannot take record headers); identities are still given and spooled.
 
-Rule: the only code that knows how an identity is formed and rendered (:class:`MessageIds`;
-``pydory.hotpath``'s ``identity_headers``, compiled where built, only appends the sequence
-to the prefix made here).
+Rule: the only code that knows how a daemon forms an identity and gives it out
+(:class:`MessageIds`; pydory.hotpath's ``identity_headers``, compiled where built, only
+appends the sequence to the prefix made here, in :mod:`pydory.message_identity`'s form).
 """
 
 from __future__ import annotations
@@ -34,22 +35,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import secrets
 import struct
 from collections.abc import Iterator, Sequence
 from typing import overload
 
 from pydory.hotpath import identity_headers
+from pydory.message_identity import HEADER_NAME, HOST_ID_PATTERN, run_prefix
 
 log = logging.getLogger(__name__)
 
-HEADER_NAME = "pydory-id"
-"""The Kafka record header that carries a message's identity."""
 HOST_ID_FILE = "host-id"
 """In the spool directory: the host id generated when the machine has none."""
 MACHINE_ID_PATH = "/etc/machine-id"
-HOST_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
 _ORIGIN = struct.Struct(">QII")  # incarnation, stream, sequence: a replayed frame's key
 
 #: ``produce``'s headers (confluent-kafka's type: a value may be text or None too).
@@ -172,13 +170,12 @@ class MessageIds:
         self.host_id = host_id
         self.incarnation = incarnation
         self.headers = headers
-        self._prefix = f"{host_id}/{incarnation:016x}/".encode("ascii")
-        self._host = f"{host_id}/".encode("ascii")
+        self._prefix = run_prefix(host_id, incarnation).encode("ascii")
         self.unspooled_given = 0  # stream 0's sequence: messages given no spool frame
 
     def render(self, incarnation: int, stream: int, sequence: int) -> bytes:
         """The header value of an identity of this host."""
-        return b"%s%016x/%d/%d" % (self._host, incarnation, stream, sequence)
+        return b"%s%d/%d" % (run_prefix(self.host_id, incarnation).encode(), stream, sequence)
 
     def spooled(self, stream: int, first: int, count: int) -> list[Headers | None]:
         """The messages of frames ``first..first+count-1`` of ``stream`` of this run."""

@@ -18,8 +18,9 @@ brokers for their watermarks and names the batch's end offsets (capped by
 ``maxOffsetsPerTrigger``); Spark checkpoints them; :meth:`KafkaStreamReader.partitions`
 turns the batch's start and end into one :class:`KafkaInputPartition` per
 topic-partition; on the executors, :meth:`KafkaStreamReader.read` reads exactly that
-range (:mod:`pydory.pipeline.range_reader`). Options: :mod:`pydory.pipeline.source_options`;
-offset arithmetic: :mod:`pydory.pipeline.offsets`.
+range (:mod:`pydory.pipeline.source.range_reader`). Options:
+:mod:`pydory.pipeline.source.source_options`; offset arithmetic:
+:mod:`pydory.pipeline.source.offsets`.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from pyspark.sql.types import (
 )
 
 from pydory.pipeline.errors import DataLossError, SourceOptionError
-from pydory.pipeline.offsets import (
+from pydory.pipeline.source.offsets import (
     DataLoss,
     OffsetRange,
     Offsets,
@@ -66,7 +67,7 @@ from pydory.pipeline.offsets import (
     resolve_offsets,
     starts_to_look_up,
 )
-from pydory.pipeline.source_options import SourceOptions
+from pydory.pipeline.source.source_options import SourceOptions
 
 # Spark starts a Python worker for each planning step of a query (at .load(), then the
 # stream's planner), and gives each a fixed 10 s to connect back: the reading side
@@ -74,8 +75,8 @@ from pydory.pipeline.source_options import SourceOptions
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    from pydory.pipeline.broker_offsets import BrokerOffsets
-    from pydory.pipeline.range_reader import KafkaInputPartition
+    from pydory.pipeline.source.broker_offsets import BrokerOffsets
+    from pydory.pipeline.source.range_reader import KafkaInputPartition
 
 __all__ = [
     "KAFKA_SCHEMA",
@@ -229,7 +230,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The records of one planned range (see :func:`read_range`)."""
-        from pydory.pipeline.range_reader import KafkaInputPartition, read_range
+        from pydory.pipeline.source.range_reader import KafkaInputPartition, read_range
 
         if not isinstance(partition, KafkaInputPartition):
             raise TypeError(f"not a pydory-kafka partition: {partition!r}")
@@ -238,7 +239,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- helpers ---
 
     def _broker_offsets(self) -> BrokerOffsets:
-        from pydory.pipeline.broker_offsets import BrokerOffsets
+        from pydory.pipeline.source.broker_offsets import BrokerOffsets
 
         if self._brokers is None:
             self._brokers = BrokerOffsets(
@@ -292,7 +293,7 @@ class KafkaBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         """One task per topic-partition with records in the requested range."""
-        from pydory.pipeline.broker_offsets import BrokerOffsets
+        from pydory.pipeline.source.broker_offsets import BrokerOffsets
 
         brokers = BrokerOffsets(self._options.consumer_config(), self._options.poll_timeout_s)
         try:
@@ -310,7 +311,7 @@ class KafkaBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The records of one planned range; nothing for Spark's placeholder partition."""
-        from pydory.pipeline.range_reader import KafkaInputPartition, read_range
+        from pydory.pipeline.source.range_reader import KafkaInputPartition, read_range
 
         if not isinstance(partition, KafkaInputPartition):
             return iter(())  # Spark plans one empty partition when there is no range
@@ -318,7 +319,7 @@ class KafkaBatchReader(DataSourceReader):
 
 
 def _task(options: SourceOptions, offset_range: OffsetRange) -> KafkaInputPartition:
-    from pydory.pipeline.range_reader import KafkaInputPartition
+    from pydory.pipeline.source.range_reader import KafkaInputPartition
 
     return KafkaInputPartition(
         topic=offset_range.partition.topic,

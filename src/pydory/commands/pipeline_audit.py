@@ -1,8 +1,9 @@
-"""`pydory pipeline audit`: the command line of :mod:`pydory.pipeline.audit`.
+"""`pydory pipeline audit`: the command line of :mod:`pydory.pipeline.audits.audit`.
 
 Kept apart from the job so that building the CLI parser does not import PySpark.
 Exit status: 0 the lake reconciles with the books, 1 it does not, 2 the audit could not
-run (no lake at that path, books unreadable or not given).
+run (no lake at that path, books unreadable or not given, a lake file unreadable, Kafka
+not answering, Spark not starting: one line naming the cause).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import argparse
 import sys
 
 from pydory.commands import Subparsers, add_subcommand
-from pydory.pipeline.command_options import (
+from pydory.commands.pipeline_options import (
     add_audited_lake_option,
+    add_bootstrap_option,
     add_json_report_option,
     add_master_option,
-    topic_list,
+    add_topics_filter_option,
 )
 
 
@@ -53,11 +55,14 @@ def register(subparsers: Subparsers) -> None:
         "earlier run of one that restarted); repeatable, and combinable with --status",
     )
     add_master_option(parser)
-    parser.add_argument(
-        "--topics",
-        type=topic_list,
-        metavar="A,B",
-        help="audit only these topics (default: every topic in the books or the lake)",
+    add_topics_filter_option(parser, "every topic in the books or the lake")
+    add_bootstrap_option(
+        parser,
+        "Kafka's bootstrap servers, to tell apart what a gap in a partition's offsets is: "
+        "a second copy the landing job dropped (its identity is in the lake) or a record "
+        "that never landed (default: the servers the landing job recorded in the lake; "
+        "without either, every gap counts as missing)",
+        required=False,
     )
     parser.add_argument(
         "--from-offset-zero",
@@ -70,33 +75,41 @@ def register(subparsers: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the audit and print the report; see the module docstring for the exit status."""
-    from pydory.pipeline.audit import BooksUnavailable, NotALake, audit, load_books
-    from pydory.pipeline.reconcile import BooksFormatError, DaemonBooks
-    from pydory.pipeline.spark import spark_session
+    from pydory.pipeline.audits.audit import BooksUnavailable, NotALake, audit, load_books
+    from pydory.pipeline.audits.reconcile import BooksFormatError, DaemonBooks
+    from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, could_not_run
+    from pydory.pipeline.spark import job_session
 
     if not args.status and not args.books:
         print(
             "pydory pipeline audit: give the daemon's books: --status URL or --books FILE",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_COULD_NOT_RUN
     sources = [f"{url.rstrip('/')}/books/json" for url in args.status] + args.books
     try:
         books = DaemonBooks.combined(
             [load_books(status_url=url) for url in args.status]
             + [load_books(books_file=path) for path in args.books]
         )
-        spark = spark_session(master=args.master, app_name="pydory-audit")
-        report = audit(
-            spark,
-            args.lake,
-            books,
-            topics=args.topics,
-            from_offset_zero=args.from_offset_zero,
-            books_source=", ".join(sources),
-        )
+        with (
+            could_not_run("pipeline audit"),
+            job_session(master=args.master, app_name="pydory-audit") as spark,
+        ):
+            report = audit(
+                spark,
+                args.lake,
+                books,
+                topics=args.topics,
+                from_offset_zero=args.from_offset_zero,
+                books_source=", ".join(sources),
+                bootstrap_servers=args.bootstrap_servers,
+            )
     except (NotALake, BooksUnavailable, BooksFormatError) as error:
         print(f"pydory pipeline audit: {error}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
+    except CouldNotRun as error:
+        print(error, file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
     sys.stdout.write(report.to_json() if args.json else report.render())
     return 0 if report.balanced else 1

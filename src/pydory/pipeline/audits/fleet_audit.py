@@ -1,12 +1,15 @@
 """The fleet audit job: every daemon's books from the books topic, every identity from
-the lake, proved against each other by :mod:`pydory.pipeline.fleet_reconcile`.
+the lake, proved against each other by :mod:`pydory.pipeline.audits.fleet_reconcile`.
 
 No daemon is asked anything: the books come from Kafka (the topic each daemon publishes
 its runs' books to, ``<messageIdentity><booksTopic>``), so a host that is down, or gone,
 is audited like the others. Both sides are read with Spark:
 
 - the books topic in one batch read (Spark's ``kafka`` source, or ``pydory-kafka``), the
-  latest record per run kept (the topic is compacted; older records may still be there);
+  latest record per run kept (the topic is compacted; older records may still be there).
+  A run whose latest entry is a tombstone (its books deleted) keeps its last record
+  before it, marked so, or, with none left, is named as deleted
+  (:mod:`pydory.pipeline.audits.fleet_reconcile` says how each is proved);
 - the lake through the file sink's commit log (``spark.read.parquet(lake)`` lists only the
   files of committed batches), its ``pydory_id`` column parsed into host, incarnation,
   stream and sequence, and aggregated in Spark: per (host, incarnation, topic) the rows
@@ -37,9 +40,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,18 +51,19 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from pydory.pipeline.audit import COMMIT_LOG_DIR, NotALake
-from pydory.pipeline.dedup import IDENTITY_COLUMN
-from pydory.pipeline.errors import PipelineError
-from pydory.pipeline.fleet_reconcile import (
+from pydory.message_identity import INCARNATION_PATTERN, SEPARATOR, parse_identity
+from pydory.pipeline.audits.audit import COMMIT_LOG_DIR, NotALake
+from pydory.pipeline.audits.fleet_reconcile import (
     FleetReport,
     LakeIdentities,
     RunRecord,
     UnreadableBooksRecord,
     reconcile_fleet,
 )
-from pydory.pipeline.kafka_source import SOURCE_NAME
+from pydory.pipeline.errors import PipelineError
 from pydory.pipeline.lake_files import LakeFiles, join, lake_files
+from pydory.pipeline.landing.dedup import IDENTITY_COLUMN
+from pydory.pipeline.source.kafka_source import SOURCE_NAME
 
 __all__ = [
     "DEFAULT_BOOKS_TOPIC",
@@ -77,7 +82,6 @@ _FORMATS = {"native": "kafka", "python": SOURCE_NAME}
 _LAKE_COLUMNS = StructType(
     [StructField(IDENTITY_COLUMN, StringType()), StructField("topic", StringType())]
 )
-_INCARNATION = r"^[0-9a-f]{16}$"
 
 
 class BooksTopicUnavailable(PipelineError):
@@ -113,6 +117,8 @@ class FleetState:
     books_offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset
     books: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> record JSON
     unreadable_books: int = 0
+    #: Runs whose latest books entry is a tombstone (their record, if read, kept in books).
+    deleted: set[str] = field(default_factory=set)
 
     @classmethod
     def load(
@@ -151,6 +157,8 @@ class FleetState:
             books_offsets={int(p): int(o) for p, o in document["books_offsets"].items()},
             books=document["books"],
             unreadable_books=int(document["unreadable_books"]),
+            # Absent from a state kept before tombstones were told apart.
+            deleted=set(document.get("deleted", [])),
         )
 
     def save(self, state_dir: str, files: LakeFiles | None = None) -> None:
@@ -169,6 +177,7 @@ class FleetState:
             "books_offsets": {str(p): o for p, o in self.books_offsets.items()},
             "books": self.books,
             "unreadable_books": self.unreadable_books,
+            "deleted": sorted(self.deleted),
         }
         (files or lake_files(None, state_dir)).write_text(
             join(state_dir, STATE_FILE), json.dumps(document)
@@ -176,11 +185,10 @@ class FleetState:
 
     def landed(self, identity: str) -> bool:
         """Whether ``identity`` (``host/incarnation/stream/sequence``) is in the lake."""
-        try:
-            host, incarnation, stream, sequence = identity.split("/")
-            key, number = (host, incarnation, int(stream)), int(sequence)
-        except ValueError:
+        parsed = parse_identity(identity)
+        if parsed is None:
             return False
+        key, number = (parsed.host, parsed.incarnation, parsed.stream), parsed.sequence
         ranges = self.ranges.get(key, [])
         at = bisect.bisect_right(ranges, [number, float("inf")]) - 1
         return at >= 0 and ranges[at][0] <= number <= ranges[at][1]
@@ -223,9 +231,11 @@ def fleet_audit(
     state_dir: str | None = None,
     connector: str = "native",
     kafka_options: Mapping[str, str] | None = None,
+    topics: Collection[str] | None = None,
 ) -> FleetReport:
     """Read what is new in the books topic and the lake, and prove the books; with
-    ``state_dir``, keep what was read for the next run. Raises :class:`NotALake`,
+    ``state_dir``, keep what was read for the next run; ``topics``: audit only these (a
+    lake that lands some of the topics the daemons send). Raises :class:`NotALake`,
     :class:`BooksTopicUnavailable` or :class:`StateMismatch`."""
     lake_path = require_lake(lake, spark)
     state_files = None if state_dir is None else lake_files(spark, state_dir)
@@ -234,9 +244,10 @@ def fleet_audit(
     books_read = _read_books(spark, state, options, _FORMATS[connector])
     files_read = _read_lake(spark, state)
     runs = []
-    for value in state.books.values():
+    for key, value in state.books.items():
         with contextlib.suppress(UnreadableBooksRecord):  # counted when it was read
-            runs.append(RunRecord.from_json(value))
+            run = RunRecord.from_json(value)
+            runs.append(dataclasses.replace(run, tombstoned=key in state.deleted))
     report = reconcile_fleet(
         runs,
         LakeIdentities(
@@ -254,7 +265,10 @@ def fleet_audit(
             "runs": len(runs),
             "unreadable_books_records": state.unreadable_books,
             "incremental": state_dir is not None,
+            "topics": None if topics is None else sorted(topics),
         },
+        deleted=state.deleted - set(state.books),
+        topics=topics,
     )
     if state_dir is not None:
         state.save(state_dir, state_files)
@@ -301,7 +315,11 @@ def _read_books(
         )
     )
     latest = records.groupBy("key").agg(
-        F.max_by("value", "offset").alias("value"), F.count("*").alias("n")
+        # The latest record, and whether a tombstone (a null value) came after it: max_by
+        # passes over rows whose ordering is null.
+        F.max_by("value", F.when(F.col("value").isNotNull(), F.col("offset"))).alias("value"),
+        F.max_by(F.col("value").isNull(), "offset").alias("deleted"),
+        F.count("*").alias("n"),
     )
     ends = records.groupBy("partition").agg(F.max("offset").alias("last"))
     read = 0
@@ -309,6 +327,12 @@ def _read_books(
         read += row["n"]
         if row["key"] is None:  # not a run's record (the daemon always keys them)
             state.unreadable_books += 1
+            continue
+        if row["deleted"]:
+            state.deleted.add(row["key"])
+        else:
+            state.deleted.discard(row["key"])
+        if row["value"] is None:  # only a tombstone: an earlier run's record, if any, stays
             continue
         try:
             state.books[row["key"]] = json.loads(row["value"])
@@ -422,18 +446,18 @@ def _count_unidentified(rows: DataFrame, state: FleetState) -> None:
 
 
 def _valid_identity(column: Any) -> Any:
-    parts = F.split(column, "/")
+    parts = F.split(column, SEPARATOR)
     return (
         (F.size(parts) == 4)
         & (F.length(parts[0]) > 0)
-        & parts[1].rlike(_INCARNATION)
+        & parts[1].rlike(INCARNATION_PATTERN)
         & parts[2].rlike(r"^[0-9]{1,10}$")
         & parts[3].rlike(r"^[0-9]{1,10}$")
     )
 
 
 def _identities(rows: DataFrame) -> DataFrame:
-    parts = F.split(F.col(IDENTITY_COLUMN), "/")
+    parts = F.split(F.col(IDENTITY_COLUMN), SEPARATOR)
     return rows.where(_valid_identity(F.col(IDENTITY_COLUMN))).select(
         "topic",
         parts[0].alias("host"),

@@ -12,7 +12,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pydory.pipeline.errors import KafkaReadError
-from pydory.pipeline.offsets import PartitionId, Watermarks
+from pydory.pipeline.source.offsets import PartitionId, Watermarks
 
 __all__ = ["BrokerOffsets"]
 

@@ -1,4 +1,4 @@
-"""`pydory pipeline fleet-audit`: the command line of :mod:`pydory.pipeline.fleet_audit`.
+"""`pydory pipeline fleet-audit`: the command line of :mod:`pydory.pipeline.audits.fleet_audit`.
 
 Kept apart from the job so that building the CLI parser does not import PySpark.
 Exit status: 0 every host's books balance with the lake, 1 they do not, 2 the audit
@@ -11,14 +11,16 @@ import argparse
 import sys
 
 from pydory.commands import Subparsers, add_subcommand
-from pydory.pipeline.command_options import (
+from pydory.commands.pipeline_options import (
     add_audited_lake_option,
+    add_bootstrap_option,
     add_connector_option,
     add_json_report_option,
     add_master_option,
+    add_topics_filter_option,
 )
 
-#: The same default as pydory.pipeline.fleet_audit's, spelt here without importing PySpark.
+#: The same default as pydory.pipeline.audits.fleet_audit's, spelt here without importing PySpark.
 DEFAULT_BOOKS_TOPIC = "pydory.books"
 
 
@@ -39,11 +41,8 @@ def register(subparsers: Subparsers) -> None:
         handler=run,
     )
     add_audited_lake_option(parser)
-    parser.add_argument(
-        "--bootstrap-servers",
-        required=True,
-        metavar="HOST:PORT",
-        help="Kafka's bootstrap servers (where the daemons publish their books)",
+    add_bootstrap_option(
+        parser, "Kafka's bootstrap servers (where the daemons publish their books)", required=True
     )
     parser.add_argument(
         "--books-topic",
@@ -62,35 +61,48 @@ def register(subparsers: Subparsers) -> None:
         "source; python, pydory's (as for `pydory pipeline land`)",
     )
     add_master_option(parser)
+    add_topics_filter_option(
+        parser,
+        "every topic in the books or the lake; give the topics the lake lands when the "
+        "daemons also send others",
+    )
     add_json_report_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the fleet audit and print the report; see the module docstring."""
-    from pydory.pipeline.audit import NotALake
-    from pydory.pipeline.fleet_audit import (
+    from pydory.pipeline.audits.audit import NotALake
+    from pydory.pipeline.audits.fleet_audit import (
         BooksTopicUnavailable,
         StateMismatch,
         fleet_audit,
         require_lake,
     )
+    from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, could_not_run
     from pydory.pipeline.lake_files import is_local
-    from pydory.pipeline.spark import spark_session
+    from pydory.pipeline.spark import job_session
 
     try:
         if is_local(args.lake):
             require_lake(args.lake)  # before Spark starts: a wrong path is told at once
-        spark = spark_session(master=args.master, app_name="pydory-fleet-audit")
-        report = fleet_audit(
-            spark,
-            args.lake,
-            bootstrap_servers=args.bootstrap_servers,
-            books_topic=args.books_topic,
-            state_dir=args.state,
-            connector=args.connector,
-        )
+        with (
+            could_not_run("pipeline fleet-audit"),
+            job_session(master=args.master, app_name="pydory-fleet-audit") as spark,
+        ):
+            report = fleet_audit(
+                spark,
+                args.lake,
+                bootstrap_servers=args.bootstrap_servers,
+                books_topic=args.books_topic,
+                state_dir=args.state,
+                connector=args.connector,
+                topics=args.topics,
+            )
     except (NotALake, BooksTopicUnavailable, StateMismatch) as error:
         print(f"pydory pipeline fleet-audit: {error}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
+    except CouldNotRun as error:
+        print(error, file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
     sys.stdout.write(report.to_json() if args.json else report.render())
     return 0 if report.balanced else 1

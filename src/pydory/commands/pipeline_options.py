@@ -27,6 +27,31 @@ def add_connector_option(parser: argparse.ArgumentParser, help_text: str) -> Non
     parser.add_argument("--connector", choices=CONNECTORS, default="native", help=help_text)
 
 
+def add_bootstrap_option(
+    parser: argparse.ArgumentParser, help_text: str, *, required: bool
+) -> None:
+    """``--bootstrap-servers HOST:PORT,...`` (``--bootstrap``, its first spelling, kept as an
+    alias), spelt alike by every pipeline command; in ``args.bootstrap_servers``."""
+    parser.add_argument(
+        "--bootstrap-servers",
+        "--bootstrap",
+        dest="bootstrap_servers",
+        required=required,
+        metavar="HOST:PORT,...",
+        help=help_text,
+    )
+
+
+def add_topics_filter_option(parser: argparse.ArgumentParser, default_help: str) -> None:
+    """An audit's ``--topics A,B``: audit only these topics."""
+    parser.add_argument(
+        "--topics",
+        type=topic_list,
+        metavar="A,B",
+        help=f"audit only these topics (default: {default_help})",
+    )
+
+
 def add_audited_lake_option(parser: argparse.ArgumentParser) -> None:
     """An audit's ``--lake DIR``: the lake that the landing job wrote."""
     parser.add_argument(

@@ -31,7 +31,7 @@ from confluent_kafka import (
 from pyspark.sql.datasource import InputPartition
 
 from pydory.pipeline.errors import DataLossError, KafkaReadError
-from pydory.pipeline.offsets import DataLoss, LossKind, PartitionId, Watermarks
+from pydory.pipeline.source.offsets import DataLoss, LossKind, PartitionId, Watermarks
 
 __all__ = ["ARROW_SCHEMA", "ARROW_SCHEMA_WITH_HEADERS", "KafkaInputPartition", "read_range"]
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from pydory.pipeline.errors import PipelineError
 from pydory.pipeline.lake_files import LakeFiles, join, lake_files
-from pydory.pipeline.offsets import Offsets, offsets_to_json
+from pydory.pipeline.source.offsets import Offsets, offsets_to_json
 
 __all__ = [
     "BINDING_FILE",
@@ -48,6 +48,7 @@ __all__ = [
     "ensure_checkpoint_id",
     "record_binding",
     "record_landed_batch",
+    "recorded_bootstrap_servers",
     "seed_checkpoint",
 ]
 
@@ -126,10 +127,14 @@ def ensure_checkpoint_id(checkpoint: str, files: LakeFiles | None = None) -> str
 
 
 def record_binding(
-    lake: str, checkpoint: str, checkpoint_id: str, files: LakeFiles | None = None
+    lake: str,
+    checkpoint: str,
+    checkpoint_id: str,
+    files: LakeFiles | None = None,
+    bootstrap_servers: str | None = None,
 ) -> None:
     """Record in ``lake`` that it belongs to ``checkpoint`` (its landed offsets kept when
-    the checkpoint is the same)."""
+    the checkpoint is the same), and the Kafka it lands from (the audit reads its gaps)."""
     files = files or lake_files(None, lake, checkpoint)
     previous = _read_binding(files, lake) or {}
     same = previous.get("checkpoint_id") == checkpoint_id
@@ -139,7 +144,21 @@ def record_binding(
         "landed_batch": previous.get("landed_batch") if same else None,
         "landed_offsets": previous.get("landed_offsets") if same else None,
     }
+    servers = bootstrap_servers or previous.get("bootstrap_servers")
+    if servers:  # where the audit reads a gap's records (none given: none recorded)
+        binding["bootstrap_servers"] = servers
     _write_binding(files, lake, binding)
+
+
+def recorded_bootstrap_servers(lake: str, files: LakeFiles | None = None) -> str | None:
+    """The Kafka bootstrap servers the landing job last recorded in ``lake``, if any."""
+    files = files or lake_files(None, lake)
+    try:
+        binding = _read_binding(files, lake) or {}
+    except LakeCheckpointMismatch:  # unreadable: the audit then has no default
+        return None
+    servers = binding.get("bootstrap_servers")
+    return servers if isinstance(servers, str) and servers else None
 
 
 def record_landed_batch(

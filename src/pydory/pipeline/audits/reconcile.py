@@ -2,7 +2,7 @@
 
 Inputs are two small summaries: :class:`DaemonBooks` (parsed from the daemon's
 ``/books/json``) and per Kafka partition :class:`PartitionLanding` (aggregated from the
-lake by :mod:`pydory.pipeline.audit`). :func:`reconcile` turns them into an
+lake by :mod:`pydory.pipeline.audits.audit`). :func:`reconcile` turns them into an
 :class:`AuditReport`: one :class:`TopicReconciliation` per topic and a verdict.
 
 What is provable, and therefore what fails the audit:
@@ -22,7 +22,10 @@ What is provable, and therefore what fails the audit:
 - a gap between a partition's first and last landed offset. pydory's producer is
   idempotent and not transactional, so a partition's offsets are dense: a missing
   offset in the middle is a record that never landed (retention only removes a
-  partition's oldest records; a compacted topic would break this rule).
+  partition's oldest records; a compacted topic would break this rule), unless it is a
+  second copy the landing job dropped (a daemon's replay after a crash: its identity is
+  in the lake). The audit job counts those from Kafka (``second_copies``, per topic),
+  and they are not missing; without Kafka every gap counts.
 
 Offsets below a partition's first landed offset are only provably missing if the lake
 was meant to start at offset 0 (``from_offset_zero``: fresh topics, nothing aged out).
@@ -254,6 +257,8 @@ class TopicReconciliation:
     missing: int  # provably missing offsets (gaps; below the first too if from offset 0)
     before_first: int  # offsets below the first landed one, when not counted as missing
     problems: tuple[str, ...]
+    #: Offsets not landed that are second copies the landing job dropped (not missing).
+    second_copies: int = 0
 
     @property
     def delivered(self) -> int:
@@ -294,6 +299,8 @@ class AuditReport:
     from_offset_zero: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)  # "lake", "books" -> where
     waiting_for_metadata: int = 0
+    #: Whether the gaps were read from Kafka to tell dropped second copies from missing.
+    gaps_checked: bool = False
 
     @property
     def balanced(self) -> bool:
@@ -361,7 +368,18 @@ class AuditReport:
         return "\n".join(lines) + "\n"
 
     def _problem_lines(self) -> list[str]:
-        lines = [f"{t.topic}: {problem}" for t in self.topics for problem in t.problems]
+        lines = [
+            f"{t.topic}: {t.second_copies} offsets not landed are second copies the landing "
+            "job dropped (read from Kafka: their identities are in the lake), not missing"
+            for t in self.topics
+            if t.second_copies
+        ]
+        if not self.gaps_checked and any(t.missing for t in self.topics):
+            lines.append(
+                "gaps not read from Kafka (no --bootstrap-servers, none recorded in the lake): "
+                "a second copy the landing job dropped counts as missing"
+            )
+        lines += [f"{t.topic}: {problem}" for t in self.topics for problem in t.problems]
         lines.extend(f"  missing: {gap}" for gap in self.gaps)
         lines.extend(f"  duplicate: {dup}" for dup in self.duplicate_offsets)
         return lines
@@ -383,6 +401,7 @@ class AuditReport:
             "possibly_delivered": self.possibly_delivered,
             "left_for_next_start": self.left_for_next_start,
             "waiting_for_metadata": self.waiting_for_metadata,
+            "gaps_checked_in_kafka": self.gaps_checked,
             "gaps": [vars(gap) for gap in self.gaps],
             "duplicate_offsets": [vars(dup) for dup in self.duplicate_offsets],
         }
@@ -397,31 +416,45 @@ def reconcile(
     gaps: Sequence[OffsetGap] = (),
     duplicate_offsets: Sequence[DuplicateOffset] = (),
     sources: Mapping[str, str] | None = None,
+    second_copies: Mapping[str, int] | None = None,
+    gaps_checked: bool = False,
 ) -> AuditReport:
     """Compare the books with the lake, topic by topic.
 
     ``topics`` limits the audit to those topics (default: every topic in either the
     books or the lake). ``gaps`` and ``duplicate_offsets`` are samples shown to the
-    reader; the counts come from ``landings``.
+    reader; the counts come from ``landings``. ``second_copies``: per topic, the offsets
+    in the gaps that are second copies the landing job dropped (``gaps_checked``: read
+    from Kafka); they are not missing.
     """
+    dropped = second_copies or {}
     by_topic: dict[str, list[PartitionLanding]] = {}
     for landing in landings:
         by_topic.setdefault(landing.topic, []).append(landing)
     names = sorted(set(books.topics) | set(by_topic)) if topics is None else list(topics)
     rows = tuple(
-        _reconcile_topic(name, books.topics.get(name), by_topic.get(name, []), from_offset_zero)
+        _reconcile_topic(
+            name,
+            books.topics.get(name),
+            by_topic.get(name, []),
+            from_offset_zero,
+            dropped.get(name, 0),
+        )
         for name in names
     )
+    missing_in = {row.topic for row in rows if row.missing}
     return AuditReport(
         topics=rows,
         discarded_without_topic=books.discarded_without_topic,
         received=books.received,
-        gaps=tuple(gap for gap in gaps if gap.topic in names),
+        # A gap of second copies only is not shown as missing.
+        gaps=tuple(gap for gap in gaps if gap.topic in missing_in),
         duplicate_offsets=tuple(dup for dup in duplicate_offsets if dup.topic in names),
         in_flight=sum(t.books.in_flight for t in rows if t.books is not None),
         from_offset_zero=from_offset_zero,
         sources=dict(sources or {}),
         waiting_for_metadata=books.waiting_for_metadata,
+        gaps_checked=gaps_checked,
     )
 
 
@@ -430,6 +463,7 @@ def _reconcile_topic(
     books: TopicBooks | None,
     partitions: Sequence[PartitionLanding],
     from_offset_zero: bool,
+    second_copies: int = 0,
 ) -> TopicReconciliation:
     landed = sum(p.rows for p in partitions)
     duplicates = sum(p.duplicates for p in partitions)
@@ -437,6 +471,9 @@ def _reconcile_topic(
     missing = sum(p.missing_inside for p in partitions)
     if from_offset_zero:
         missing, before_first = missing + before_first, 0
+    # Counted within the gaps: never more than they hold.
+    second_copies = min(second_copies, missing)
+    missing -= second_copies
     problems: list[str] = []
     if books is None:
         if landed:
@@ -463,6 +500,7 @@ def _reconcile_topic(
         missing=missing,
         before_first=before_first,
         problems=tuple(problems),
+        second_copies=second_copies,
     )
 
 
@@ -625,6 +663,7 @@ def _topic_dict(topic: TopicReconciliation) -> dict[str, Any]:
         "landed": topic.landed,
         "duplicates": topic.duplicates,
         "missing": topic.missing,
+        "second_copies_dropped": topic.second_copies,
         "before_first": topic.before_first,
         "balanced": topic.balanced,
         "problems": list(topic.problems),

@@ -1,6 +1,6 @@
 """The audit job: does the lake hold what the daemon says it delivered, exactly once?
 
-Two inputs, read here, compared in :mod:`pydory.pipeline.reconcile`:
+Two inputs, read here, compared in :mod:`pydory.pipeline.audits.reconcile`:
 
 - the lake, through Spark. ``spark.read.parquet(LAKE)`` on the file sink's own path
   reads the sink's commit log (``LAKE/_spark_metadata``) and only the files it lists, so
@@ -10,6 +10,14 @@ Two inputs, read here, compared in :mod:`pydory.pipeline.reconcile`:
   at most a few sample offsets when something is wrong), never the data itself.
 - the daemon's books: ``/books/json`` from its status server, or a copy saved earlier
   (a daemon that has exited can no longer be asked).
+
+A gap in a partition's offsets is either a record that never landed or a second copy
+the landing job dropped (a daemon's replay after a crash: its identity is in the lake
+already). With Kafka's address (``bootstrap_servers``, or the one the landing job
+recorded in the lake) the audit reads the gaps' records from Kafka (Spark's ``kafka``
+source, by ``assign``) and counts those whose ``pydory-id`` the lake holds as dropped
+second copies, not missing; a gap record without an identity, with one the lake lacks,
+or no longer in Kafka (retention) stays missing.
 
 The books are lifetime totals of one daemon process: audit a lake that holds the topics
 of that run, after the daemon has settled (``in_flight`` 0) and the landing job has
@@ -21,7 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +38,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from pydory.pipeline.errors import PipelineError
-from pydory.pipeline.lake_files import join, lake_files
-from pydory.pipeline.reconcile import (
+from pydory.pipeline.audits.reconcile import (
     AuditReport,
     DaemonBooks,
     DuplicateOffset,
@@ -39,6 +46,11 @@ from pydory.pipeline.reconcile import (
     PartitionLanding,
     reconcile,
 )
+from pydory.pipeline.errors import PipelineError
+from pydory.pipeline.faults import require_kafka
+from pydory.pipeline.lake_files import join, lake_files
+from pydory.pipeline.landing.dedup import IDENTITY_COLUMN, identity_of
+from pydory.pipeline.landing.lake_binding import recorded_bootstrap_servers
 from pydory.status_client import DaemonUnreachable, NotAStatusPage, StatusHttp, StatusUrlError
 
 __all__ = [
@@ -68,6 +80,12 @@ AUDITED_COLUMNS = StructType(
 )
 
 
+#: The columns read to tell a dropped second copy from a missing record.
+_IDENTITY_COLUMNS = StructType(
+    [*AUDITED_COLUMNS.fields, StructField(IDENTITY_COLUMN, StringType())]
+)
+
+
 class NotALake(PipelineError):
     """The lake path is not the path of a Spark file sink (no ``_spark_metadata`` in it).
 
@@ -91,6 +109,8 @@ class LakeSummary:
     partitions: tuple[PartitionLanding, ...]
     gaps: tuple[OffsetGap, ...]
     duplicate_offsets: tuple[DuplicateOffset, ...]
+    #: Per partition with offsets missing: the first and last of them (inclusive).
+    gap_spans: Mapping[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
 
 def summarize_lake(
@@ -116,10 +136,76 @@ def summarize_lake(
             for p in partitions
             if p.first_offset > 0
         )
+    spans: dict[tuple[str, int], tuple[int, int]] = {}
+    if from_offset_zero:
+        spans.update(
+            ((p.topic, p.partition), (0, p.first_offset - 1))
+            for p in partitions
+            if p.first_offset > 0
+        )
     if any(p.missing_inside for p in partitions):
         gaps.extend(_gaps_inside(copies, SAMPLE_SIZE))
+        for key, (low, high) in _gap_spans(copies).items():
+            spans[key] = (min(low, spans.get(key, (low, high))[0]), high)
     duplicates = _duplicated(copies, SAMPLE_SIZE) if any(p.duplicates for p in partitions) else ()
-    return LakeSummary(tuple(partitions), tuple(gaps[:SAMPLE_SIZE]), tuple(duplicates))
+    return LakeSummary(tuple(partitions), tuple(gaps[:SAMPLE_SIZE]), tuple(duplicates), spans)
+
+
+def _gap_spans(copies: DataFrame) -> dict[tuple[str, int], tuple[int, int]]:
+    """Per partition with a gap: its first and last offset missing between landed ones."""
+    in_partition = Window.partitionBy("topic", "partition").orderBy("offset")
+    spans = (
+        copies.select("topic", "partition", "offset")
+        .withColumn("previous", F.lag("offset").over(in_partition))
+        .where(F.col("offset") - F.col("previous") > 1)
+        .groupBy("topic", "partition")
+        .agg(F.min(F.col("previous") + 1).alias("low"), F.max(F.col("offset") - 1).alias("high"))
+    )
+    return {(row["topic"], row["partition"]): (row["low"], row["high"]) for row in spans.collect()}
+
+
+def second_copies_in_gaps(
+    spark: SparkSession,
+    lake: str,
+    spans: Mapping[tuple[str, int], tuple[int, int]],
+    bootstrap_servers: str,
+) -> dict[str, int]:
+    """Per topic, the records in the lake's gaps (``spans``) that Kafka still holds and
+    whose identity the lake holds: second copies the landing job dropped."""
+    if not spans:
+        return {}
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for (topic, partition), (low, high) in spans.items():
+        assign.setdefault(topic, []).append(partition)
+        starting.setdefault(topic, {})[str(partition)] = low
+        ending.setdefault(topic, {})[str(partition)] = high + 1
+    in_kafka = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
+        .option("failOnDataLoss", "false")  # aged out: not in Kafka, stays missing
+        .option("includeHeaders", "true")
+        .load()
+        .select("topic", "partition", "offset", identity_of(F.col("headers")).alias("id"))
+    )
+    landed = spark.read.schema(_IDENTITY_COLUMNS).parquet(lake)
+    not_landed = in_kafka.join(
+        landed.select("topic", "partition", "offset"),
+        on=["topic", "partition", "offset"],
+        how="left_anti",
+    )
+    identities = landed.select(F.col(IDENTITY_COLUMN).alias("id")).where(F.col("id").isNotNull())
+    dropped = (
+        not_landed.where(F.col("id").isNotNull())
+        .join(identities.distinct(), on="id", how="left_semi")
+        .groupBy("topic")
+        .count()
+    )
+    return {row["topic"]: row["count"] for row in dropped.collect()}
 
 
 def _copies_per_offset(spark: SparkSession, lake: str) -> DataFrame:
@@ -215,9 +301,21 @@ def audit(
     topics: list[str] | None = None,
     from_offset_zero: bool = False,
     books_source: str = "",
+    bootstrap_servers: str | None = None,
 ) -> AuditReport:
-    """Reconcile the lake at ``lake`` with ``books``; see :func:`reconcile.reconcile`."""
+    """Reconcile the lake at ``lake`` with ``books``; see :func:`reconcile.reconcile`.
+
+    ``bootstrap_servers`` (default: the landing job's, recorded in the lake): where to
+    read the records of the lake's gaps, to tell dropped second copies from missing
+    records (see the module docstring); with neither, every gap counts as missing."""
     summary = summarize_lake(spark, lake, from_offset_zero=from_offset_zero)
+    servers = bootstrap_servers or recorded_bootstrap_servers(
+        str(lake), lake_files(spark, str(lake))
+    )
+    dropped = {}
+    if summary.gap_spans and servers:
+        require_kafka(servers)  # a Kafka that does not answer is said, not waited on
+        dropped = second_copies_in_gaps(spark, str(lake), summary.gap_spans, servers)
     return reconcile(
         books,
         summary.partitions,
@@ -225,5 +323,7 @@ def audit(
         from_offset_zero=from_offset_zero,
         gaps=summary.gaps,
         duplicate_offsets=summary.duplicate_offsets,
-        sources={"lake": str(lake), "books": books_source},
+        sources={"lake": str(lake), "books": books_source, "kafka": servers or ""},
+        second_copies=dropped,
+        gaps_checked=bool(servers),
     )

@@ -13,7 +13,15 @@ offsets (the query's progress), and the rows the lake holds in those ranges.
   reading the new log below it, so up to ``end`` records were not landed; ``pydory-kafka``
   reads the new log from its earliest offset, so nothing is skipped there.
 
-Rule: a skipped record is counted in ``skips_of_run``, from offsets planned and rows landed, once.
+A range's offsets that did not land may also be second copies the landing job dropped (a
+daemon's replay after a crash): those were read, not skipped. Each batch reports per
+topic how many it dropped (``dropped``); they are taken off the topic's shortfall first.
+Where a topic dropped none, each partition's count is exact; where it dropped some, the
+dropped copies are counted per topic only, so what remains is reported for the topic and
+the partitions that fell short (:class:`TopicSkips`), never a dropped copy as skipped.
+
+Rule: a skipped record is counted in ``skips_of_run``, from offsets planned and rows landed,
+once.
 """
 
 from __future__ import annotations
@@ -21,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pydory.pipeline.offsets import PartitionId
+from pydory.pipeline.source.offsets import PartitionId
 
-__all__ = ["PartitionSkips", "PlannedRanges", "plan_of_run", "skips_of_run"]
+__all__ = ["PartitionSkips", "PlannedRanges", "TopicSkips", "plan_of_run", "skips_of_run"]
 
 #: A batch's offsets as the query's progress reports them: topic -> partition -> offset.
 BatchOffsets = Mapping[str, Mapping[str, int]]
@@ -35,6 +43,8 @@ class PlannedRanges:
 
     forward: dict[PartitionId, list[tuple[int, int]]] = field(default_factory=dict)
     backwards: dict[PartitionId, list[tuple[int, int]]] = field(default_factory=dict)
+    #: Per topic, second copies the planned batches read and dropped.
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -67,18 +77,46 @@ class PartitionSkips:
         return f"{self.partition}: " + "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class TopicSkips:
+    """What a topic lost in a run where it also dropped second copies: counted per topic."""
+
+    topic: str
+    partitions: tuple[int, ...]  # those that landed fewer rows than they planned
+    aged_out: int
+    second_copies: int
+
+    @property
+    def total(self) -> int:
+        return self.aged_out
+
+    def describe(self) -> str:
+        where = ", ".join(str(partition) for partition in self.partitions)
+        return (
+            f"{self.topic} (partitions {where}): {self.aged_out:,} offsets aged out of Kafka "
+            f"before they were read ({self.second_copies:,} others not landed were second "
+            "copies dropped)"
+        )
+
+
 def plan_of_run(
     batches: Iterable[tuple[BatchOffsets | None, BatchOffsets | None]],
+    dropped: Iterable[Mapping[str, int]] | None = None,
 ) -> PlannedRanges:
-    """The ranges of a run's batches, contiguous ones merged.
+    """The ranges of a run's batches, contiguous ones merged; ``dropped``, beside
+    ``batches`` one for each, the second copies each batch dropped per topic.
 
     A batch without a start (the first of a new checkpoint) or a partition new in a
     batch has nothing to compare with and is left out.
     """
     plan = PlannedRanges()
-    for start, end in batches:
+    batches = list(batches)
+    drops = list(dropped) if dropped is not None else [{}] * len(batches)
+    for (start, end), batch_dropped in zip(batches, drops, strict=True):
         if start is None or end is None:
             continue
+        for topic, count in batch_dropped.items():
+            plan.dropped[topic] = plan.dropped.get(topic, 0) + count
         for partition_id, (begin, finish) in _pairs(start, end):
             if finish < begin:
                 plan.backwards.setdefault(partition_id, []).append((begin, finish))
@@ -89,13 +127,19 @@ def plan_of_run(
 
 def skips_of_run(
     plan: PlannedRanges, landed: Mapping[PartitionId, int], reads_new_log: bool
-) -> list[PartitionSkips]:
-    """Per partition with a loss: ``landed`` is the rows the lake holds within
-    ``plan.forward``; ``reads_new_log`` whether the connector reads a recreated log."""
-    skips: list[PartitionSkips] = []
+) -> list[PartitionSkips | TopicSkips]:
+    """Per partition with a loss (per topic where second copies were dropped): ``landed``
+    is the rows the lake holds within ``plan.forward``; ``reads_new_log`` whether the
+    connector reads a recreated log."""
+    skips: list[PartitionSkips | TopicSkips] = []
+    shortfalls: dict[str, dict[int, int]] = {}
     for partition_id in sorted(set(plan.forward) | set(plan.backwards)):
         planned = sum(end - start for start, end in plan.forward.get(partition_id, []))
         aged_out = max(0, planned - landed.get(partition_id, 0))
+        if plan.dropped.get(partition_id.topic):
+            if aged_out:
+                shortfalls.setdefault(partition_id.topic, {})[partition_id.partition] = aged_out
+            aged_out = 0  # counted for the topic, below
         backwards = tuple(
             (start, end, 0 if reads_new_log else end)
             for start, end in plan.backwards.get(partition_id, [])
@@ -103,6 +147,11 @@ def skips_of_run(
         found = PartitionSkips(partition_id, aged_out, backwards)
         if found.total or backwards:
             skips.append(found)
+    for topic, per_partition in sorted(shortfalls.items()):
+        copies = plan.dropped[topic]
+        aged_out = sum(per_partition.values()) - copies
+        if aged_out > 0:
+            skips.append(TopicSkips(topic, tuple(sorted(per_partition)), aged_out, copies))
     return skips
 
 

@@ -1,7 +1,7 @@
 """Second copies dropped: the landing job lands each message once, by its identity.
 
 Every message the daemon accepts carries its identity in the record header ``pydory-id``
-(``<host>/<incarnation>/<stream>/<sequence>``, :mod:`pydory.daemon.spool.identity`), and a
+(``<host>/<incarnation>/<stream>/<sequence>``, :mod:`pydory.message_identity`), and a
 replay after a daemon crash resends a message under the same identity. The landing job
 reads the headers (``includeHeaders``, both connectors), keeps the identity as the lake's
 ``pydory_id`` column (null for a record without the header: headers turned off, an older
@@ -50,7 +50,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from pydory.daemon.spool.identity import HEADER_NAME
+from pydory.message_identity import HEADER_NAME
 from pydory.pipeline.lake_files import LakeFiles, join, lake_files
 
 __all__ = [

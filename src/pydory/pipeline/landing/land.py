@@ -13,7 +13,7 @@ timestampType (int), pydory_id (the ``pydory-id`` header, null without it); part
 columns: topic, date (the UTC day of the Kafka timestamp, as a ``yyyy-MM-dd`` string).
 Read the lake with ``spark.read.parquet(LAKE)``, which honours the commit log. Why this
 is exactly once: docs/pipeline.md. A second copy of a message (a daemon's replay after a
-crash) is dropped by its identity: :mod:`pydory.pipeline.dedup`.
+crash) is dropped by its identity: :mod:`pydory.pipeline.landing.dedup`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-from pydory.pipeline.broker_offsets import BrokerOffsets
-from pydory.pipeline.dedup import (
+from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
+from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, fault_line, require_kafka
+from pydory.pipeline.lake_files import LakeFiles, LocalFiles, is_local, lake_files
+from pydory.pipeline.landing.dedup import (
     DEFAULT_WINDOW_S,
     IDENTITY_COLUMN,
     LANDED_METRICS,
@@ -58,9 +60,7 @@ from pydory.pipeline.dedup import (
     identity_of,
     observe_topics,
 )
-from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
-from pydory.pipeline.kafka_source import SOURCE_NAME
-from pydory.pipeline.lake_binding import (
+from pydory.pipeline.landing.lake_binding import (
     LakeCheckpointMismatch,
     Pairing,
     PairingKind,
@@ -70,15 +70,16 @@ from pydory.pipeline.lake_binding import (
     record_landed_batch,
     seed_checkpoint,
 )
-from pydory.pipeline.lake_files import LakeFiles, LocalFiles, is_local, lake_files
-from pydory.pipeline.offsets import (
+from pydory.pipeline.landing.skip_report import plan_of_run, skips_of_run
+from pydory.pipeline.source.broker_offsets import BrokerOffsets
+from pydory.pipeline.source.kafka_source import SOURCE_NAME
+from pydory.pipeline.source.offsets import (
     EARLIEST,
     PartitionId,
     offsets_to_json,
     parse_offset_spec,
     resolve_offsets,
 )
-from pydory.pipeline.skip_report import plan_of_run, skips_of_run
 from pydory.pipeline.spark import (
     DEFAULT_MASTER,
     SPARK_KAFKA_JARS_ENV,
@@ -90,6 +91,7 @@ from pydory.pipeline.spark import (
 __all__ = [
     "DATA_COLUMNS",
     "DEFAULT_CONNECTOR",
+    "EXIT_COULD_NOT_RUN",
     "EXIT_RECORDS_SKIPPED",
     "PARTITION_COLUMNS",
     "LandSettings",
@@ -151,9 +153,9 @@ class LandSettings:
     ``pydory-kafka``, which needs no jar. Both land the same lake.
     ``starting_offsets`` (``earliest``, ``latest`` or JSON) applies to a new checkpoint
     only (default ``earliest``); on a lake that already holds batches it is required,
-    and what the lake holds is skipped (:mod:`pydory.pipeline.lake_binding`).
+    and what the lake holds is skipped (:mod:`pydory.pipeline.landing.lake_binding`).
     ``dedup_window_s``: a second copy of a message landing this long after its first is
-    still dropped (:mod:`pydory.pipeline.dedup`; default :data:`DEFAULT_WINDOW_S`).
+    still dropped (:mod:`pydory.pipeline.landing.dedup`; default :data:`DEFAULT_WINDOW_S`).
     """
 
     bootstrap_servers: str
@@ -218,6 +220,8 @@ class LandSummary:
     #: Each batch's start and end offsets (topic -> partition -> offset), as the source
     #: reported them; a start is None when the source gave none.
     batch_offsets: list[tuple[OffsetsJson | None, OffsetsJson | None]] = field(default_factory=list)
+    #: Beside each of ``batch_offsets``: the second copies that batch dropped, per topic.
+    batch_dropped: list[dict[str, int]] = field(default_factory=list)
 
 
 def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWriter:
@@ -254,7 +258,7 @@ def start_landing(spark: SparkSession, settings: LandSettings) -> StreamingQuery
     """Start the landing query on ``spark`` and return it (it runs in the background).
 
     The bare query: unlike :func:`run_landing`, it neither compares the lake with the
-    checkpoint nor records the pair (:mod:`pydory.pipeline.lake_binding`).
+    checkpoint nor records the pair (:mod:`pydory.pipeline.landing.lake_binding`).
     """
     return landing_writer(spark, settings).start()
 
@@ -264,21 +268,24 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
 
     Returns 0 when the query finished (available-now) or was stopped by SIGINT/SIGTERM
     (interval trigger), 1 when it failed, could not start (including a lake and
-    checkpoint that do not belong together: :mod:`pydory.pipeline.lake_binding`), was
+    checkpoint that do not belong together: :mod:`pydory.pipeline.landing.lake_binding`), was
     interrupted before landing everything available, or Spark's JVM died;
-    :data:`EXIT_RECORDS_SKIPPED` when it finished but, with ``fail_on_data_loss`` false,
-    skipped records no longer in Kafka (listed per partition). A session this call starts
+    :data:`EXIT_COULD_NOT_RUN` (2) when a fault of its surroundings stopped it (the lake
+    or checkpoint not writable, the disk full, Kafka not answering: its last line names
+    it, :mod:`pydory.pipeline.faults`); :data:`EXIT_RECORDS_SKIPPED` when it finished
+    but, with ``fail_on_data_loss`` false, skipped records no longer in Kafka (listed per
+    partition). A session this call starts
     is stopped before it returns; one already running in the process (a test's, a
     notebook's) is left running.
     """
     out = out or sys.stdout
     began = time.monotonic()
-    pairing = None
+    pairing: Pairing | int | None = None
     if is_local(settings.lake) and is_local(settings.checkpoint):
         # Before Spark starts: a pair that does not belong together is told at once.
         pairing = _pair(settings, LocalFiles(), out)
-        if pairing is None:
-            return 1
+        if isinstance(pairing, int):
+            return pairing
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
@@ -292,8 +299,8 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         # HDFS, S3...: compared through the session's Hadoop client, once it runs.
         files = progress.files = lake_files(spark, settings.lake, settings.checkpoint)
         pairing = pairing or _pair(settings, files, out)
-        if pairing is None:
-            return 1
+        if isinstance(pairing, int):
+            return pairing
         return _land(spark, settings, pairing, files, progress, jvm, out, began)
     except Py4JError:
         if jvm.death() is None:
@@ -309,18 +316,18 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
                 spark.stop()
 
 
-def _pair(settings: LandSettings, files: LakeFiles, out: TextIO) -> Pairing | None:
-    """The verdict on the lake and the checkpoint, or None (said to ``out``) when refused."""
+def _pair(settings: LandSettings, files: LakeFiles, out: TextIO) -> Pairing | int:
+    """The verdict on the lake and the checkpoint, or the exit status (said to ``out``): 1
+    when the pair is refused, :data:`EXIT_COULD_NOT_RUN` when it cannot be read."""
     try:
         pairing = check_pairing(
             settings.lake, settings.checkpoint, settings.starting_offsets, files
         )
     except LakeCheckpointMismatch as error:
         _say(out, f"refused: {error}")
-        return None
+        return 1
     except OSError as error:
-        _say(out, f"cannot start: cannot read the lake or the checkpoint: {error}")
-        return None
+        return _could_not_run(out, error)
     if pairing.note is not None:
         _say(out, pairing.note)
     return pairing
@@ -338,6 +345,10 @@ def _land(
 ) -> int:
     """Prepare the checkpoint, run the query to its end, print the summary."""
     try:
+        if settings.connector == "native":
+            _require_native_kafka(spark)  # its own words first: a connector missing
+        # Before any file is written: a Kafka that does not answer is said at once.
+        require_kafka(settings.bootstrap_servers, _BROKER_TIMEOUT_S)
         if pairing.kind is PairingKind.SEED:
             _seed_checkpoint(spark, settings, pairing, files, out)
         deduplicating = drops_second_copies(settings.checkpoint, files)
@@ -351,22 +362,37 @@ def _land(
             )
         checkpoint_id = ensure_checkpoint_id(settings.checkpoint, files)
         if pairing.kind is not PairingKind.FRESH:  # the lake exists: record the pair first
-            record_binding(settings.lake, settings.checkpoint, checkpoint_id, files)
+            record_binding(
+                settings.lake, settings.checkpoint, checkpoint_id, files, settings.bootstrap_servers
+            )
         with _stop_on_signals(progress.stop_requested) as interrupted:
             query = _run_with_restarts(spark, settings, progress, jvm, interrupted, out)
             if pairing.kind is PairingKind.FRESH:
                 # Only once the query ran, so a job that cannot start makes no lake. A
                 # batch landed before this line is adopted: the batch numbers match.
-                record_binding(settings.lake, settings.checkpoint, checkpoint_id, files)
+                record_binding(
+                    settings.lake,
+                    settings.checkpoint,
+                    checkpoint_id,
+                    files,
+                    settings.bootstrap_servers,
+                )
     except SparkJvmDied as error:
         _say(out, f"landing FAILED: {error}")
         return 1
+    except (OSError, CouldNotRun) as error:
+        return _could_not_run(out, error)
     except (ConnectorUnavailable, PipelineError, PySparkException, Py4JJavaError) as error:
+        if fault_line(error) is not None and not isinstance(error, ConnectorUnavailable):
+            return _could_not_run(out, error)
         _say(out, f"cannot start: {_cause(error)}")
         return 1
     summary = progress.summary_of(query, seconds=time.monotonic() - began)
     summary.deduplicating = deduplicating
     _print_summary(out, settings, summary, interrupted.is_set())
+    exception = query.exception()
+    if exception is not None and fault_line(exception) is not None:
+        return _could_not_run(out, exception)
     if summary.error is not None:
         return 1
     if interrupted.is_set() and settings.available_now:
@@ -428,7 +454,7 @@ def _report_skips(
     spark: SparkSession, settings: LandSettings, summary: LandSummary, out: TextIO
 ) -> int:
     """Print what the run skipped, per partition (data loss accepted); return how many."""
-    plan = plan_of_run(summary.batch_offsets)
+    plan = plan_of_run(summary.batch_offsets, summary.batch_dropped)
     landed = _landed_within(spark, settings.lake, plan.forward)
     skips = skips_of_run(plan, landed, reads_new_log=settings.connector == "python")
     total = sum(skip.total for skip in skips)
@@ -462,6 +488,12 @@ def _landed_within(
     condition = functools.reduce(operator.or_, within)
     rows = spark.read.parquet(lake).where(condition).groupBy("topic", "partition").count().collect()
     return {PartitionId(row.topic, row.partition): row["count"] for row in rows}
+
+
+def _could_not_run(out: TextIO, error: BaseException) -> int:
+    """The one line naming a fault of the job's surroundings; :data:`EXIT_COULD_NOT_RUN`."""
+    _say(out, f"could not run: {fault_line(error) or _cause(error)}")
+    return EXIT_COULD_NOT_RUN
 
 
 def _say(out: TextIO, text: str) -> None:
@@ -672,6 +704,7 @@ class _ProgressPrinter(StreamingQueryListener):
             summary = self._summaries.setdefault(str(progress.id), LandSummary())
             # A batch without rows still counts here: its offsets may have jumped.
             summary.batch_offsets.append((start, end))
+            summary.batch_dropped.append(dropped)
             if progress.numInputRows > 0:
                 summary.batches += 1
                 summary.records += progress.numInputRows

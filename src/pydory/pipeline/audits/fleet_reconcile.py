@@ -1,5 +1,5 @@
 """The fleet audit's arithmetic: every daemon run's books against the identities in the
-lake. No I/O, no Spark (:mod:`pydory.pipeline.fleet_audit` gathers both sides).
+lake. No I/O, no Spark (:mod:`pydory.pipeline.audits.fleet_audit` gathers both sides).
 
 The books side is the books topic (docs/accounting.md, "The books topic"): one record per
 daemon run (*incarnation*), keyed ``<host>/<incarnation>``, final once the run stopped
@@ -36,13 +36,30 @@ its spool could not take them (``unprotected``), whose fate a crash loses; and a
 stop's partly settled group, replayed whole, whose already settled messages are counted
 again by the next run (``excess``: they land once but may be settled twice).
 
+A host's *open* run (its last run, books not final: it still runs, or it crashed and the
+host never came back to rebuild them) is proved from its last books record, which a daemon
+writes every 5 s (``BOOKS_PUBLISH_INTERVAL_S``): it may count up to 5 s fewer messages than
+the run accepted. Its identities that landed beyond the record's count (``after_record``,
+per topic: distinct identities of that run landed, less the messages the record says it
+first accepted) are messages accepted after its last record; they widen the upper bound by
+exactly that many and are reported as such. The lower bound stays the record's: a
+message it counts delivered that is not in the lake fails the audit unless as many of the
+run's messages landed beyond the record (the stated bound: within an open run's last
+record interval, a loss and a later message are told apart by nothing the books hold).
+
+A run whose books record was deleted (a tombstone on the compacted books topic) is proved
+from its last record the audit read, if any (``tombstoned``, said so); with no record left
+its identities in the lake are listed as *books deleted*, unproved but not a failure: an
+operator removed them on purpose.
+
 Rule: the fleet audit's verdict is decided here alone (``reconcile_fleet``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +118,11 @@ class RunRecord:
     topics: Mapping[str, RunTopic]
     replayed_from: Mapping[str, Mapping[str, int]]
     unprotected: int = 0
+    #: When the run last wrote its books (the record's ``updated_ms``).
+    updated_ms: int = 0
+    #: The books topic's latest entry for this run is a tombstone (deleted); this record
+    #: is the last one before it.
+    tombstoned: bool = False
 
     @property
     def key(self) -> str:
@@ -124,6 +146,7 @@ class RunRecord:
                     for run, topics in dict(record["replayed_from"]).items()
                 },
                 unprotected=int(record.get("unprotected", 0)),
+                updated_ms=int(record.get("updated_ms", record["started_ms"])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise UnreadableBooksRecord(f"not a pydory books record: {error!r}") from None
@@ -157,6 +180,14 @@ class LakeIdentities:
     unreadable_identity: Mapping[str, int]
     landed: Callable[[str], bool]
 
+    def distinct_of_run(self, host: str, incarnation: str, topic: str | None = None) -> int:
+        """Distinct identities of one run landed (in ``topic``, or in all)."""
+        return sum(
+            distinct
+            for (h, inc, t), (_, distinct) in self.per_run_topic.items()
+            if h == host and inc == incarnation and topic in (None, t)
+        )
+
 
 # --- the report -----------------------------------------------------------------------------
 
@@ -178,6 +209,9 @@ class HostTopic:
     in_flight: int
     excess: int
     unprotected: int = 0
+    #: Identities of the host's open run landed beyond its last books record's count:
+    #: accepted after that record (see the module docstring).
+    after_record: int = 0
 
     @property
     def duplicates(self) -> int:
@@ -193,7 +227,13 @@ class HostTopic:
 
     @property
     def expected_high(self) -> int:
-        return self.expected_low + self.possibly_unlisted + self.in_flight + self.unprotected
+        return (
+            self.expected_low
+            + self.possibly_unlisted
+            + self.in_flight
+            + self.unprotected
+            + self.after_record
+        )
 
     @property
     def exact(self) -> bool:
@@ -218,6 +258,7 @@ class HostTopic:
             "in_flight": self.in_flight,
             "unprotected_before_a_crash": self.unprotected,
             "second_copies_settled_again": self.excess,
+            "accepted_after_last_books_record": self.after_record,
             "expected_landed": [self.expected_low, self.expected_high],
             "exact": self.exact,
             "balanced": self.balanced,
@@ -231,6 +272,8 @@ class RunLine:
     record: RunRecord
     new: int
     landed: int  # distinct identities it gave out that landed
+    #: The host's last run, books not final: running, or crashed and never rebuilt.
+    open: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         record = self.record
@@ -244,6 +287,9 @@ class RunLine:
             "replayed": sum(t.replayed for t in record.topics.values()),
             "landed_under_its_identity": self.landed,
             "unprotected": record.unprotected,
+            "updated_ms": record.updated_ms,
+            "open": self.open,
+            "tombstoned": record.tombstoned,
         }
 
 
@@ -253,6 +299,9 @@ class HostReport:
     topics: tuple[HostTopic, ...]
     runs: tuple[RunLine, ...]
     problems: tuple[str, ...]
+    #: What the audit could not prove and why, without failing (an open run's messages
+    #: accepted after its last record, a run whose books were deleted).
+    notes: tuple[str, ...] = ()
 
     @property
     def balanced(self) -> bool:
@@ -265,6 +314,7 @@ class HostReport:
             "topics": [topic.as_dict() for topic in self.topics],
             "runs": [run.as_dict() for run in self.runs],
             "problems": list(self.problems),
+            "notes": list(self.notes),
         }
 
 
@@ -330,19 +380,34 @@ def reconcile_fleet(
     runs: Iterable[RunRecord],
     lake: LakeIdentities,
     sources: Mapping[str, Any] | None = None,
+    deleted: Iterable[str] = (),
+    topics: Collection[str] | None = None,
 ) -> FleetReport:
-    """Prove each host's books against the lake; see the module docstring."""
+    """Prove each host's books against the lake; see the module docstring. ``deleted``:
+    the keys (``host/incarnation``) of runs whose only books entry left is a tombstone;
+    ``topics``: prove only these (the books' other topics and the lake's left out)."""
+    if topics is not None:
+        runs, lake = _only_topics(runs, lake, set(topics))
     by_host: dict[str, list[RunRecord]] = {}
     for run in runs:
         by_host.setdefault(run.host, []).append(run)
+    gone: dict[str, set[str]] = {}
+    for key in deleted:
+        host, _, incarnation = key.rpartition(RUN_KEY_SEPARATOR)
+        gone.setdefault(host, set()).add(incarnation)
     landed_hosts = {host for host, _, _ in lake.per_run_topic}
     problems = [
         f"host {host}: identities in the lake, but no run of it in the books topic"
-        for host in sorted(landed_hosts - set(by_host))
+        for host in sorted(landed_hosts - set(by_host) - set(gone))
     ]
     hosts = tuple(
-        _reconcile_host(host, sorted(by_host[host], key=lambda r: r.started_ms), lake)
-        for host in sorted(by_host)
+        _reconcile_host(
+            host,
+            sorted(by_host.get(host, []), key=lambda r: r.started_ms),
+            lake,
+            gone.get(host, set()),
+        )
+        for host in sorted(set(by_host) | (set(gone) & landed_hosts))
     )
     return FleetReport(
         hosts,
@@ -353,33 +418,83 @@ def reconcile_fleet(
     )
 
 
-def _reconcile_host(host: str, runs: list[RunRecord], lake: LakeIdentities) -> HostReport:
+def _only_topics(
+    runs: Iterable[RunRecord], lake: LakeIdentities, topics: set[str]
+) -> tuple[list[RunRecord], LakeIdentities]:
+    """The books and the lake of ``topics`` only."""
+    kept_runs = [
+        dataclasses.replace(
+            run,
+            topics={t: books for t, books in run.topics.items() if t in topics},
+            replayed_from={
+                incarnation: {t: n for t, n in per_topic.items() if t in topics}
+                for incarnation, per_topic in run.replayed_from.items()
+            },
+        )
+        for run in runs
+    ]
+    kept_lake = dataclasses.replace(
+        lake,
+        per_run_topic={key: n for key, n in lake.per_run_topic.items() if key[2] in topics},
+        without_identity={t: n for t, n in lake.without_identity.items() if t in topics},
+        unreadable_identity={t: n for t, n in lake.unreadable_identity.items() if t in topics},
+    )
+    return kept_runs, kept_lake
+
+
+def _reconcile_host(
+    host: str, runs: list[RunRecord], lake: LakeIdentities, deleted: set[str]
+) -> HostReport:
     known = {run.incarnation for run in runs}
+    landed_runs = {inc for h, inc, _ in lake.per_run_topic if h == host}
     problems = [
         f"run {host}/{incarnation}: its identities are in the lake, but the books topic "
         "has no record of it (its books never reached Kafka)"
-        for incarnation in sorted({inc for h, inc, _ in lake.per_run_topic if h == host} - known)
+        for incarnation in sorted(landed_runs - known - deleted)
     ]
+    notes = [
+        f"run {host}/{incarnation}: its books were deleted from the books topic (a tombstone, "
+        f"no earlier record left): {lake.distinct_of_run(host, incarnation)} of its "
+        "identities landed, not proved against books"
+        for incarnation in sorted((landed_runs - known) & deleted)
+    ]
+    open_run = runs[-1] if runs and not runs[-1].final else None
     taken = _taken_from(runs)
     topics = sorted({topic for run in runs for topic in run.topics} | _lake_topics(host, lake))
-    per_topic = tuple(_host_topic(host, topic, runs, taken, lake) for topic in topics)
+    per_topic = tuple(
+        _host_topic(host, topic, runs, taken, lake, open_run)
+        for topic in topics
+        if runs or topic in _lake_topics(host, lake, known)
+    )
     lines = []
     for run in runs:
         new = sum(t.accepted - t.replayed for t in run.topics.values())
-        landed = sum(
-            distinct
-            for (h, inc, _), (_, distinct) in lake.per_run_topic.items()
-            if h == host and inc == run.incarnation
-        )
-        lines.append(RunLine(run, new, landed))
-        if landed > new:
+        landed = lake.distinct_of_run(host, run.incarnation)
+        lines.append(RunLine(run, new, landed, open=run is open_run))
+        if run.tombstoned:
+            notes.append(
+                f"run {run.key}: its books were deleted from the books topic (a tombstone); "
+                "proved from the last record before it"
+            )
+        if landed > new and run is open_run:
+            notes.append(_after_record_note(run, landed, new))
+        elif landed > new:
             problems.append(
                 f"run {run.key}: {landed} of its identities landed, more than the {new} "
                 "messages it first accepted"
             )
         if not run.final:
             problems += _not_final(run, runs)
-    return HostReport(host, per_topic, tuple(lines), tuple(problems))
+    return HostReport(host, per_topic, tuple(lines), tuple(problems), tuple(notes))
+
+
+def _after_record_note(run: RunRecord, landed: int, new: int) -> str:
+    return (
+        f"run {run.key} has no final books (it crashed and was not restarted, or it still "
+        f"runs): {landed - new} of its identities landed beyond the {new} messages its last "
+        f"books record (updated_ms {run.updated_ms}) counts: accepted after that record "
+        "(a daemon writes one every 5 s), not proved against books"
+    )
 
 
 def _not_final(run: RunRecord, runs: list[RunRecord]) -> list[str]:
@@ -403,8 +518,12 @@ def _taken_from(runs: list[RunRecord]) -> dict[tuple[str, str], int]:
     return taken
 
 
-def _lake_topics(host: str, lake: LakeIdentities) -> set[str]:
-    return {topic for h, _, topic in lake.per_run_topic if h == host}
+def _lake_topics(host: str, lake: LakeIdentities, incarnations: set[str] | None = None) -> set[str]:
+    return {
+        topic
+        for h, inc, topic in lake.per_run_topic
+        if h == host and (incarnations is None or inc in incarnations)
+    }
 
 
 def _host_topic(
@@ -413,6 +532,7 @@ def _host_topic(
     runs: list[RunRecord],
     taken: Mapping[tuple[str, str], int],
     lake: LakeIdentities,
+    open_run: RunRecord | None,
 ) -> HostTopic:
     entries = [(run, run.topics[topic]) for run in runs if topic in run.topics]
     discarded: dict[str, int] = {}
@@ -428,10 +548,19 @@ def _host_topic(
         excess += max(0, -left)
         in_flight += books.in_flight if not run.final else 0
         listed += books.possibly_delivered_ids
+    known = {run.incarnation for run in runs}
     rows = landed = 0
-    for (h, _, t), (run_rows, distinct) in lake.per_run_topic.items():
-        if h == host and t == topic:
+    for (h, inc, t), (run_rows, distinct) in lake.per_run_topic.items():
+        # A run with no books (deleted, or a problem already) is not this sum's to prove.
+        if h == host and t == topic and inc in known:
             rows, landed = rows + run_rows, landed + distinct
+    after_record = 0
+    if open_run is not None:
+        books = open_run.topics.get(topic, RunTopic())
+        first_accepted = books.accepted - books.replayed
+        after_record = max(
+            0, lake.distinct_of_run(host, open_run.incarnation, topic) - first_accepted
+        )
     possibly = sum(books.possibly_delivered for _, books in entries)
     return HostTopic(
         host=host,
@@ -447,6 +576,7 @@ def _host_topic(
         in_flight=in_flight,
         excess=excess,
         unprotected=unprotected,
+        after_record=after_record,
     )
 
 
@@ -467,6 +597,7 @@ def _host_lines(host: HostReport) -> list[str]:
     for row in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
     lines += [f"  problem: {problem}" for problem in host.problems]
+    lines += [f"  note: {note}" for note in host.notes]
     return lines
 
 

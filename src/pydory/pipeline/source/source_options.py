@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pydory.pipeline.errors import SourceOptionError
-from pydory.pipeline.offsets import EARLIEST, LATEST, OffsetSpec, parse_offset_spec
+from pydory.pipeline.source.offsets import EARLIEST, LATEST, OffsetSpec, parse_offset_spec
 
 __all__ = ["SourceOptions"]
 
