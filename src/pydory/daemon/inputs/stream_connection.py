@@ -65,7 +65,7 @@ from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.peers import loopback_tcp_owner, peer_uid
 from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota
 from pydory.daemon.inputs.sockets import dup_socket, read_buffered
-from pydory.daemon.inputs.turns import READ_BYTES, ReadTurns
+from pydory.daemon.inputs.turns import READ_BYTES, loop_turns
 from pydory.hotpath import StreamFramer
 
 log = logging.getLogger(__name__)
@@ -213,8 +213,6 @@ class Connections:
         self.no_room_logged_at = -NO_ROOM_LOG_INTERVAL_S
         #: Partial frames are charged here (Dory's maxBuffer).
         self.pool = pool
-        #: The busy connections, taking turns.
-        self.turns = ReadTurns()
         #: The read buffer of every connection of this input: a read is framed (copied
         #: out) before the next one, so one buffer serves them all.
         self.read_buffer = memoryview(bytearray(READ_BYTES))
@@ -286,6 +284,10 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         self._awaiting_turn = False  # paused until its turn (pydory.daemon.inputs.turns)
         # Waiting for room in the pool: the timer that closes the connection if none comes.
         self._room_deadline: asyncio.TimerHandle | None = None
+        # The frame it waits for (its count of whole frames then) and when its time is up:
+        # a wait for the same partial frame resumes the first wait's time, not a new one.
+        self._room_wait_frame = -1
+        self._room_wait_until = 0.0
         # Gathering (TCP only): its socket, and the timer lowering the mark again.
         self._socket: socket.socket | None = None
         self._gathering: asyncio.TimerHandle | None = None
@@ -464,7 +466,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             # A full read: its client may have more waiting; the others read first.
             if not self._awaiting_turn:
                 self._awaiting_turn = True
-                self._connections.turns.wait_for_turn(self)
+                loop_turns().wait_for_turn(self, reader.client)
             else:  # resumed early (the input's resume): wait for the turn queued already
                 self.pause()
         elif nbytes < GATHER_BYTES and self._socket is not None and self._gathering is None:
@@ -503,9 +505,11 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
 
     def _wait_for_room(self) -> None:
         """Its client is at its share, or the pool had no room for this connection's
-        partial frame: stop reading it until there is room, within PARTIAL_FRAME_WAIT_S;
-        close it at once if its partial frame alone holds the largest share a client can
-        have (no room can ever come for it)."""
+        partial frame: stop reading it until there is room, within PARTIAL_FRAME_WAIT_S of
+        its first wait for this frame (woken and short again, it does not start afresh: a
+        client at its share cannot keep frames it never completes by taking turns); close
+        it at once if its partial frame alone holds the largest share a client can have
+        (no room can ever come for it)."""
         connections = self._connections
         shares = connections.pool.shares
         if self._reader.charged >= shares.largest_share():
@@ -514,7 +518,11 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         assert self._transport is not None
         self._transport.pause_reading()
         loop = asyncio.get_running_loop()
-        self._room_deadline = loop.call_later(PARTIAL_FRAME_WAIT_S, self._close_for_no_room)
+        frame = self._reader.frames_read
+        if frame != self._room_wait_frame:  # a new partial frame: its time starts now
+            self._room_wait_frame = frame
+            self._room_wait_until = loop.time() + PARTIAL_FRAME_WAIT_S
+        self._room_deadline = loop.call_at(self._room_wait_until, self._close_for_no_room)
         shares.when_room(self._reader.client, self._room_back)
 
     def _room_back(self) -> None:
