@@ -107,7 +107,7 @@ class FrameReader:
         pool: MemoryPool,
         identify: Callable[[], object] | None = None,
     ) -> None:
-        """``identify``: who the client is (asked once, at the first charge; none: this
+        """``identify``: who the client is (asked once, at the first read; none: this
         connection alone)."""
         self._kind = kind
         self._intake = intake
