@@ -5,7 +5,8 @@ tree given on the command line, so that two commits can be compared) on librdkaf
 mock cluster (in this process), with its UNIX datagram and UNIX stream inputs. Per cell:
 
 - F flooders (0, 1 or 4), each a process writing 100-byte values (119-byte messages) to
-  its own UNIX stream (or, ``--flood-transport tcp``, loopback TCP) connection as fast as
+  its own UNIX stream (or, ``--flood-transport tcp``, loopback TCP; ``mixed``: the
+  flooders alternate between the two, issue 33) connection as fast as
   the daemon reads them (blocking ``sendall`` of 64 KiB of whole messages), started 0.5 s
   before the polite sender;
 - the polite sender, a process sending 100-byte datagrams with blocking ``send`` paced at
@@ -166,10 +167,11 @@ def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> floa
     flood_message = encode_any_partition(FLOOD_TOPIC, b"f" * VALUE_BYTES).hex()
     polite_message = encode_any_partition(POLITE_TOPIC, b"p" * VALUE_BYTES).hex()
     deadline = time.monotonic() + FLOOD_WARMUP_S + args.seconds + 5
-    address = str(daemon.tcp_port) if args.flood_transport == "tcp" else daemon.stream_path
+    tcp, unix = str(daemon.tcp_port), daemon.stream_path
+    transports = {"tcp": [tcp], "unix": [unix], "mixed": [unix, tcp]}[args.flood_transport]
     children = [
         subprocess.Popen([sys.executable, "-c", FLOODER, address, str(deadline), flood_message])
-        for _ in range(flooders)
+        for address in (transports[i % len(transports)] for i in range(flooders))
     ]
     try:
         if flooders:
@@ -217,7 +219,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=15_000.0, help="polite datagrams/s")
     parser.add_argument("--count", type=int, default=60_000, help="polite datagrams, at most")
     parser.add_argument("--seconds", type=float, default=4.0, help="polite sending time, at most")
-    parser.add_argument("--flood-transport", choices=("unix", "tcp"), default="unix")
+    parser.add_argument(
+        "--flood-transport",
+        choices=("unix", "tcp", "mixed"),
+        default="unix",
+        help="mixed: the flooders alternate between the UNIX stream socket and TCP",
+    )
     parser.add_argument("--json", metavar="FILE", help="append one JSON line per cell")
     args = parser.parse_args()
     trees = dict(tree.split("=", 1) for tree in args.tree)

@@ -200,13 +200,21 @@ async def flood_beside_datagrams(intake: ReadsPerTurn, socket_dir: str) -> None:
             while intake.opened < FLOODERS:
                 await asyncio.sleep(0.01)
             await backlogs_of(stream_input, FLOODERS, READ_BYTES)
-            stream_input.resume()
-            loop.call_soon(intake.tick)
+            # The datagram sender started and blocked on its full queue before the flood is
+            # read, so it sends beside the flood (not before or after it, as a sender
+            # starting late on a loaded machine could).
+            datagram_input.pause()
             children.append(
                 subprocess.Popen(
                     [sys.executable, "-c", DATAGRAM_SENDER, datagram_path, str(DATAGRAMS), message]
                 )
             )
+            (datagram_fd,) = datagram_input.watched_fds()
+            while unread_bytes_on(datagram_fd) == 0:
+                await asyncio.sleep(0.01)
+            stream_input.resume()
+            datagram_input.resume()
+            loop.call_soon(intake.tick)
             chunk = len(MESSAGES["aaaa"]) * (65536 // len(MESSAGES["aaaa"]))
             flood = FLOODERS * chunk * -(-FLOOD_BYTES // chunk)  # as FLOODER writes it
             while (

@@ -3,12 +3,14 @@
 A hostile or buggy client can send the start of a large frame and never the rest: 300
 connections holding (1 MiB - 1) bytes each took a daemon from 60 to 369 MB resident while
 its memory pool said 0 bytes in use. Now every byte a connection holds for a partial
-frame beyond a 16 KiB allowance is charged to the pool, and a connection whose
+frame is charged to the pool (beyond a 16 KiB allowance until issue 33) and to its
+client's share of it (half the pool while one client holds any), and a connection whose
 partial frame finds no room waits for room and, if none comes in time, is closed and
 counted (``stream_partial_frame_no_room_<transport>``; the frame is an unclean
 disconnect).
 
-On a real ``pydory serve`` (librdkafka's mock cluster behind it) with a 4 MiB pool:
+On a real ``pydory serve`` (librdkafka's mock cluster behind it) with an 8 MiB pool (4 MiB
+for the test's one client, a share of half the pool):
 twenty connections each hold 200 KiB of a 256 KiB frame, and the pool shows exactly their
 charge; a twenty-first, sending most of a (1 MiB - 1)-byte frame, finds no room, is
 closed and counted; then the twenty frames are completed (one at a time: twenty whole
@@ -98,7 +100,7 @@ def test_partial_frames_are_charged_and_the_one_without_room_is_closed(
         str(tmp_path),
         tcp_port=None,
         unix_datagram=False,
-        max_buffer="4m",
+        max_buffer="8m",  # the test is one client (its uid): 4 MiB for its partial frames
         max_stream_msg_size="1m",
     )
     daemon = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "pydory.log")

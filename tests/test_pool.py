@@ -215,11 +215,14 @@ def test_room_waiters_are_told_once_when_the_pool_has_room_again() -> None:
     assert pool.room_waiters == 0
 
 
-def test_a_partial_frame_costs_every_byte_beyond_its_allowance() -> None:
+def test_a_partial_frame_costs_every_byte() -> None:
+    # Issue 33: nothing a connection holds is outside the pool (it was: the first 16 KiB
+    # of each, 7,999 connections took 144 MB the pool never saw). The allowance now only
+    # says which bytes never wait for the pool.
     assert partial_frame_cost(0) == 0
-    assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES) == 0
-    assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES + 1) == 1
-    assert partial_frame_cost(1024 * 1024 - 1) == 1024 * 1024 - 1 - PARTIAL_FRAME_FREE_BYTES
+    assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES) == PARTIAL_FRAME_FREE_BYTES
+    assert partial_frame_cost(PARTIAL_FRAME_FREE_BYTES + 1) == PARTIAL_FRAME_FREE_BYTES + 1
+    assert partial_frame_cost(1024 * 1024 - 1) == 1024 * 1024 - 1
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,7 @@ def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Componen
         topic_known=router.knows,
     )
     pool = MemoryPool(config.input_config.max_buffer)
+    pool.shares.admit_frames_up_to(config.input_config.max_stream_msg_size)
     limiter = TopicRateLimiter(
         config.rate_limit_for, unknown_topic_limit=config.http.max_unknown_topics
     )

@@ -131,6 +131,7 @@ async def _apply(plan: ReloadPlan, running: Config, daemon: RunningDaemon) -> No
         parts.metadata.reconfigure(**metadata_timings(new))
     if plan.changes("input_config"):
         parts.pool.resize(new.input_config.max_buffer)
+        parts.pool.shares.admit_frames_up_to(new.input_config.max_stream_msg_size)
         parts.inputs.apply_limits(new)
     parts.intake.reconfigure(
         new.batching.message_max_bytes, autocreate_of(new, daemon.create_topic)

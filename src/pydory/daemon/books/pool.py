@@ -24,12 +24,15 @@ Sensors (KIP-72 "New Sensors"): :attr:`available`, :attr:`over_budget`, :attr:`u
 the cumulative :meth:`depleted_seconds` as a counter and let the monitoring system take
 its rate (Prometheus: ``rate(pydory_pool_depleted_seconds_total[5m])``).
 
-Partial stream frames (:func:`partial_frame_cost`): the bytes a stream connection holds
-for a frame still arriving count against the same budget, beyond the first
-``PARTIAL_FRAME_FREE_BYTES`` of it, a small allowance per connection (see
-``daemon/inputs/stream_connection.py``: a connection whose partial frame finds no room
-waits for :meth:`MemoryPool.when_room`, and is closed if none comes in time). The charge
-is released the moment the frame is whole, just before the intake charges the message.
+Partial stream frames (:func:`partial_frame_cost`): every byte a stream connection holds
+for a frame still arriving counts against the same budget, and against its client's fair
+share of it (:attr:`MemoryPool.shares`, ``books/shares.py``: no client can fill the pool
+with frames it never completes). The first ``PARTIAL_FRAME_FREE_BYTES`` of a
+connection's partial frame never wait for the pool (charged even when it is depleted);
+beyond them a connection whose partial frame finds no room waits for
+:meth:`MemoryPool.when_room`, and is closed if none comes in time
+(``daemon/inputs/stream_connection.py``). The charge is released the moment the frame is
+whole, just before the intake charges the message.
 
 Single-threaded: driven from the daemon's event loop only, so there are no locks.
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from pydory.daemon.books.shares import ClientShares
 from pydory.errors import PydoryError
 
 __all__ = [
@@ -59,9 +63,9 @@ __all__ = [
 
 #: Bytes charged to the memory pool for a message besides its topic, key and value.
 POOL_OVERHEAD_BYTES = 32
-#: Bytes of a partial stream frame a connection holds outside the pool, so that a client
-#: of ordinary messages (up to this size) never waits on the pool for the tail of a read.
-#: N connections hold at most N x this outside the budget.
+#: Bytes of a partial stream frame that never wait for the pool (charged all the same, even
+#: when it is depleted), so that a client of ordinary messages (up to this size) never
+#: waits on the pool for the tail of a read; its client's share bounds them (``shares``).
 PARTIAL_FRAME_FREE_BYTES = 16 * 1024
 
 
@@ -79,8 +83,8 @@ def messages_cost(topic: str, count: int, data_bytes: int) -> int:
 
 def partial_frame_cost(held_bytes: int) -> int:
     """Bytes a stream connection holding ``held_bytes`` of a frame still arriving owes the
-    pool: all of them beyond its allowance of ``PARTIAL_FRAME_FREE_BYTES``."""
-    return max(0, held_bytes - PARTIAL_FRAME_FREE_BYTES)
+    pool: all of them (none is held outside the budget)."""
+    return held_bytes
 
 
 def pool_cost(topic: str, key: bytes | None, value: bytes | None) -> int:
@@ -118,6 +122,8 @@ class MemoryPool:
         self._on_room: Callable[[], None] | None = None
         # One-shot: told once when the pool has room again (see when_room).
         self._room_waiters: dict[Callable[[], None], None] = {}
+        #: Each client's fair share of this pool for what the inputs hold for it.
+        self.shares = ClientShares(self)
 
     @property
     def budget(self) -> int:

@@ -16,7 +16,7 @@ Framing and decoding live in ``pydory.wire``, every decision about a message in 
 - ``sockets``: the kernel's side (socket files, limits, what a socket holds unread);
 - ``marks``: the commit point's input marks;
 - ``intake_port``: what the inputs hand their bytes to;
-- ``turns``: each stream input's share of a loop turn;
+- ``turns``: the loop's read turns, shared by the busy clients of every stream input;
 - ``input_set``: the inputs a server runs, through start-up, reloads and shutdown.
 
 Rule: no module here decodes a message or books its outcome: every message an input reads,

@@ -43,6 +43,7 @@ from pydory.daemon.inputs.sockets import (
     unread_bytes_on,
 )
 from pydory.daemon.inputs.stream_connection import Connections, FrameReader, StreamInputProtocol
+from pydory.daemon.inputs.turns import loop_turns
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,8 @@ class StreamInput:
         finally:
             for listener in backlogs:
                 listener.close()
-        for connection in list(self._connections.ready):
+        draining = list(self._connections.ready)
+        for connection in draining:
             connection.drain_and_close(deadline)
         # A connection the loop accepted a moment ago drains itself in connection_made.
         if not await self._connections.wait_all_lost(deadline) or time.monotonic() > deadline:
@@ -221,7 +223,7 @@ class StreamInput:
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
-        self._connections.turns.close()
+        loop_turns().withdraw(draining)  # the other inputs keep their turns
 
     def _stop_listening(self) -> list[socket.socket]:
         """Stop the loop accepting, keeping each listening socket (and its backlog of

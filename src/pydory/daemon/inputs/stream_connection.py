@@ -13,21 +13,24 @@ Reads are bounded: a connection reads into its input's ``READ_BYTES`` buffer (an
 ``asyncio.BufferedProtocol``), and one whose read filled it waits for its turn
 (pydory.daemon.inputs.turns), so a flooding client cannot hold the loop.
 
-Partial frames count against the memory pool (``maxBuffer``): the bytes a connection
-holds for a frame still arriving are charged as they come (``partial_frame_cost``: all
-beyond the first ``PARTIAL_FRAME_FREE_BYTES``, 16 KiB), and released when the
-frame is whole, just before the intake charges the message. When the pool has no room
-for them, the connection stops being read (its client's bytes wait in the kernel, and
-its writes block, as under the backpressure policy) until the pool has room; if none
-comes within ``PARTIAL_FRAME_WAIT_S``, or if its partial frame alone holds the whole
-budget (it could never be completed), the connection is closed, counted
+Partial frames count against the memory pool (``maxBuffer``) and against their client's
+fair share of it (pydory.daemon.books.shares: a client is its uid, as for the quotas):
+every byte a connection holds for a frame still arriving is charged as it comes
+(``partial_frame_cost``), and released when the frame is whole, just before the intake
+charges the message, or when the connection ends. When its client is at its share, or the
+pool has no room for a partial frame beyond ``PARTIAL_FRAME_FREE_BYTES`` (16 KiB), the
+connection stops being read (its client's bytes wait in the kernel, and its writes block,
+as under the backpressure policy) until there is room; if none comes within
+``PARTIAL_FRAME_WAIT_S``, or if its partial frame alone holds the largest share a client
+can have (it could never be completed), the connection is closed, counted
 (``stream_partial_frame_no_room_<transport>``) and its frame is an unclean disconnect.
 Why wait rather than close at once: a legal frame must get through when there is room,
 and room usually comes back in milliseconds as Kafka acknowledges; why close at all: a
 partial frame that can never get room would otherwise hold its bytes (and its client)
-for ever. Clients of messages up to ``PARTIAL_FRAME_FREE_BYTES`` never wait: their
-partial frames are within that allowance, so the discard policy (Dory's) still never
-blocks them.
+for ever. Clients of messages up to ``PARTIAL_FRAME_FREE_BYTES`` never wait for the
+pool: their partial frames are within that allowance, so the discard policy (Dory's)
+still never blocks them; nor for their share, which a client of ordinary messages never
+reaches (it holds one partial frame per connection).
 
 A connection thus has four reasons not to be read, kept apart: the input's pause
 (backpressure, shutdown), its rate throttle, waiting for room in the pool, and waiting
@@ -57,12 +60,12 @@ from typing import cast
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import Transport
-from pydory.daemon.books.pool import MemoryPool, partial_frame_cost
+from pydory.daemon.books.pool import PARTIAL_FRAME_FREE_BYTES, MemoryPool, partial_frame_cost
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.peers import loopback_tcp_owner, peer_uid
 from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota
 from pydory.daemon.inputs.sockets import dup_socket, read_buffered
-from pydory.daemon.inputs.turns import READ_BYTES, ReadTurns
+from pydory.daemon.inputs.turns import READ_BYTES, loop_turns
 from pydory.daemon.log_limits import ClientLines
 from pydory.hotpath import StreamFramer
 
@@ -84,32 +87,45 @@ NO_ROOM_LOG_INTERVAL_S = 60.0
 
 class FrameReader:
     """One connection's byte stream, framed into messages for the intake (no I/O), its
-    partial frame charged to the memory pool."""
+    partial frame charged to the memory pool and to its client's share."""
 
     __slots__ = (
         "_framer",
+        "_identify",
         "_intake",
         "_kind",
-        "_pool",
+        "_shares",
         "broken",
         "charged",
+        "client",
         "frames_read",
         "short_of_memory",
     )
 
     def __init__(
-        self, kind: Transport, max_msg_size: int, intake: Intake, pool: MemoryPool
+        self,
+        kind: Transport,
+        max_msg_size: int,
+        intake: Intake,
+        pool: MemoryPool,
+        identify: Callable[[], object] | None = None,
     ) -> None:
+        """``identify``: who the client is (asked once, at the first read; none: this
+        connection alone)."""
         self._kind = kind
         self._intake = intake
         self._framer = StreamFramer(max_msg_size)
-        self._pool = pool
+        self._shares = pool.shares
+        self._identify = identify
+        #: The client the charges go to (pydory.daemon.books.shares), once known.
+        self.client: object | None = None
         self.broken = False
         self.frames_read = 0  # whole messages framed so far (the rate quota counts them)
         #: Pool bytes charged now for the partial frame held (``partial_frame_cost``).
         self.charged = 0
-        #: Set when the pool had no room for the partial frame (charged all the same:
-        #: those bytes are read already); the connection then waits for room.
+        #: Set when the client was at its share, or the pool had no room for the partial
+        #: frame (charged all the same: those bytes are read already); the connection then
+        #: waits for room.
         self.short_of_memory = False
 
     def feed(self, data: bytes | memoryview) -> bool:
@@ -142,16 +158,30 @@ class FrameReader:
             self._charge(cost - self.charged)
         return True
 
+    def room(self) -> int:
+        """Bytes this connection may read now before its client is at its share (the
+        first call asks who the client is)."""
+        client = self.client
+        if client is None:
+            client = self.client = self if self._identify is None else self._identify()
+        return self._shares.room(client)
+
     def _charge(self, nbytes: int) -> None:
-        pool = self._pool
-        if not pool.try_allocate(nbytes):
-            pool.force_allocate(nbytes)
+        client = self.client
+        if client is None:
+            client = self.client = self if self._identify is None else self._identify()
+        charged = self.charged + nbytes
+        self.charged = charged
+        if charged <= PARTIAL_FRAME_FREE_BYTES:  # never waits for the pool, only its share
+            within = self._shares.charge_anyway(client, nbytes)
+        else:
+            within = self._shares.charge(client, nbytes)
+        if not within:
             self.short_of_memory = True
-        self.charged += nbytes
 
     def _release(self, nbytes: int) -> None:
         if nbytes:
-            self._pool.release(nbytes)
+            self._shares.release(self.client, nbytes)
             self.charged -= nbytes
 
     def finish(self) -> None:
@@ -186,8 +216,6 @@ class Connections:
         self.no_room_logged_at = -NO_ROOM_LOG_INTERVAL_S
         #: Partial frames are charged here (Dory's maxBuffer).
         self.pool = pool
-        #: The busy connections, taking turns.
-        self.turns = ReadTurns()
         #: The read buffer of every connection of this input: a read is framed (copied
         #: out) before the next one, so one buffer serves them all.
         self.read_buffer = memoryview(bytearray(READ_BYTES))
@@ -243,7 +271,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
     ) -> None:
         self._kind = kind
         self._intake = intake
-        self._reader = FrameReader(kind, max_msg_size, intake, connections.pool)
+        self._reader = FrameReader(kind, max_msg_size, intake, connections.pool, self.client_key)
         self._transport: asyncio.Transport | None = None
         self._connections = connections
         # For the commit point's marks (see pydory.daemon.inputs.marks.ConnectionMark).
@@ -259,9 +287,14 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         self._awaiting_turn = False  # paused until its turn (pydory.daemon.inputs.turns)
         # Waiting for room in the pool: the timer that closes the connection if none comes.
         self._room_deadline: asyncio.TimerHandle | None = None
+        # The frame it waits for (its count of whole frames then) and when its time is up:
+        # a wait for the same partial frame resumes the first wait's time, not a new one.
+        self._room_wait_frame = -1
+        self._room_wait_until = 0.0
         # Gathering (TCP only): its socket, and the timer lowering the mark again.
         self._socket: socket.socket | None = None
         self._gathering: asyncio.TimerHandle | None = None
+        self._client_key: object | None = None  # who the client is, once asked
         connections.accepting.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -311,12 +344,15 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         """Who this client is for its rate quota: its uid (every connection of a uid on
         the listener shares one quota): the peer's on a UNIX socket, the owner of the
         client's socket on loopback TCP (pydory.daemon.inputs.peers); this connection
-        alone if the kernel does not say."""
+        alone if the kernel does not say. The same key names it in the pool's shares."""
+        if self._client_key is not None:
+            return self._client_key
         if self._transport is None:
             return self
         sock = self._transport.get_extra_info("socket")
         uid = peer_uid(sock) if self._kind is Transport.UNIX_STREAM else loopback_tcp_owner(sock)
-        return self if uid is None else ("uid", uid)
+        key = self._client_key = self if uid is None else ("uid", uid)
+        return key
 
     def attach_quota(self) -> None:
         """Take this client's rate quota from the listener's (again, after a change of
@@ -411,7 +447,13 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         transport.close()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._connections.read_buffer
+        buffer = self._connections.read_buffer
+        room = self._reader.room()
+        if room >= READ_BYTES:
+            return buffer
+        # Its client is near its share of the pool: read no more than the share allows
+        # (a byte when none is left: that read pauses this connection until there is).
+        return buffer[: max(1, room)]
 
     def buffer_updated(self, nbytes: int) -> None:
         self.bytes_read += nbytes
@@ -432,7 +474,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             # A full read: its client may have more waiting; the others read first.
             if not self._awaiting_turn:
                 self._awaiting_turn = True
-                self._connections.turns.wait_for_turn(self)
+                loop_turns().wait_for_turn(self, reader.client)
             else:  # resumed early (the input's resume): wait for the turn queued already
                 self.pause()
         elif nbytes < GATHER_BYTES and self._socket is not None and self._gathering is None:
@@ -470,18 +512,26 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
     # -- partial frames and the pool -------------------------------------------------------
 
     def _wait_for_room(self) -> None:
-        """The pool had no room for this connection's partial frame: stop reading it until
-        there is room, within PARTIAL_FRAME_WAIT_S; close it at once if its partial frame
-        alone holds the whole budget (no room can ever come for it)."""
+        """Its client is at its share, or the pool had no room for this connection's
+        partial frame: stop reading it until there is room, within PARTIAL_FRAME_WAIT_S of
+        its first wait for this frame (woken and short again, it does not start afresh: a
+        client at its share cannot keep frames it never completes by taking turns); close
+        it at once if its partial frame alone holds the largest share a client can have
+        (no room can ever come for it)."""
         connections = self._connections
-        if self._reader.charged >= connections.pool.budget:
+        shares = connections.pool.shares
+        if self._reader.charged >= shares.largest_share():
             self._close_for_no_room()
             return
         assert self._transport is not None
         self._transport.pause_reading()
         loop = asyncio.get_running_loop()
-        self._room_deadline = loop.call_later(PARTIAL_FRAME_WAIT_S, self._close_for_no_room)
-        connections.pool.when_room(self._room_back)
+        frame = self._reader.frames_read
+        if frame != self._room_wait_frame:  # a new partial frame: its time starts now
+            self._room_wait_frame = frame
+            self._room_wait_until = loop.time() + PARTIAL_FRAME_WAIT_S
+        self._room_deadline = loop.call_at(self._room_wait_until, self._close_for_no_room)
+        shares.when_room(self._reader.client, self._room_back)
 
     def _room_back(self) -> None:
         """The pool has room again: read on (unless the input is paused meanwhile)."""
@@ -503,7 +553,8 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             connections.no_room_logged_at = now
             log.warning(
                 "%s input: closing a connection whose partial frame found no room in the "
-                "memory pool (maxBuffer %d) within %.0f s; counted in %s",
+                "memory pool (maxBuffer %d) or in its client's share of it within %.0f s; "
+                "counted in %s",
                 self._kind,
                 connections.pool.budget,
                 PARTIAL_FRAME_WAIT_S,
@@ -516,7 +567,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         if self._room_deadline is not None:
             self._room_deadline.cancel()
             self._room_deadline = None
-        self._connections.pool.cancel_when_room(self._room_back)
+        self._connections.pool.shares.cancel_when_room(self._reader.client, self._room_back)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
