@@ -29,6 +29,7 @@ from pydory.daemon.books.events import Transport
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.inputs.acceptor import FdLimit
 from pydory.daemon.inputs.datagram import DatagramInput
+from pydory.daemon.inputs.handover import DATAGRAM, STREAM, TCP, Handover
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import InputMark, mark_inputs
 from pydory.daemon.inputs.stream import StreamInput
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 __all__ = ["InputSet", "InputSwap"]
 
 STREAM_KINDS = (Transport.UNIX_STREAM, Transport.TCP)
+_HANDOVER_KIND = {Transport.UNIX_STREAM: STREAM, Transport.TCP: TCP}
 
 
 class InputSwap:
@@ -99,14 +101,20 @@ class InputSet:
 
     # -- start-up and shutdown ----------------------------------------------------------
 
-    async def open(self, config: Config, loop: asyncio.AbstractEventLoop) -> None:
-        """Open every input ``config`` asks for."""
-        self.datagram = self._open_datagram(config, loop)
+    async def open(
+        self, config: Config, loop: asyncio.AbstractEventLoop, handover: Handover | None = None
+    ) -> None:
+        """Open every input ``config`` asks for, each on its socket in ``handover`` if it
+        holds one (bound before: daemon/inputs/handover.py)."""
+        handover = Handover() if handover is None else handover
+        self.datagram = self._open_datagram(config, loop, handover)
         for kind in STREAM_KINDS:
             stream_input = self._new_stream(config, kind)
             if stream_input is not None:
                 self.streams.append(stream_input)
-                await stream_input.start(loop)
+                address = stream_input.path if kind is Transport.UNIX_STREAM else stream_input.port
+                assert address is not None
+                await stream_input.start(loop, handover.take(_HANDOVER_KIND[kind], address))
 
     def pause(self) -> None:
         """Stop reading every input (a shutdown was requested)."""
@@ -208,7 +216,7 @@ class InputSet:
     # -- building -----------------------------------------------------------------------
 
     def _open_datagram(
-        self, config: Config, loop: asyncio.AbstractEventLoop
+        self, config: Config, loop: asyncio.AbstractEventLoop, handover: Handover | None = None
     ) -> DatagramInput | None:
         """The UNIX datagram input ``config`` asks for, listening; None if it is off."""
         source = config.inputs.unix_datagram
@@ -223,7 +231,8 @@ class InputSet:
             self._intake,
             quota=config.quotas.unix_datagram,
         )
-        datagram_input.start(loop)
+        held = handover.take(DATAGRAM, source.path) if handover is not None else []
+        datagram_input.start(loop, held[0] if held else None)
         return datagram_input
 
     def _new_stream(self, config: Config, kind: Transport) -> StreamInput | None:
