@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from pydory.daemon.inputs.sockets import datagram_queue_limit
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import consume_all
@@ -294,9 +295,11 @@ def test_a_client_sending_through_restarts_on_systemds_sockets_loses_nothing(
     assert os.path.exists(config.datagram_path)
     assert os.path.exists(config.stream_path)
 
-    # 2. No daemon: the kernel queues what clients send (connections wait in the backlog).
+    # 2. No daemon: the kernel queues what clients send (connections wait in the backlog;
+    #    datagrams in the queue, as many as it holds: a blocking send waits beyond that).
+    queue = (datagram_queue_limit() or 2) - 1
     for client in clients.values():
-        client.send(100, confirm=False)
+        client.send(queue if client.transport == "datagram" else 100, confirm=False)
 
     # 3. The next daemon reads all of it (and replays its spool); clients send throughout
     #    its SIGTERM and the start of the one after.
