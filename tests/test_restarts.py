@@ -46,6 +46,7 @@ HEAVY_MODULES = (
     "confluent_kafka",
     "prometheus_client",
     "defusedxml",
+    "importlib.metadata",
     "pydory.config.loader",
     "pydory.server",
     "pydory._cwire",
@@ -68,8 +69,9 @@ def hook(event, args):
             json.dump(seen, f)
         os._exit(0)
 sys.addaudithook(hook)
-from pydory.cli import main
-sys.exit(main(sys.argv[4:]))
+import importlib
+main = importlib.import_module(sys.argv[4]).main
+sys.exit(main(sys.argv[5:]))
 """
 
 
@@ -79,8 +81,13 @@ def unit_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("rs", numbered=True)
 
 
+@pytest.mark.parametrize(
+    ("entry_point", "arguments"),
+    [("pydory.cli", ["serve"]), ("pydory.dory_cli", [])],
+    ids=["pydory serve", "dory"],
+)
 def test_serve_binds_every_input_before_it_imports_the_daemon(
-    unit_dir: Path, mock_cluster: MockCluster
+    unit_dir: Path, mock_cluster: MockCluster, entry_point: str, arguments: list[str]
 ) -> None:
     config = DaemonConfig(mock_cluster.bootstrap_servers, str(unit_dir))
     config_path = unit_dir / "pydory.xml"
@@ -95,7 +102,9 @@ def test_serve_binds_every_input_before_it_imports_the_daemon(
             str(out),
             ",".join(HEAVY_MODULES),
             json.dumps(addresses),
-            *("serve", "--config-path", str(config_path)),
+            entry_point,
+            *arguments,
+            *("--config-path", str(config_path)),
         ],
         capture_output=True,
         text=True,

@@ -95,6 +95,13 @@ class InputSet:
         """What every input socket holds now (the commit point's mark)."""
         return mark_inputs(self.datagram, self.all_streams())
 
+    def _inherited_paths(self) -> set[str]:
+        """The socket files of the inputs on sockets systemd passed."""
+        inputs: list[DatagramInput | StreamInput] = [*self.streams]
+        if self.datagram is not None:
+            inputs.append(self.datagram)
+        return {s.path for s in inputs if s.inherited and s.path is not None}
+
     def tcp_port(self) -> int | None:
         """The TCP input's port (the one bound, when the config said 0)."""
         return next((s.port for s in self.streams if s.kind is Transport.TCP), None)
@@ -172,7 +179,7 @@ class InputSet:
             self.streams = [s for s in self.streams if s.kind is not kind]
             if stream_input is not None:
                 self.streams.append(stream_input)
-        _apply_modes(running, new)
+        _apply_modes(running, new, self._inherited_paths())
         if replaced_datagram is not None:
             log.info("config reload: closing the input %s", describe(replaced_datagram))
             replaced_datagram.close()
@@ -280,9 +287,10 @@ def _stream_address(config: Config, kind: Transport) -> str | int | None:
     return sources.unix_stream.path if kind is Transport.UNIX_STREAM else sources.tcp.port
 
 
-def _apply_modes(running: Config, new: Config) -> None:
+def _apply_modes(running: Config, new: Config, systemds: set[str]) -> None:
     """A socket file kept by a reload takes its new mode in place (None: as the umask
-    made it)."""
+    made it); one systemd made (in ``systemds``) keeps the socket unit's mode, the
+    difference logged."""
     for old_source, new_source in (
         (running.inputs.unix_datagram, new.inputs.unix_datagram),
         (running.inputs.unix_stream, new.inputs.unix_stream),
@@ -297,4 +305,12 @@ def _apply_modes(running: Config, new: Config) -> None:
                 old_source.mode,
             )
         ):
+            if path in systemds:
+                log.warning(
+                    "config reload: the mode of %s stays as systemd's socket unit set it "
+                    "(SocketMode=), not %04o",
+                    path,
+                    mode,
+                )
+                continue
             os.chmod(path, mode)
