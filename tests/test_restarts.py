@@ -47,6 +47,8 @@ HEAVY_MODULES = (
     "prometheus_client",
     "defusedxml",
     "importlib.metadata",
+    "argparse",
+    "logging",
     "pydory.config.loader",
     "pydory.server",
     "pydory._cwire",

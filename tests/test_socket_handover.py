@@ -21,6 +21,7 @@ from pydory.config import load_config
 from pydory.config.model import DEFAULT_SOCKET_MODE
 from pydory.config.xmltree import MAX_CONFIG_BYTES
 from pydory.daemon.inputs import addresses
+from pydory.daemon.inputs import handover as handover_module
 from pydory.daemon.inputs.addresses import InputAddresses, UnixAddress, read_input_addresses
 from pydory.daemon.inputs.handover import (
     DATAGRAM,
@@ -29,6 +30,7 @@ from pydory.daemon.inputs.handover import (
     Handover,
     HeldSocket,
     inherit_from_systemd,
+    open_early,
 )
 from pydory.errors import ConfigError
 from pydory.testing.daemon_config import DaemonConfig
@@ -225,3 +227,39 @@ def test_listen_fds_for_another_process_are_not_taken_and_the_variables_go() -> 
     assert inherit_from_systemd({}) == []
     with pytest.raises(ConfigError, match="LISTEN_FDS"):
         inherit_from_systemd({"LISTEN_PID": str(os.getpid()), "LISTEN_FDS": "three"})
+
+
+@pytest.mark.parametrize(
+    ("argv", "found"),
+    [
+        (["serve", "--config-path", "/a.xml"], "/a.xml"),
+        (["serve", "--config-path=/a.xml"], "/a.xml"),
+        (["serve", "--config", "/a.xml", "--daemon"], "/a.xml"),  # argparse's prefixes
+        (["serve", "--config-path", "/a.xml", "--config-path", "/b.xml"], "/b.xml"),
+        (["serve", "--daemon"], None),
+        (["serve", "--", "--config-path", "/a.xml"], None),
+        (["serve", "--config-path"], None),
+    ],
+)
+def test_the_first_step_finds_the_config_path_as_argparse_does(
+    argv: list[str], found: str | None
+) -> None:
+    assert handover_module._config_path_in(argv) == found
+
+
+def test_sockets_bound_first_are_taken_by_serve_or_closed_with_their_files(
+    tmp_path: Path,
+) -> None:
+    config = DaemonConfig(bootstrap_servers="127.0.0.1:9092", socket_dir=str(tmp_path))
+    path = tmp_path / "pydory.xml"
+    path.write_text(config.render())
+    handover_module.open_first(["serve", "--config-path", str(path)])
+    assert stat.S_ISSOCK(os.stat(config.stream_path).st_mode)  # bound at once
+    taken = open_early(str(path))  # what serve() does: the same sockets
+    assert {each.kind for each in taken.held} == {DATAGRAM, STREAM, TCP}
+    taken.close_rest()
+    assert not os.path.exists(config.stream_path)
+    handover_module.open_first(["serve", "--config-path", str(path)])
+    handover_module.close_first()  # the command line was refused: nothing stays
+    assert not os.path.exists(config.datagram_path)
+    assert not os.path.exists(config.stream_path)

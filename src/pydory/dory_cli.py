@@ -164,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Exit as exit_:
         (sys.stderr if exit_.to_stderr else sys.stdout).write(exit_.text)
         return exit_.status
+    # The sockets first, before the command's module is loaded (handover.open_first).
+    from pydory.daemon.inputs.handover import close_first, open_first
+
+    open_first(["--config-path", args.config_path])
     # Imported here: --help and a usage error answer without loading the daemon.
     from pydory.commands.serve import serve
 
@@ -171,3 +175,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args.config_path, daemon=args.daemon)
     except KeyboardInterrupt:
         return 130
+    finally:
+        close_first()

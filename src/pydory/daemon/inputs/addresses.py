@@ -18,8 +18,6 @@ read, or nothing.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from xml.parsers import expat
 
 __all__ = ["InputAddresses", "UnixAddress", "read_input_addresses"]
@@ -29,28 +27,63 @@ __all__ = ["InputAddresses", "UnixAddress", "read_input_addresses"]
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 #: A socket file's mode when the config gives none (``config.model.DEFAULT_SOCKET_MODE``).
 DEFAULT_SOCKET_MODE = 0o222
-#: The modes the loader accepts (``config.values.parse_mode``), "unspecified" apart.
-_OCTAL_MODE = re.compile(r"0[0-7]{0,3}", re.ASCII)
-_BINARY_MODE = re.compile(r"0[bB][01]{1,9}", re.ASCII)
-_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
+#: Bits a mode may have (``config.values.MAX_MODE``).
+MAX_MODE = 0o777
+
+# Plain classes, not dataclasses, and no ``re``: this runs before the sockets are bound,
+# where every module imported costs start-up time on a saturated host (dataclasses, re
+# and typing each cost as much as everything else here).
 
 
-@dataclass(frozen=True, slots=True)
 class UnixAddress:
     """A UNIX socket's path and the mode its file takes (None: as the umask makes it)."""
 
-    path: str
-    mode: int | None
+    __slots__ = ("mode", "path")
+
+    def __init__(self, path: str, mode: int | None) -> None:
+        self.path = path
+        self.mode = mode
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnixAddress) and (self.path, self.mode) == (
+            other.path,
+            other.mode,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.mode))
+
+    def __repr__(self) -> str:
+        return f"UnixAddress({self.path!r}, {self.mode!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class InputAddresses:
     """What :func:`read_input_addresses` could read: None for an input that is off or
     that it could not read."""
 
-    unix_datagram: UnixAddress | None = None
-    unix_stream: UnixAddress | None = None
-    tcp_port: int | None = None
+    __slots__ = ("tcp_port", "unix_datagram", "unix_stream")
+
+    def __init__(
+        self,
+        unix_datagram: UnixAddress | None = None,
+        unix_stream: UnixAddress | None = None,
+        tcp_port: int | None = None,
+    ) -> None:
+        self.unix_datagram = unix_datagram
+        self.unix_stream = unix_stream
+        self.tcp_port = tcp_port
+
+    def _key(self) -> tuple[UnixAddress | None, UnixAddress | None, int | None]:
+        return (self.unix_datagram, self.unix_stream, self.tcp_port)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, InputAddresses) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "InputAddresses(%r, %r, %r)" % self._key()  # noqa: UP031
 
 
 class _Unreadable(Exception):
@@ -138,7 +171,7 @@ class _InputSourcesReader:
         if not self._enabled("tcp"):
             return None
         port = self._children["tcp"].get("port", "").strip()
-        if not _PORT.fullmatch(port) or int(port) > 65535:
+        if not (0 < len(port) <= 5 and _digits(port, "0123456789")) or int(port) > 65535:
             return None
         return int(port)
 
@@ -150,10 +183,16 @@ def _mode(text: str | None) -> int | bool | None:
     value = text.strip()
     if value.lower() == "unspecified":
         return None
-    if _OCTAL_MODE.fullmatch(value):
+    if value.startswith("0") and len(value) <= 4 and _digits(value, "01234567"):
         mode = int(value, 8)
-    elif _BINARY_MODE.fullmatch(value):
+    elif value[:2] in ("0b", "0B") and 2 < len(value) <= 11 and _digits(value[2:], "01"):
         mode = int(value[2:], 2)
     else:
         return False
-    return mode if mode <= 0o777 else False
+    return mode if mode <= MAX_MODE else False
+
+
+def _digits(text: str, allowed: str) -> bool:
+    """Whether every character of ``text`` is one of ``allowed`` (ASCII digits only:
+    ``str.isdigit`` takes other scripts' digits too)."""
+    return all(c in allowed for c in text)

@@ -30,13 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import socket
 import stat
-from collections.abc import Iterable, MutableMapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pydory.daemon.inputs.addresses import InputAddresses, UnixAddress, read_input_addresses
 from pydory.daemon.inputs.sockets import (
@@ -49,10 +45,13 @@ from pydory.daemon.inputs.sockets import (
 )
 from pydory.errors import ConfigError
 
+# No typing, dataclasses or logging imported here: this runs before the sockets are bound
+# (see the docstring), where each of those costs as much start-up time as all the rest.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pydory.config.model import InputSourcesConfig
+    from collections.abc import Iterable, MutableMapping
 
-log = logging.getLogger(__name__)
+    from pydory.config.model import InputSourcesConfig
 
 __all__ = [
     "DATAGRAM",
@@ -60,8 +59,10 @@ __all__ = [
     "TCP",
     "Handover",
     "HeldSocket",
+    "close_first",
     "inherit_from_systemd",
     "open_early",
+    "open_first",
     "set_socket_mode",
 ]
 
@@ -80,18 +81,27 @@ _ELEMENT = {
 _UNIT_KEY = {DATAGRAM: "ListenDatagram=", STREAM: "ListenStream=", TCP: "ListenStream="}
 
 
-@dataclass(eq=False)
 class HeldSocket:
     """A socket bound before its input opened."""
 
-    sock: socket.socket
-    kind: str
-    #: A UNIX socket's path, or a TCP socket's (host, port).
-    address: str | tuple[str, int]
-    #: systemd holds it too: never removed, shut or drained by the daemon.
-    inherited: bool
-    #: Where it came from, for messages ("systemd's fd 3 'stream'", "bound at start").
-    origin: str
+    __slots__ = ("address", "inherited", "kind", "origin", "sock")
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        kind: str,
+        address: str | tuple[str, int],
+        inherited: bool,
+        origin: str,
+    ) -> None:
+        self.sock = sock
+        self.kind = kind
+        #: A UNIX socket's path, or a TCP socket's (host, port).
+        self.address = address
+        #: systemd holds it too: never removed, shut or drained by the daemon.
+        self.inherited = inherited
+        #: Where it came from, for messages ("systemd's fd 3 'stream'", "bound at start").
+        self.origin = origin
 
     def describe(self) -> str:
         if isinstance(self.address, tuple):
@@ -150,10 +160,11 @@ class Handover:
     def _serves(self, kind: str, address: str | int) -> bool:
         return any(_matches(each, kind, address) for each in self._held)
 
-    def close_rest(self) -> None:
+    def close_rest(self, *, keep_inherited: bool = False) -> None:
         """Close what no input took; remove the files of those bound here (a socket
-        systemd passed keeps its file: systemd's)."""
-        rest, self._held = self._held, []
+        systemd passed keeps its file: systemd's). ``keep_inherited``: systemd's stay."""
+        rest = [each for each in self._held if not (keep_inherited and each.inherited)]
+        self._held = [each for each in self._held if each not in rest]
         for each in rest:
             each.sock.close()
             if not each.inherited and isinstance(each.address, str):
@@ -170,10 +181,65 @@ class Handover:
 def open_early(config_path: str, environ: MutableMapping[str, str] | None = None) -> Handover:
     """What ``pydory serve`` does before it imports the daemon: take the sockets systemd
     passed, then bind the config's other inputs. Raises ConfigError when systemd passed a
-    descriptor that cannot be an input."""
+    descriptor that cannot be an input. The handover the CLI opened as its first step
+    (:func:`open_first`) is returned if there is one."""
+    global _first
+    first, _first = _first, None
+    if first is not None:
+        opened_for, handover, error = first
+        if error is not None:
+            raise error
+        assert handover is not None
+        if opened_for != config_path:  # the CLI read its arguments otherwise: bind again
+            handover.close_rest(keep_inherited=True)
+            handover.bind_missing(read_input_addresses(config_path))
+        return handover
     handover = Handover(inherit_from_systemd(os.environ if environ is None else environ))
     handover.bind_missing(read_input_addresses(config_path))
     return handover
+
+
+#: What :func:`open_first` opened, for :func:`open_early` to take: the config path it read,
+#: and the handover or the error that refused systemd's sockets.
+_first: tuple[str, Handover | None, ConfigError | None] | None = None
+
+
+def open_first(argv: list[str]) -> None:
+    """The very first step of ``pydory serve`` and ``dory``, before their command lines
+    are parsed (argparse alone costs as much as the binding): when ``argv`` names a
+    config file (``--config-path P``, ``--config-path=P``, or a prefix of it, as argparse
+    takes them; the last one wins), open the handover for it and keep it for the command,
+    which takes it through :func:`open_early`."""
+    global _first
+    config_path = _config_path_in(argv)
+    if config_path is None:
+        return
+    try:
+        _first = (config_path, open_early(config_path), None)
+    except ConfigError as error:
+        _first = (config_path, None, error)
+
+
+def close_first() -> None:
+    """Close what :func:`open_first` opened if the command never took it (its command
+    line was refused, or it ended before): the files of the sockets bound go too."""
+    global _first
+    first, _first = _first, None
+    if first is not None and first[1] is not None:
+        first[1].close_rest()
+
+
+def _config_path_in(argv: list[str]) -> str | None:
+    found = None
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            break
+        option, equals, value = word.partition("=")
+        if len(option) < 3 or not "--config-path".startswith(option):
+            continue
+        found = value if equals else next(words, None)
+    return found
 
 
 def inherit_from_systemd(environ: MutableMapping[str, str]) -> list[HeldSocket]:
@@ -318,6 +384,9 @@ def set_socket_mode(path: str, mode: int, held: HeldSocket | None) -> None:
     if held is None or not held.inherited:
         os.chmod(path, mode)
         return
+    import logging  # only here: see the imports above
+
+    log = logging.getLogger(__name__)
     try:
         actual = stat.S_IMODE(os.stat(path).st_mode)
     except OSError as error:

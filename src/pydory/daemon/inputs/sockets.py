@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import select
 import socket
@@ -38,7 +37,9 @@ from collections.abc import Callable, Iterable
 
 from pydory.errors import ConfigError
 
-log = logging.getLogger(__name__)
+# No logging imported at the top: ``pydory serve`` binds through here before it loads
+# anything it can do without (daemon/inputs/handover.py), and logging costs as much
+# start-up time as the rest of the binding.
 
 #: Bytes asked of a stream socket per read while draining it at shutdown.
 DRAIN_READ_SIZE = 256 * 1024
@@ -195,7 +196,9 @@ def read_buffered(sock: socket.socket, feed: Callable[[bytes], bool], deadline: 
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:  # e.g. the peer reset the connection
-            log.debug("reading a connection at shutdown: %s", exc)
+            import logging
+
+            logging.getLogger(__name__).debug("reading a connection at shutdown: %s", exc)
             return
         if not data:
             return
