@@ -16,7 +16,7 @@ Bytecode: each daemon keeps its compiled modules in a temporary cache (filled by
 unmeasured start of each tree), as an install from a wheel has them; ``--no-bytecode``
 compiles every module at every start instead (what a tree run with
 PYTHONDONTWRITEBYTECODE=1 and no ``__pycache__`` does, as this project's shared machine
-is set up: the daemon's import then costs ~1.3 s of CPU, not ~0.3 s).
+is set up: exec to ready then costs ~0.8 s of CPU, not ~0.4 s).
 
 It starts ``--hogs-per-cpu`` (8) busy loops per CPU, each under ``timeout`` (bounded in
 time) and stopped by its PID at the end, waits ``--warmup`` seconds for the load to

@@ -4,10 +4,11 @@ passed by systemd (socket activation).
 Why: from a daemon's exec until its inputs are open, a client finds no socket ("No such
 file or directory", or a refused connection) and its message is gone. On a host whose
 CPUs are busy, importing the daemon (uvloop, aiohttp, confluent_kafka, prometheus_client,
-the config loader) took seconds. So ``pydory serve`` binds the configured sockets first,
-with the standard library alone (:func:`open_early`, the addresses read by
-``daemon/inputs/addresses.py``), and the kernel queues what clients send until the daemon
-reads it. Under systemd a ``.socket`` unit holds the sockets across restarts
+the config loader) took seconds. So ``pydory serve`` (and ``dory``) binds the configured
+sockets first, before its command line is even parsed, with the standard library alone
+(:func:`open_first`, the addresses read by ``daemon/inputs/addresses.py``; the command
+takes them with :func:`open_early`), and the kernel queues what clients send until the
+daemon reads it. Under systemd a ``.socket`` unit holds the sockets across restarts
 (docs/systemd/pydory.socket) and passes them as sd_listen_fds(3) does: ``LISTEN_PID``
 (this process), ``LISTEN_FDS`` (how many, from fd 3), ``LISTEN_FDNAMES`` (their names,
 colon-separated), the variables unset once read.
