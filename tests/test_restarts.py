@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from pydory.daemon.inputs.sockets import datagram_queue_limit
+from pydory.status_client import StatusHttp
 from pydory.testing.daemon_config import DaemonConfig
 from pydory.testing.kafka_broker import KafkaCluster
 from pydory.testing.kafka_util import consume_all
@@ -337,3 +338,41 @@ def test_a_client_sending_through_restarts_on_systemds_sockets_loses_nothing(
     print({t: (len(c.sent), c.resent) for t, c in clients.items()}, "sent, sent again")
     assert missing == {t: 0 for t in TRANSPORTS}
     assert [m for c in clients.values() for m in c.missing] == []
+
+
+def test_a_reload_on_systemds_sockets_keeps_them_and_moves_what_it_moves(
+    unit_dir: Path, mock_cluster: MockCluster
+) -> None:
+    """SIGHUP with the stream input moved: the datagram socket systemd passed keeps
+    serving, the new stream path is pydory's own; systemd's files outlive the daemon,
+    pydory's own is removed at its stop."""
+    config = DaemonConfig(mock_cluster.bootstrap_servers, str(unit_dir))
+    sockets = UnitSockets(config)
+    try:
+        daemon = ActivatedDaemon(sockets.sockets, config, unit_dir / "c.xml", unit_dir / "log")
+        daemon.wait_ready()
+        config.stream_file = "moved.sock"
+        (unit_dir / "c.xml").write_text(config.render())
+        daemon.process.send_signal(signal.SIGHUP)
+
+        def reloaded() -> bool:
+            page = StatusHttp(daemon.url, timeout_s=30).get_json("counters/json")
+            return any(c["name"] == "config_reloads" and c["value"] == 1 for c in page["counters"])
+
+        wait_for(reloaded, "the reload")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(config.stream_path)  # the moved input, bound by pydory
+            client.sendall(encode_any_partition("t", b"after the reload"))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as client:
+            client.sendto(encode_any_partition("t", b"to systemd's socket"), config.datagram_path)
+        wait_for(
+            lambda: received(daemon)["datagram"] == 1 and received(daemon)["stream"] == 1,
+            "both messages read",
+        )
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(timeout=300) == 0, daemon.log_path.read_text()
+    finally:
+        sockets.close()
+    assert os.path.exists(config.datagram_path)  # systemd's (closed by the test only now)
+    assert os.path.exists(str(unit_dir / "stream.sock"))
+    assert not os.path.exists(config.stream_path)  # pydory's own: removed at its stop
