@@ -15,7 +15,7 @@ removed stops accepting but serves its open connections until their clients clos
 
 Rule: a listener stops (shutdown or reload) without dropping what clients already sent:
 its connections, and those waiting in its listen backlog, are read first (at shutdown,
-within ``SHUTDOWN_DRAIN_S``).
+within ``SHUTDOWN_DRAIN_S``; a socket systemd holds keeps its backlog for the next daemon).
 """
 
 from __future__ import annotations
