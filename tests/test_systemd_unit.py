@@ -139,3 +139,81 @@ def test_the_logrotate_snippet_rotates_the_file_the_daemon_writes() -> None:
     assert snippet is not None, "no logrotate snippet in docs/operations.md"
     assert snippet[1] == load_config(SAMPLE).logging.file_path
     assert "systemctl kill -s USR1 pydory.service" in snippet[2]  # SIGUSR1: reopen
+
+
+# --- socket activation (issue 33, point 5) -------------------------------------------------
+
+SOCKET_UNIT = ROOT / "docs" / "systemd" / "pydory.socket"
+
+
+def socket_unit_lines() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The socket unit's ``Key=value`` lines, and those commented out (``#Key=value``)."""
+    active: dict[str, list[str]] = {}
+    commented: dict[str, list[str]] = {}
+    for line in SOCKET_UNIT.read_text().splitlines():
+        match = re.fullmatch(r"(#?)([A-Za-z0-9]+)=(.*)", line.strip())
+        if match:
+            (commented if match[1] else active).setdefault(match[2], []).append(match[3])
+    return active, commented
+
+
+def test_the_socket_unit_holds_the_sample_configs_inputs_and_no_other() -> None:
+    """pydory refuses a socket systemd passes that is not an input the config enables: the
+    unit's active sockets are the sample's enabled inputs, at their addresses; the other
+    inputs' sockets are there, commented out, at the addresses the sample gives them."""
+    inputs = load_config(SAMPLE).inputs
+    active, commented = socket_unit_lines()
+    assert active["ListenDatagram"] == [inputs.unix_datagram.path]
+    assert "ListenStream" not in active  # stream and TCP are off in the sample
+    text = SAMPLE.read_text()
+    stream_path = re.search(r'<unixStream.*?<path value="([^"]+)"', text, re.S)
+    tcp_port = re.search(r'<tcp .*?<port value="([^"]+)"', text, re.S)
+    assert stream_path is not None
+    assert tcp_port is not None
+    assert commented["ListenStream"] == [
+        stream_path[1],
+        f"127.0.0.1:{tcp_port[1]}",
+        f"[::1]:{tcp_port[1]}",
+    ]
+    assert int(only_in(active, "SocketMode"), 8) == inputs.unix_datagram.mode
+    assert active.get("Accept", ["no"]) == ["no"]  # listening sockets, not connections
+    assert only_in(active, "Service") == "pydory.service"
+
+
+def only_in(found: dict[str, list[str]], key: str) -> str:
+    values = found[key]
+    assert len(values) == 1, f"{key}= is set {len(values)} times"
+    return values[0]
+
+
+def test_the_service_keeps_the_socket_directory_and_orders_after_the_socket_unit() -> None:
+    """RuntimeDirectory= is removed when the service stops, unless preserved: the socket
+    unit's files are there, and must outlive every restart."""
+    assert only("RuntimeDirectoryPreserve") == "yes"
+    found = directives()
+    assert "pydory.socket" in found["Wants"]
+    assert "pydory.socket" in found["After"]
+    active, _ = socket_unit_lines()
+    socket_dir = Path(active["ListenDatagram"][0]).parent
+    assert socket_dir == Path("/run") / only("RuntimeDirectory")
+
+
+@needs_systemd_analyze
+def test_systemd_knows_every_directive_of_the_socket_unit(tmp_path: Path) -> None:
+    assert SYSTEMD_ANALYZE is not None
+    venv_bin = Path(sys.executable).parent
+    (tmp_path / "pydory.service").write_text(
+        UNIT.read_text().replace("/opt/pydory/bin/", f"{venv_bin}/")
+    )
+    unit = tmp_path / "pydory.socket"
+    unit.write_text(SOCKET_UNIT.read_text())
+    result = subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == ""

@@ -9,27 +9,28 @@ This is the only place that turns errors into exit statuses.
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import importlib.util
 import os
 import sys
-from collections.abc import Sequence
 
-from pydory.commands import (
-    COMMANDS,
-    SPARK_INSTALL_HINT,
-    SPARK_MODULES,
-    TOOLS_INSTALL_HINT,
-    TOOLS_PACKAGE,
-    Command,
-    add_version_option,
-)
+# The rest is imported in the functions: `pydory serve` binds its sockets before it
+# parses its command line (pydory.daemon.inputs.handover.open_first), and argparse and
+# the commands' table cost as much start-up time as the binding itself.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+
+    from pydory.commands import Command
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with every command's options when ``command`` is None, else with the
     options of ``command`` alone (the others only named, with their summaries)."""
+    import argparse
+    import importlib
+
+    from pydory.commands import COMMANDS, add_version_option
+
     parser = argparse.ArgumentParser(
         prog="pydory",
         description="A per-host producer daemon for Apache Kafka, compatible with Dory.",
@@ -53,6 +54,21 @@ def chosen_command(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     name = chosen_command(argv)
+    if name != "serve":
+        return _main(argv, name)
+    # Its sockets first, before anything else is loaded; closed if serve never takes them.
+    from pydory.daemon.inputs.handover import close_first, open_first
+
+    open_first(argv)
+    try:
+        return _main(argv, name)
+    finally:
+        close_first()
+
+
+def _main(argv: list[str], name: str | None) -> int:
+    from pydory.commands import COMMANDS, SPARK_MODULES, TOOLS_INSTALL_HINT, TOOLS_PACKAGE
+
     command = next((each for each in COMMANDS if each.name == name), None)
     if command is not None and command.needs_tools and not tools_installed():
         # Before the parser: the command's own module is in the missing package.
@@ -93,15 +109,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def tools_installed() -> bool:
     """Whether the tools' package (``pydory-tools``: the demo, the benchmark) is here."""
+    import importlib.util
+
+    from pydory.commands import TOOLS_PACKAGE
+
     return importlib.util.find_spec(TOOLS_PACKAGE) is not None
 
 
 def missing_spark_modules() -> list[str]:
     """The modules of the ``spark`` extra this Python cannot import (none: it is installed)."""
+    import importlib.util
+
+    from pydory.commands import SPARK_MODULES
+
     return [name for name in SPARK_MODULES if importlib.util.find_spec(name) is None]
 
 
 def _needs_spark(command: Command, missing_module: str) -> str:
+    from pydory.commands import SPARK_INSTALL_HINT
+
     return (
         f"pydory {command.name}: this needs `{SPARK_INSTALL_HINT}` "
         f"(no module named {missing_module!r} here)"

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from pydory.config import Config
 from pydory.daemon.assembly import assemble, configured_topics
 from pydory.daemon.books import counters as counter_names
+from pydory.daemon.inputs.handover import Handover
 from pydory.daemon.inputs.input_set import describe
 from pydory.daemon.inputs.stream import StreamInput
 from pydory.daemon.logsetup import LogFiles
@@ -58,13 +59,16 @@ class Server:
         config: Config,
         log_files: LogFiles | None = None,
         config_path: str | None = None,
+        handover: Handover | None = None,
     ) -> None:
-        """``config_path``: the file SIGHUP reloads (None: reloads need a Config given)."""
+        """``config_path``: the file SIGHUP reloads (None: reloads need a Config given);
+        ``handover``: input sockets bound before (by ``pydory serve``, or systemd's)."""
         self.config = config
         self.started_at = time.time()
         self._log_files = log_files
         self.config_path = config_path
         self.reloads = ReloadHistory(config_path, self.started_at)
+        self.handover = Handover() if handover is None else handover
         self._reload_lock = asyncio.Lock()
         parts = self.parts = assemble(config, create_topic=self._create_topic)
         # The components the lifecycle, the status view and the tests reach by name.
@@ -116,7 +120,8 @@ class Server:
             metadata = asyncio.ensure_future(self._follow_metadata(stop))
             if not await self.spool_life.replay(stop):
                 return
-            await self.inputs.open(self.config, loop)
+            await self.inputs.open(self.config, loop, self.handover)
+            self.handover.close_rest()  # bound early for an address the config does not name
             self.overload.inputs_opened()
             self.status = StatusServer(self.status_view(), count=self.counters.inc)
             await self.status.start()
@@ -144,6 +149,7 @@ class Server:
                 with contextlib.suppress(asyncio.CancelledError):
                     await metadata
             await self._shutdown()
+            self.handover.close_rest()  # if the inputs never opened
             self._remove_signal_handlers(loop)
 
     async def _follow_metadata(self, stop: asyncio.Event) -> None:

@@ -18,9 +18,12 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydory.commands import Subparsers, add_command, add_version_option
+
+if TYPE_CHECKING:
+    from pydory.daemon.inputs.handover import Handover
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -> int:
-    """Read the config, fork if ``daemon`` (the parent returns 0 at once), run the daemon
-    until it stops; the exit status."""
+    """Bind the input sockets, read the config, fork if ``daemon`` (the parent returns 0
+    at once), run the daemon until it stops; the exit status.
+
+    The sockets come first, before anything heavy is imported (the standard library
+    only: daemon/inputs/handover.py says why): from exec to bound takes a few
+    milliseconds of CPU, where importing the daemon takes a hundred or more, seconds on a
+    host whose CPUs are saturated; the kernel queues what clients send meanwhile.
+    """
+    from pydory.daemon.inputs.handover import open_early
+    from pydory.errors import ConfigError
+
+    try:
+        handover = open_early(config_path)
+    except ConfigError as error:  # systemd passed a descriptor that is no input
+        print(error, file=sys.stderr)
+        return 1
+    try:
+        return _serve(config_path, handover, daemon=daemon, log_stderr=log_stderr)
+    finally:
+        handover.close_rest()
+
+
+def _serve(config_path: str, handover: Handover, *, daemon: bool, log_stderr: bool) -> int:
     # Imported here, not at the top: `pydory --help` and the other commands need none of it.
     import uvloop
 
@@ -73,14 +97,20 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
     except (ConfigError, OSError) as error:
         print(config_failure(error, config_path), file=sys.stderr)
         return 1
+    try:
+        handover.check(config.inputs)  # systemd's sockets are this config's inputs
+    except ConfigError as error:
+        print(config_failure(error, config_path), file=sys.stderr)
+        return 1
     if daemon:
         if os.environ.get("NOTIFY_SOCKET"):
             print(SYSTEMD_REFUSAL, file=sys.stderr)
             return 1
         # A reload reads the file again, after the move to "/".
         config_path = os.path.abspath(config_path)
-        child = daemonize()
+        child = daemonize()  # the sockets bound so far go with the child
         if child:
+            handover.forget()  # the child serves them: their files stay
             print(child, flush=True)  # Dory's parent prints the daemon's pid
             return 0
         # Dory logs to stdout/stderr only in the foreground.
@@ -93,7 +123,7 @@ def serve(config_path: str, *, daemon: bool = False, log_stderr: bool = False) -
     # Which codec reads the clients' bytes: the compiled one is faster, the same rules.
     log.info("hot path: %s (%s)", hotpath.IMPLEMENTATION, hotpath.WHY)
     log.info("producer: %s (%s)", backends.BACKEND.name, backends.WHY)
-    server = Server(config, log_files, config_path=config_path)
+    server = Server(config, log_files, config_path=config_path, handover=handover)
     if not daemon:
         # A first run in a terminal must not look hung: say where the log goes, and when
         # the daemon is ready (also useful in the journal, where systemd keeps stderr).

@@ -14,6 +14,9 @@ Framing and decoding live in ``pydory.wire``, every decision about a message in 
 - ``quotas``: the inputs' connection and rate quotas (pure logic);
 - ``peers``: who is on a socket (the client's uid, for the quotas);
 - ``sockets``: the kernel's side (socket files, limits, what a socket holds unread);
+- ``addresses``, ``handover``: the sockets bound before the daemon is loaded (by
+  ``pydory serve``, with the standard library alone) or passed by systemd, handed to
+  the inputs by kind and address;
 - ``marks``: the commit point's input marks;
 - ``intake_port``: what the inputs hand their bytes to;
 - ``turns``: the loop's read turns, shared by the busy clients of every stream input;

@@ -30,7 +30,6 @@ process is at its file descriptor limit (:class:`FdLimit`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -41,6 +40,8 @@ from collections.abc import Callable
 
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.counters import Counters
+from pydory.daemon.inputs.sockets import LISTEN_BACKLOG, listen_unix_stream
+from pydory.daemon.inputs.sockets import listen_tcp as listen_tcp_socket
 from pydory.daemon.log_limits import ClientLines
 
 __all__ = ["ACCEPT_RETRY_S", "RESERVE_FDS", "Acceptor", "FdLimit", "listen_tcp", "listen_unix"]
@@ -55,7 +56,7 @@ ACCEPT_RETRY_S = 0.5
 #: Connections accepted per readiness callback before the loop's next turn.
 ACCEPT_BURST = 64
 #: The listen backlog: clients waiting to be accepted (at the fd limit, too).
-BACKLOG = 1024
+BACKLOG = LISTEN_BACKLOG
 
 _AT_THE_LIMIT = frozenset({errno.EMFILE, errno.ENFILE})
 
@@ -287,14 +288,7 @@ def listen_unix(
     loop: asyncio.AbstractEventLoop, factory: ProtocolFactory, path: str, fd_limit: FdLimit
 ) -> Acceptor:
     """A UNIX stream listener on ``path`` (the caller prepared the path)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        sock.listen(BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return Acceptor(loop, sock, factory, fd_limit)
+    return Acceptor(loop, listen_unix_stream(path), factory, fd_limit)
 
 
 def listen_tcp(
@@ -304,18 +298,5 @@ def listen_tcp(
     port: int,
     fd_limit: FdLimit,
 ) -> Acceptor:
-    """A TCP listener on ``host`` (a loopback address) and ``port``, as asyncio's
-    ``create_server`` sets one up (SO_REUSEADDR; IPV6_V6ONLY)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return Acceptor(loop, sock, factory, fd_limit)
+    """A TCP listener on ``host`` (a loopback address) and ``port``."""
+    return Acceptor(loop, listen_tcp_socket(host, port), factory, fd_limit)

@@ -35,17 +35,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
 
 from pydory.config.model import ClientRate
+from pydory.daemon.inputs.handover import HeldSocket, set_socket_mode
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import DatagramMark, Pending
 from pydory.daemon.inputs.peers import CREDENTIALS_SPACE, credentials_uid
 from pydory.daemon.inputs.quotas import DatagramQuota
 from pydory.daemon.inputs.sockets import (
+    bind_unix_datagram,
     datagram_queue_limit,
     kernel_datagram_limit,
     prepare_socket_path,
@@ -96,6 +97,8 @@ class DatagramInput:
         self.check_limits(max_msg_size, allow_large)
         self._sock: socket.socket | None = None
         self._set_max(max_msg_size)
+        #: systemd holds the socket too (handover.py): never shut nor its file removed.
+        self.inherited = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # For the commit point's marks (see DatagramMark).
         self.datagrams_read = 0
@@ -151,14 +154,17 @@ class DatagramInput:
     def closed(self) -> bool:
         return self._sock is None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        prepare_socket_path(self.path, socket.SOCK_DGRAM)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    def start(self, loop: asyncio.AbstractEventLoop, held: HeldSocket | None = None) -> None:
+        """Bind the socket, or take ``held``: bound before (daemon/inputs/handover.py)."""
         self.queue_limit = datagram_queue_limit()
+        if held is None:
+            prepare_socket_path(self.path, socket.SOCK_DGRAM)
+            sock = bind_unix_datagram(self.path)
+        else:
+            sock, self.inherited = held.sock, held.inherited
         try:
-            sock.bind(self.path)
             if self._mode is not None:
-                os.chmod(self.path, self._mode)
+                set_socket_mode(self.path, self._mode, held)
             # A larger receive buffer absorbs bursts while the loop is busy elsewhere (the
             # kernel caps it at net.core.rmem_max; the option is a C int).
             receive_buffer = min(max(4 * self._max, 1 << 20), _MAX_SOCKET_BUFFER)
@@ -367,21 +373,24 @@ class DatagramInput:
 
     def close(self) -> None:
         """Stop reading, hand the intake the datagrams already queued, close the socket and
-        remove its file."""
+        remove its file (a socket systemd passed: neither shut nor removed, what clients
+        send from now on waits in it for the next daemon)."""
         sock, self._sock = self._sock, None
         if sock is None:
             return
         try:
             if self._loop is not None:
                 self._loop.remove_reader(sock.fileno())
-            # From here a sender gets EPIPE; what is already queued stays readable.
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RD)
-            remove_socket_file(self.path)
+            if not self.inherited:
+                # From here a sender gets EPIPE; what is already queued stays readable.
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RD)
+                remove_socket_file(self.path)
             if not self._read(sock, SHUTDOWN_DATAGRAMS_MAX):
                 log.warning(
-                    "more than %d datagrams queued at shutdown: the rest are lost",
+                    "more than %d datagrams queued at shutdown: the rest are %s",
                     SHUTDOWN_DATAGRAMS_MAX,
+                    "left in systemd's socket" if self.inherited else "lost",
                 )
         finally:
             sock.close()

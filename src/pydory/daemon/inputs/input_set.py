@@ -29,6 +29,7 @@ from pydory.daemon.books.events import Transport
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.inputs.acceptor import FdLimit
 from pydory.daemon.inputs.datagram import DatagramInput
+from pydory.daemon.inputs.handover import DATAGRAM, STREAM, TCP, Handover
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import InputMark, mark_inputs
 from pydory.daemon.inputs.stream import StreamInput
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 __all__ = ["InputSet", "InputSwap"]
 
 STREAM_KINDS = (Transport.UNIX_STREAM, Transport.TCP)
+_HANDOVER_KIND = {Transport.UNIX_STREAM: STREAM, Transport.TCP: TCP}
 
 
 class InputSwap:
@@ -93,20 +95,33 @@ class InputSet:
         """What every input socket holds now (the commit point's mark)."""
         return mark_inputs(self.datagram, self.all_streams())
 
+    def _inherited_paths(self) -> set[str]:
+        """The socket files of the inputs on sockets systemd passed."""
+        inputs: list[DatagramInput | StreamInput] = [*self.streams]
+        if self.datagram is not None:
+            inputs.append(self.datagram)
+        return {s.path for s in inputs if s.inherited and s.path is not None}
+
     def tcp_port(self) -> int | None:
         """The TCP input's port (the one bound, when the config said 0)."""
         return next((s.port for s in self.streams if s.kind is Transport.TCP), None)
 
     # -- start-up and shutdown ----------------------------------------------------------
 
-    async def open(self, config: Config, loop: asyncio.AbstractEventLoop) -> None:
-        """Open every input ``config`` asks for."""
-        self.datagram = self._open_datagram(config, loop)
+    async def open(
+        self, config: Config, loop: asyncio.AbstractEventLoop, handover: Handover | None = None
+    ) -> None:
+        """Open every input ``config`` asks for, each on its socket in ``handover`` if it
+        holds one (bound before: daemon/inputs/handover.py)."""
+        handover = Handover() if handover is None else handover
+        self.datagram = self._open_datagram(config, loop, handover)
         for kind in STREAM_KINDS:
             stream_input = self._new_stream(config, kind)
             if stream_input is not None:
                 self.streams.append(stream_input)
-                await stream_input.start(loop)
+                address = stream_input.path if kind is Transport.UNIX_STREAM else stream_input.port
+                assert address is not None
+                await stream_input.start(loop, handover.take(_HANDOVER_KIND[kind], address))
 
     def pause(self) -> None:
         """Stop reading every input (a shutdown was requested)."""
@@ -164,7 +179,7 @@ class InputSet:
             self.streams = [s for s in self.streams if s.kind is not kind]
             if stream_input is not None:
                 self.streams.append(stream_input)
-        _apply_modes(running, new)
+        _apply_modes(running, new, self._inherited_paths())
         if replaced_datagram is not None:
             log.info("config reload: closing the input %s", describe(replaced_datagram))
             replaced_datagram.close()
@@ -208,7 +223,7 @@ class InputSet:
     # -- building -----------------------------------------------------------------------
 
     def _open_datagram(
-        self, config: Config, loop: asyncio.AbstractEventLoop
+        self, config: Config, loop: asyncio.AbstractEventLoop, handover: Handover | None = None
     ) -> DatagramInput | None:
         """The UNIX datagram input ``config`` asks for, listening; None if it is off."""
         source = config.inputs.unix_datagram
@@ -223,7 +238,8 @@ class InputSet:
             self._intake,
             quota=config.quotas.unix_datagram,
         )
-        datagram_input.start(loop)
+        held = handover.take(DATAGRAM, source.path) if handover is not None else []
+        datagram_input.start(loop, held[0] if held else None)
         return datagram_input
 
     def _new_stream(self, config: Config, kind: Transport) -> StreamInput | None:
@@ -271,9 +287,10 @@ def _stream_address(config: Config, kind: Transport) -> str | int | None:
     return sources.unix_stream.path if kind is Transport.UNIX_STREAM else sources.tcp.port
 
 
-def _apply_modes(running: Config, new: Config) -> None:
+def _apply_modes(running: Config, new: Config, systemds: set[str]) -> None:
     """A socket file kept by a reload takes its new mode in place (None: as the umask
-    made it)."""
+    made it); one systemd made (in ``systemds``) keeps the socket unit's mode, the
+    difference logged."""
     for old_source, new_source in (
         (running.inputs.unix_datagram, new.inputs.unix_datagram),
         (running.inputs.unix_stream, new.inputs.unix_stream),
@@ -288,4 +305,12 @@ def _apply_modes(running: Config, new: Config) -> None:
                 old_source.mode,
             )
         ):
+            if path in systemds:
+                log.warning(
+                    "config reload: the mode of %s stays as systemd's socket unit set it "
+                    "(SocketMode=), not %04o",
+                    path,
+                    mode,
+                )
+                continue
             os.chmod(path, mode)

@@ -12,6 +12,10 @@
 
 Who is on a socket (for the quotas) is pydory.daemon.inputs.peers's.
 
+- Binding: the three kinds of input socket, made the same way whether the daemon binds
+  them as its inputs open or ``pydory serve`` binds them before it imports the daemon
+  (``daemon/inputs/handover.py``). Standard library only: the early binding imports this.
+
 Rule: the inputs ask the kernel what a socket holds and what it allows only through here
 (``read_buffered``, ``kernel_datagram_limit``), and a socket file is replaced or removed
 only here (``prepare_socket_path``, ``remove_socket_file``).
@@ -22,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import select
 import socket
@@ -34,7 +37,9 @@ from collections.abc import Callable, Iterable
 
 from pydory.errors import ConfigError
 
-log = logging.getLogger(__name__)
+# No logging imported at the top: ``pydory serve`` binds through here before it loads
+# anything it can do without (daemon/inputs/handover.py), and logging costs as much
+# start-up time as the rest of the binding.
 
 #: Bytes asked of a stream socket per read while draining it at shutdown.
 DRAIN_READ_SIZE = 256 * 1024
@@ -44,6 +49,9 @@ DEFAULT_WMEM_FILE = "/proc/sys/net/core/wmem_default"
 #: The length of a UNIX datagram socket's receive queue, fixed when the socket is created.
 MAX_DGRAM_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
 
+
+#: A listening socket's backlog (connections the kernel completes before they are accepted).
+LISTEN_BACKLOG = 1024
 
 #: The config elements that name each input's address, for the errors that refuse one.
 TCP_PORT_ELEMENT = "/doryConfig/inputSources/tcp/port"
@@ -73,6 +81,47 @@ def prepare_socket_path(path: str, kind: int) -> None:
             path=element,
         )
     os.unlink(path)
+
+
+def bind_unix_datagram(path: str) -> socket.socket:
+    """A UNIX datagram socket bound to ``path`` (the caller prepared the path)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_unix_stream(path: str) -> socket.socket:
+    """A UNIX stream socket listening on ``path`` (the caller prepared the path)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_tcp(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host`` (a loopback address) and ``port``, as asyncio's
+    ``create_server`` sets one up (SO_REUSEADDR; IPV6_V6ONLY)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def tcp_port_refused(host: str, port: int, error: OSError) -> ConfigError:
@@ -147,7 +196,9 @@ def read_buffered(sock: socket.socket, feed: Callable[[bytes], bool], deadline: 
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:  # e.g. the peer reset the connection
-            log.debug("reading a connection at shutdown: %s", exc)
+            import logging
+
+            logging.getLogger(__name__).debug("reading a connection at shutdown: %s", exc)
             return
         if not data:
             return

@@ -8,12 +8,14 @@ quotas' settings (a reload replaces them) and can be paused and resumed as a who
 
 Closing at shutdown: stop accepting, then hand the intake what the kernel already holds
 (bytes on open connections, connections waiting in the listen backlog), reading without
-waiting for more, within SHUTDOWN_DRAIN_S; then close. A listener a reload moved or
+waiting for more, within SHUTDOWN_DRAIN_S; then close. A listening socket systemd passed
+(daemon/inputs/handover.py) keeps its file and its backlog: the next daemon accepts
+those connections. A listener a reload moved or
 removed stops accepting but serves its open connections until their clients close them.
 
 Rule: a listener stops (shutdown or reload) without dropping what clients already sent:
 its connections, and those waiting in its listen backlog, are read first (at shutdown,
-within ``SHUTDOWN_DRAIN_S``).
+within ``SHUTDOWN_DRAIN_S``; a socket systemd holds keeps its backlog for the next daemon).
 """
 
 from __future__ import annotations
@@ -21,16 +23,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pydory.config.model import NO_QUOTAS, ListenerQuotas, QuotasConfig
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import Transport
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.inputs.acceptor import Acceptor, FdLimit, listen_tcp, listen_unix
+from pydory.daemon.inputs.handover import HeldSocket, set_socket_mode
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import BacklogMark, ConnectionMark, Pending
 from pydory.daemon.inputs.quotas import ListenerQuota
@@ -86,6 +88,9 @@ class StreamInput:
         counters = Counters() if counters is None else counters
         self._fd_limit = FdLimit(counters) if fd_limit is None else fd_limit
         self._listening_fds: list[int] = []
+        #: systemd holds the listening socket too (handover.py): its file is never removed,
+        #: and its backlog is left at shutdown to the next daemon.
+        self.inherited = False
         self._quota = ListenerQuota(self._quotas_of(quotas))
         self._connections = Connections(
             kind,
@@ -151,17 +156,25 @@ class StreamInput:
             marks.append(BacklogMark(self))
         return marks
 
-    async def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.path is not None:
+    async def start(self, loop: asyncio.AbstractEventLoop, held: Sequence[HeldSocket] = ()) -> None:
+        """Listen, or take ``held``: bound before (daemon/inputs/handover.py)."""
+        self.inherited = any(each.inherited for each in held)
+        if held:
+            self._servers += [Acceptor(loop, h.sock, self._protocol, self._fd_limit) for h in held]
+            if self.port is not None:
+                self.port = self._servers[0].sockets[0].getsockname()[1]
+        elif self.path is not None:
             prepare_socket_path(self.path, socket.SOCK_STREAM)
-            server = listen_unix(loop, self._protocol, self.path, self._fd_limit)
-            if self._mode is not None:
-                os.chmod(self.path, self._mode)
-            self._servers.append(server)
-            log.info("listening for UNIX stream connections on %s", self.path)
+            self._servers.append(listen_unix(loop, self._protocol, self.path, self._fd_limit))
         else:
             assert self.port is not None
             await self._start_tcp(loop, self.port)
+        if self.path is not None:
+            if self._mode is not None:
+                set_socket_mode(self.path, self._mode, held[0] if held else None)
+            log.info("listening for UNIX stream connections on %s", self.path)
+        elif held:
+            log.info("listening for TCP connections on loopback port %d", self.port)
         self._listening_fds = [sock.fileno() for s in self._servers for sock in s.sockets]
 
     async def _start_tcp(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
@@ -202,6 +215,10 @@ class StreamInput:
         still in the listen backlog included, reading without waiting for more; close."""
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
         backlogs = self._stop_listening()
+        if self.inherited:  # systemd's socket keeps them for the next daemon
+            for listener in backlogs:
+                listener.close()
+            backlogs = []
         self._connections.drain_deadline = deadline
         try:
             for listener in backlogs:
@@ -235,7 +252,7 @@ class StreamInput:
         self._listening_fds = []
         for server in self._servers:
             server.close()
-        if self.path is not None:
+        if self.path is not None and not self.inherited:
             remove_socket_file(self.path)
         return backlogs
 
