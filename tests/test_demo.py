@@ -11,9 +11,11 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
+from helpers import wait_until
 from pydory.cli import main
 from pydory_tools.demo import RATE_LIMIT_MAX_COUNT, counted
 from pydory_tools.demo_kills import what_became_of_them
+from pydory_tools.testing.kill_loop import Endpoint, SurvivingClient
 
 COUNT = 300  # messages per well-behaved client: enough for every stage to have work
 #: With --sigkill: enough that the clients still send after each restart. Stream clients
@@ -270,3 +272,28 @@ def test_the_fleet_demo_lands_every_accepted_message_once_on_hdfs_and_names_the_
     pids = {int(pid) for group in named for pid in re.findall(r"\d+", group)}
     assert len(pids) >= 3 + 1 + 2 + 3 + 1, pids
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], pids
+
+
+def test_the_fleet_demo_starts_its_own_parts(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["demo", "--fleet", "--kafka", "mock"])
+
+    assert status == 1
+    assert "--fleet starts its own 3-node Apache Kafka, HDFS and Spark cluster" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_client_of_a_host_that_never_comes_back_stops_when_told(tmp_path: Path) -> None:
+    """The fleet demo's gone host: its clients wait for a daemon (for a minute, then
+    fail) until they are stopped, and then end without an error, the chunk counted."""
+    nobody = Endpoint("datagram", str(tmp_path / "no-daemon-here.sock"))
+    client = SurvivingClient("gone/datagram", nobody, "events", limit=100, rate=1000, chunk=20)
+
+    client.start()
+    # Its socket made, it is sending its first chunk: into a path no daemon holds.
+    wait_until(lambda: client._connection is not None, 60, "the client's first send")
+    client.stop()
+    client.finish(60)
+
+    assert client.error is None
+    assert client.sent == 20  # the chunk it was sending when stopped: values used

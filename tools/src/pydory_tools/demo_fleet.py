@@ -366,18 +366,27 @@ def _send_while_killing(
                 # Within the first half of the host's traffic, as demo --sigkill draws them.
                 low, high = total // (3 * (kills + 1)), total // (2 * (kills + 1))
                 moments = kill_thresholds(rng, kills, max(1, low), max(1, high))
-                loops.append(pool.submit(daemon.kill_at, moments, come_back=host != GONE))
+                loops.append(pool.submit(_kill_loop, daemon, moments, host, clients[host]))
             # A batch after the first: the job has landed something before it dies.
             fleet.landing_killed_in = job.batch_in_flight(_checkpoint_names(fleet), 0)
             job.kill()
             for loop in loops:
                 loop.result()
-        for client in clients[GONE]:
-            client.stop()  # its daemon never comes back: its clients give up
         for client in every:
             client.finish(CLIENT_TIMEOUT_S + client.limit / client.rate)
     finally:  # after a failure, no client outlives the demo
         for client in every:
+            client.stop()
+
+
+def _kill_loop(
+    daemon: KilledDaemon, moments: Sequence[int], host: str, clients: Sequence[SurvivingClient]
+) -> None:
+    """Kill ``daemon`` at ``moments``; the host that never comes back stops its clients
+    at once (they would wait for it, and give up with an error after a minute)."""
+    daemon.kill_at(moments, come_back=host != GONE)
+    if daemon.gone:
+        for client in clients:
             client.stop()
 
 
