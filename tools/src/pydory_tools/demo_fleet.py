@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -88,6 +90,8 @@ LANDING_TIMEOUT_S = 600.0
 #: Small executors and shuffles: two 1-core workers on a machine that also runs the rest.
 SPARK_CONF = {"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2"}
 _Part = TypeVar("_Part")
+#: The landing job's last line (``pipeline/land.py``'s summary).
+_LANDING_SUMMARY = re.compile(r"landing (finished|stopped|FAILED)")
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,7 @@ def _run_stages(
                 raise DemoFailed(f"{error}; see {paths.workdir / 'landing.log'}") from None
             status = again.wait(LANDING_TIMEOUT_S)
             summary = next(
-                (line for line in again.lines if line.startswith("landing ")), again.output
+                (line for line in again.lines if _LANDING_SUMMARY.match(line)), again.output
             ).strip()
             if status != 0:
                 raise DemoFailed(
@@ -391,11 +395,18 @@ def _kill_loop(
 
 
 def _kill_a_worker_mid_batch(fleet: Fleet, job: LandingJob) -> int:
-    """Once the restarted job's query runs, SIGKILL a worker while a batch (the killed one,
-    run again, or a later one) is planned and not committed; the batch's number."""
+    """Once the restarted job's query runs and the worker runs its executor, SIGKILL the
+    worker while a batch (the killed one, run again, or a later one) is planned and not
+    committed; the batch's number."""
+    spark = _started(fleet.spark)
     job.wait_for_line("landing query started", LANDING_TIMEOUT_S)
+    deadline = time.monotonic() + LANDING_TIMEOUT_S
+    while not spark.worker_executors(KILLED_WORKER):
+        if job.process.poll() is not None or time.monotonic() > deadline:
+            raise KillLoopError(f"Spark worker {KILLED_WORKER} never ran the job's executor")
+        time.sleep(0.1)  # the worker's status page, looked at again
     batch = job.batch_in_flight(_checkpoint_names(fleet), fleet.landing_killed_in - 1)
-    _started(fleet.spark).kill_worker(KILLED_WORKER)
+    spark.kill_worker(KILLED_WORKER)
     return batch
 
 
