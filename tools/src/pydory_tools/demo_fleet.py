@@ -131,7 +131,7 @@ class Fleet:
 
 def run_fleet_demo(
     kills: int = 2,
-    count: int = 3000,
+    count: int = 2000,
     workdir: str | None = None,
     seed: int | None = None,
 ) -> int:
