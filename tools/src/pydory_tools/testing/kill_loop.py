@@ -1,7 +1,8 @@
 """The kill loop: daemons SIGKILLed at random moments while clients send, restarted on the
 same config and spool, and a landing job SIGKILLed in the middle of a batch.
 
-Shared by ``pydory demo --sigkill`` and ``tests/test_fleet_exactly_once.py``:
+Shared by ``pydory demo --sigkill``, ``pydory demo --fleet`` and
+``tests/test_fleet_exactly_once.py``:
 
 - :class:`SurvivingClient`: a thread sending unique, recognisable values
   (``<label>/<n>``) over one transport at a bounded rate, through the daemon's restarts.
