@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydory.errors import PydoryError
 from pydory_tools.demo import (
     CLIENT_TIMEOUT_S,
     DAEMON_START_TIMEOUT_S,
@@ -69,6 +70,7 @@ from pydory_tools.testing.kill_loop import (
     endpoints,
     kill_thresholds,
 )
+from pydory_tools.testing.lifecycle import StopsOnExit
 from pydory_tools.testing.spark_cluster import SparkCluster, SparkClusterError
 
 if TYPE_CHECKING:
@@ -90,6 +92,7 @@ LANDING_TIMEOUT_S = 600.0
 #: Small executors and shuffles: two 1-core workers on a machine that also runs the rest.
 SPARK_CONF = {"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2"}
 _Part = TypeVar("_Part")
+_Launched = TypeVar("_Launched", bound=StopsOnExit)
 #: The landing job's last line (``pipeline/land.py``'s summary).
 _LANDING_SUMMARY = re.compile(r"landing (finished|stopped|FAILED)")
 
@@ -238,11 +241,23 @@ def _run_stages(
             fleet.kafka = f"{described} at {bootstrap}"
             result.append(f"{fleet.kafka}; topics {topics.listed()}; books {topics.books}")
         with progress.stage("hdfs") as result:
-            fleet.hdfs = running.enter_context(_hdfs(paths.workdir / "hdfs"))
+            fleet.hdfs = running.enter_context(
+                _launched(
+                    lambda: HdfsCluster(DATANODES, base_dir=paths.workdir / "hdfs"),
+                    HdfsError,
+                    "HDFS",
+                )
+            )
             fleet.on_hdfs = HdfsPaths(f"{fleet.hdfs.uri}/pydory-demo")
             result.append(f"{fleet.hdfs.describe()} (pid {fleet.hdfs.pid})")
         with progress.stage("spark") as result:
-            fleet.spark = running.enter_context(_spark(paths.workdir / "spark"))
+            fleet.spark = running.enter_context(
+                _launched(
+                    lambda: SparkCluster(WORKERS, base_dir=paths.workdir / "spark"),
+                    SparkClusterError,
+                    "the Spark cluster",
+                )
+            )
             pids = ", ".join(str(fleet.spark.worker_pid(n)) for n in range(1, WORKERS + 1))
             result.append(f"{fleet.spark.describe()} (worker pids {pids})")
         with progress.stage("daemons") as result:
@@ -433,23 +448,17 @@ def _land_args(bootstrap: str, topic: str, on_hdfs: HdfsPaths, master: str) -> l
 
 
 @contextlib.contextmanager
-def _hdfs(base_dir: Path) -> Iterator[HdfsCluster]:
+def _launched(
+    launch: Callable[[], _Launched], errors: type[PydoryError], what: str
+) -> Iterator[_Launched]:
+    """A part the demo starts (``launch()``), stopped by its PID on the way out; a part
+    that does not start fails the demo with the launcher's reason."""
     try:
-        cluster = HdfsCluster(DATANODES, base_dir=base_dir)
-    except HdfsError as error:
-        raise DemoFailed(f"cannot start HDFS: {error}") from None
-    with cluster:
-        yield cluster
-
-
-@contextlib.contextmanager
-def _spark(base_dir: Path) -> Iterator[SparkCluster]:
-    try:
-        cluster = SparkCluster(WORKERS, base_dir=base_dir)
-    except SparkClusterError as error:
-        raise DemoFailed(f"cannot start the Spark cluster: {error}") from None
-    with cluster:
-        yield cluster
+        part = launch()
+    except errors as error:
+        raise DemoFailed(f"cannot start {what}: {error}") from None
+    with part:
+        yield part
 
 
 def _start_daemon(bootstrap: str, workdir: Path, host: str, books_topic: str) -> KilledDaemon:
