@@ -17,8 +17,9 @@ progress lines, :mod:`pydory_tools.testing.kill_loop` the clients, kills and lan
    SIGKILLed while a batch after its first is planned and not committed;
 7. the daemons that are still up settle every message and stop cleanly;
 8. the landing job restarted on its checkpoint (Trigger.AvailableNow) to the end: it runs
-   the killed batch again first, and while that batch is planned and not committed (the
-   job running), a Spark worker is SIGKILLed: its tasks run again on the other worker.
+   the killed batch again first, and once a Spark worker runs the job's executor, while
+   that batch is planned and not committed, the worker is SIGKILLed: its tasks run again
+   on the other worker.
    (In this order each kill falls in a batch whatever the machine's speed: the restart
    always has the killed batch to run, however long ago the clients finished.)
 9. the fleet audit (:func:`pydory_tools.demo_kills.fleet_audit`): the books topic against
