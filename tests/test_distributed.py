@@ -60,6 +60,9 @@ def test_a_file_round_trips_through_hdfs(spark: SparkSession, hdfs_cluster: Hdfs
 
     assert files.read_text(path) == '{"two": 2} \u00e9'
     assert files.names(directory) == ["state.json"]  # no temporary file left behind
+    # The launcher's own look (WebHDFS, no JVM), as the fleet demo watches a checkpoint.
+    assert hdfs_cluster.list_names(directory) == ["state.json"]
+    assert hdfs_cluster.list_names(f"{directory}/nothing-here") == []
     assert files.is_dir(directory)
     assert not files.is_dir(path)
     assert files.qualify(f"{directory}/./x") == f"{hdfs_cluster.uri}/round-trip/x"

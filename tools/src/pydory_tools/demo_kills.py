@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -134,20 +134,31 @@ def second_copies_dropped(query: StreamingQuery, topics: Sequence[str]) -> int:
 
 
 def fleet_audit(
-    bootstrap: str, topics: DemoTopics, paths: DemoPaths, master: str, kafka: str
+    bootstrap: str,
+    topics: DemoTopics,
+    paths: DemoPaths,
+    master: str,
+    kafka: str,
+    *,
+    lake: str | None = None,
+    state_dir: str | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> FleetReport:
-    """The fleet audit over the books topic and the lake; the report written in text and JSON."""
+    """The fleet audit over the books topic and the lake (``paths.lake``, or ``lake``: a
+    URI such as ``hdfs://…``), its state kept in ``state_dir`` if given, on a session with
+    ``conf``; the report written in text and JSON under the work directory."""
     from pydory.pipeline.audits.fleet_audit import fleet_audit as audit_fleet
     from pydory.pipeline.errors import PipelineError
     from pydory.pipeline.spark import spark_session
 
-    spark = spark_session(master=master, app_name="pydory-demo")
+    spark = spark_session(master=master, app_name="pydory-demo", conf=conf)
     try:
         report = audit_fleet(
             spark,
-            str(paths.lake),
+            lake or str(paths.lake),
             bootstrap_servers=bootstrap,
             books_topic=topics.books,
+            state_dir=state_dir,
             connector=landing_connector(kafka),
         )
     except PipelineError as error:
@@ -157,14 +168,14 @@ def fleet_audit(
     return report
 
 
-def what_became_of_them(sent: int, report: dict[str, Any]) -> str:
-    """Sent, accepted, in the lake, and why the three differ: the line a reader needs
-    beside "exactly once" (which speaks of the accepted ones only)."""
+def what_became_of_them(sent: int, report: dict[str, Any], who: str = "the daemon") -> str:
+    """Sent, accepted (by ``who``), in the lake, and why the three differ: the line a
+    reader needs beside "exactly once" (which speaks of the accepted ones only)."""
     topics = [topic for host in report["hosts"] for topic in host["topics"]]
     accepted = sum(topic["accepted"] for topic in topics)
     landed = sum(topic["landed"] for topic in topics)
     line = (
-        f"demo: the clients sent {counted(sent, 'message')}; the daemon accepted {accepted:,}; "
+        f"demo: the clients sent {counted(sent, 'message')}; {who} accepted {accepted:,}; "
         f"{landed:,} are in the lake, once each"
     )
     if sent > accepted:

@@ -70,7 +70,18 @@ def register(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--seed",
         type=int,
-        help="with --sigkill: seed the random moments of the kills (default: a fresh draw)",
+        help="with --sigkill or --fleet: seed the random moments of the kills (default: a "
+        "fresh draw)",
+    )
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="a fleet off one machine: a 3-node Apache Kafka, HDFS, a Spark standalone "
+        "cluster (a master, 2 workers) and 3 daemons with their own host ids and spools; "
+        "each daemon SIGKILLed --sigkill times (default 2) and restarted, but one never "
+        "comes back; a Spark worker and the landing job SIGKILLed mid-batch; then the fleet "
+        "audit of the lake on HDFS. Starts its own parts: --kafka, --brokers and --master "
+        "do not apply",
     )
 
 
@@ -88,9 +99,17 @@ def run(args: argparse.Namespace) -> int:
             f"--sigkill needs Apache Kafka (--kafka kafka, the default) or your cluster, not "
             f"{args.kafka}: it creates the compacted books topic through Kafka's admin API"
         )
+    if args.fleet:
+        problem = problem or _fleet_problem(args)
     if problem:
         print(f"pydory demo: {problem}", file=sys.stderr)
         return 1
+    if args.fleet:
+        from pydory_tools.demo_fleet import run_fleet_demo  # the clusters, Spark, the kill loop
+
+        return run_fleet_demo(
+            kills=args.sigkill or 2, count=args.count, workdir=args.workdir, seed=args.seed
+        )
     demo: Callable[..., int]
     if args.sigkill:
         from pydory_tools.demo_kills import run_sigkill_demo  # Spark, the brokers, the kill loop
@@ -108,6 +127,22 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         master=args.master,
     )
+
+
+def _fleet_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--fleet`` cannot run with these arguments or on this host; None when it can."""
+    if args.kafka != "kafka" or args.brokers is not None or args.master != DEFAULT_MASTER:
+        return (
+            "--fleet starts its own 3-node Apache Kafka, HDFS and Spark cluster: "
+            "--kafka, --brokers and --master do not apply"
+        )
+    from pydory_tools.testing.hdfs_cluster import HdfsError, find_hadoop_jars
+
+    try:
+        find_hadoop_jars()
+    except HdfsError as error:
+        return f"--fleet needs HDFS: {error}"
+    return None
 
 
 def missing_prerequisite(kafka: str) -> str | None:

@@ -8,7 +8,9 @@ nothing downloads here. The process is Hadoop's own ``MiniDFSClusterManager`` ma
 its datanodes on loopback too, its data lives in a directory of ours, and it writes a
 small JSON file once the cluster is active (``waitActive``: the namenode answers and every
 datanode has registered), which is the condition :class:`HdfsCluster` waits for.
-:meth:`HdfsCluster.stop` ends the process by its PID.
+:meth:`HdfsCluster.stop` ends the process by its PID. :meth:`HdfsCluster.list_names` reads
+a directory through the namenode's WebHDFS (its HTTP port), without a JVM of the caller's:
+the fleet demo watches the landing job's checkpoint on HDFS so.
 
 Run it as a process for demos and manual testing::
 
@@ -33,6 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -137,6 +142,25 @@ class HdfsCluster(StopsOnExit):
         """One line for people: ``HDFS (MiniDFSCluster, 1 datanode) at hdfs://...``."""
         noun = "datanode" if self.datanodes == 1 else "datanodes"
         return f"HDFS (Hadoop MiniDFSCluster, {self.datanodes} {noun}) at {self.uri}"
+
+    def list_names(self, path: str) -> list[str]:
+        """The names in the directory ``path`` (``hdfs://…`` of this cluster, or absolute);
+        ``[]`` when it does not exist. Asked of the namenode's WebHDFS (``LISTSTATUS``)."""
+        absolute = path.removeprefix(self.uri) or "/"
+        url = (
+            f"http://{LOOPBACK}:{self.http_port}/webhdfs/v1{urllib.parse.quote(absolute)}"
+            "?op=LISTSTATUS"
+        )
+        # Loopback: never through a proxy the environment may name.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=60) as response:
+                listing = json.load(response)
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return []
+            raise HdfsError(f"WebHDFS LISTSTATUS {absolute}: {error}") from None
+        return [status["pathSuffix"] for status in listing["FileStatuses"]["FileStatus"]]
 
     def kill(self) -> None:
         """SIGKILL the process (namenode and datanodes at once): HDFS gone, its data kept."""

@@ -1,7 +1,8 @@
 """The kill loop: daemons SIGKILLed at random moments while clients send, restarted on the
 same config and spool, and a landing job SIGKILLed in the middle of a batch.
 
-Shared by ``pydory demo --sigkill`` and ``tests/test_fleet_exactly_once.py``:
+Shared by ``pydory demo --sigkill``, ``pydory demo --fleet`` and
+``tests/test_fleet_exactly_once.py``:
 
 - :class:`SurvivingClient`: a thread sending unique, recognisable values
   (``<label>/<n>``) over one transport at a bounded rate, through the daemon's restarts.
@@ -12,10 +13,12 @@ Shared by ``pydory demo --sigkill`` and ``tests/test_fleet_exactly_once.py``:
   socket) was not taken, so it is sent again, for at most ``retry_s`` in a row.
 - :class:`KilledDaemon`: ``pydory serve`` (:class:`DaemonProcess`) SIGKILLed once its
   ``/counters`` show it accepted ``k`` more messages since it started, then started again
-  on the same config and spool; it counts its kills and what each start replayed.
+  on the same config and spool (or, for a host that never comes back, not); it counts its
+  kills and what each start replayed.
 - :class:`LandingJob`: ``pydory pipeline land`` as a process; :meth:`LandingJob.kill_mid_batch`
   SIGKILLs the driver and its Spark JVM once the checkpoint shows a batch planned and not
-  committed.
+  committed (:meth:`LandingJob.batch_in_flight`, which also tells the fleet demo when to
+  kill a Spark worker: the checkpoint read through a ``list_names`` of any file system).
 
 Every moment is chosen by a condition (counters, files), never by a sleep; the clients'
 pacing is their only wait.
@@ -49,6 +52,7 @@ __all__ = [
     "KillLoopError",
     "KilledDaemon",
     "LandingJob",
+    "ListNames",
     "SurvivingClient",
     "Transport",
     "endpoints",
@@ -68,11 +72,17 @@ _DATAGRAM_TIMEOUT_S = 5.0  # not a deadline: a blocked sendto wakes and retries
 _NOBODY_THERE = (errno.ECONNREFUSED, errno.ENOENT)
 
 Transport = Literal["datagram", "stream", "tcp"]
+#: The names in a directory of a checkpoint (``[]`` when it does not exist yet).
+ListNames = Callable[[str], Sequence[str]]
 _T = TypeVar("_T")
 
 
 class KillLoopError(PydoryError):
     """A client, daemon or landing job of the kill loop did not do what it must."""
+
+
+class _Stopped(Exception):
+    """A client was stopped while it waited for a daemon (one that will not come back)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,8 @@ class SurvivingClient(threading.Thread):
         return f"{self.label}/{number}".encode()
 
     def stop(self) -> None:
-        """Send no more (the chunk being sent is finished)."""
+        """Send no more (the chunk being sent is finished; a wait for a daemon that is
+        gone ends, its chunk counted as used)."""
         self._stopped.set()
 
     def finish(self, timeout_s: float) -> None:
@@ -167,10 +178,15 @@ class SurvivingClient(threading.Thread):
                 encode_message(self.topic, self.value(n), partition_key=self.partition_key)
                 for n in range(self.sent, self.sent + count)
             ]
-            if self.endpoint.transport == "datagram":
-                self._send_datagrams(messages)
-            else:
-                self._send_on_stream(b"".join(messages), count)
+            try:
+                if self.endpoint.transport == "datagram":
+                    self._send_datagrams(messages)
+                else:
+                    self._send_on_stream(b"".join(messages), count)
+            except _Stopped:
+                # Some of a datagram chunk may have been taken before the daemon went.
+                self.sent += count
+                return
             self.sent += count
             # Paced from the later of the plan and now: after a daemon's restart the
             # client goes on at its rate instead of catching up in one burst.
@@ -214,10 +230,12 @@ class SurvivingClient(threading.Thread):
         """``attempt()``, again while no daemon holds the socket, for ``retry_s`` at most.
 
         A send that timed out (a full datagram queue that did not drain) took nothing
-        either: it is tried again too.
+        either: it is tried again too. A client stopped meanwhile gives up (``_Stopped``).
         """
         deadline = time.monotonic() + self.retry_s
         while True:
+            if self._stopped.is_set():
+                raise _Stopped
             try:
                 return attempt()
             except OSError as error:
@@ -238,7 +256,8 @@ class KilledDaemon:
     """``pydory serve`` on one config and spool, SIGKILLed and started again on demand.
 
     ``kills``: the SIGKILLs so far; ``replayed``: the messages every start replayed from
-    the spool (its ``spool_replayed`` counter once it answers).
+    the spool (its ``spool_replayed`` counter once it answers); ``gone``: killed for good
+    (a host that crashed and never came back).
     """
 
     def __init__(
@@ -251,6 +270,7 @@ class KilledDaemon:
         self.kills = 0
         self.replayed = 0
         self.accepted_at_start = 0
+        self.gone = False
         self.process = self._start()
 
     def _start(self) -> DaemonProcess:
@@ -264,9 +284,12 @@ class KilledDaemon:
     def accepted_since_start(self) -> int:
         return self.process.counters()[ACCEPTED] - self.accepted_at_start
 
-    def kill_after(self, more: int, timeout_s: float = CONDITION_TIMEOUT_S) -> None:
+    def kill_after(
+        self, more: int, timeout_s: float = CONDITION_TIMEOUT_S, *, come_back: bool = True
+    ) -> None:
         """SIGKILL the daemon once it has accepted ``more`` messages since it started,
-        then start it again on the same config and spool (returns once it answers)."""
+        then start it again on the same config and spool (returns once it answers);
+        with ``come_back=False`` it stays dead, its spool as the kill left it."""
         deadline = time.monotonic() + timeout_s
         while self.accepted_since_start() < more:
             if self.process.process.poll() is not None:
@@ -279,12 +302,22 @@ class KilledDaemon:
             time.sleep(_POLL_S)
         self.process.kill()
         self.kills += 1
-        self.process = self._start()
+        if come_back:
+            self.process = self._start()
+        else:
+            self.gone = True
 
-    def kill_at(self, thresholds: Sequence[int], timeout_s: float = CONDITION_TIMEOUT_S) -> None:
-        """:meth:`kill_after` each of ``thresholds`` in turn."""
-        for more in thresholds:
-            self.kill_after(more, timeout_s)
+    def kill_at(
+        self,
+        thresholds: Sequence[int],
+        timeout_s: float = CONDITION_TIMEOUT_S,
+        *,
+        come_back: bool = True,
+    ) -> None:
+        """:meth:`kill_after` each of ``thresholds`` in turn; with ``come_back=False`` the
+        last kill is for good."""
+        for number, more in enumerate(thresholds, start=1):
+            self.kill_after(more, timeout_s, come_back=come_back or number < len(thresholds))
 
     def settle(self, timeout_s: float = 60.0) -> None:
         """Return once every message the daemon read is delivered or discarded (the
@@ -294,7 +327,8 @@ class KilledDaemon:
             raise KillLoopError(f"the daemon did not settle in {timeout_s:g} s")
 
     def stop(self) -> int:
-        """SIGTERM (a clean stop: its final books written and published); the exit status."""
+        """SIGTERM (a clean stop: its final books written and published); the exit status
+        (-9 for a daemon killed for good: nothing to stop)."""
         return self.process.stop()
 
 
@@ -351,18 +385,28 @@ class LandingJob:
         """SIGKILL the job (driver and Spark JVM) while a batch numbered above
         ``after_batch`` is planned in ``checkpoint`` (``offsets/N``) and not committed
         (no ``commits/N``); return N."""
+        planned = self.batch_in_flight(
+            lambda name: _local_names(checkpoint / name), after_batch, timeout_s
+        )
+        self.kill()
+        return planned
+
+    def batch_in_flight(
+        self, list_names: ListNames, after_batch: int = 0, timeout_s: float = CONDITION_TIMEOUT_S
+    ) -> int:
+        """Wait until a batch N above ``after_batch`` is planned (``offsets/N`` in the
+        checkpoint ``list_names`` reads: given ``"offsets"`` or ``"commits"``) and not
+        committed (no ``commits/N``); return N."""
         deadline = time.monotonic() + timeout_s
         while True:
-            planned = _last_batch(checkpoint / "offsets")
-            if planned > after_batch and planned > _last_batch(checkpoint / "commits"):
-                break
+            planned = _last_batch(list_names("offsets"))
+            if planned > after_batch and planned > _last_batch(list_names("commits")):
+                return planned
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise KillLoopError(
                     f"no batch above {after_batch} was seen in flight:\n{self.output}"
                 )
             time.sleep(_POLL_S)
-        self.kill()
-        return planned
 
     def kill(self) -> None:
         """SIGKILL the driver and its Spark JVM (by their pids) and wait until both are gone."""
@@ -394,12 +438,16 @@ class LandingJob:
         return self.wait(timeout_s)
 
 
-def _last_batch(log_dir: Path) -> int:
-    """The highest batch number in a Spark checkpoint log (``offsets/``, ``commits/``); -1."""
+def _local_names(directory: Path) -> list[str]:
     try:
-        names = os.listdir(log_dir)
+        return os.listdir(directory)
     except FileNotFoundError:
-        return -1
+        return []
+
+
+def _last_batch(names: Sequence[str]) -> int:
+    """The highest batch number among a Spark checkpoint log's names (``offsets/``,
+    ``commits/``); -1."""
     return max((int(name) for name in names if name.isdigit()), default=-1)
 
 

@@ -69,6 +69,7 @@ class _Daemon:
     name: str
     command: list[str]
     log_path: Path
+    web_port: int = 0
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
 
@@ -106,6 +107,7 @@ class SparkCluster(StopsOnExit):
                 f"worker-{n}",
                 self._worker_command(n, web_port, cores_per_worker, memory_per_worker),
                 self.base_dir / f"worker-{n}.log",
+                web_port,
             )
             for n, web_port in enumerate(worker_web_ports, start=1)
         ]
@@ -139,6 +141,15 @@ class SparkCluster(StopsOnExit):
         """The process id of worker ``number`` (from 1), or None once it is down."""
         process = self._workers[number - 1].process
         return None if process is None else process.pid
+
+    def worker_executors(self, number: int) -> int:
+        """How many executors worker ``number`` (from 1) runs now, as its own status
+        (``/json/`` on its web UI) says; 0 when it does not answer."""
+        try:
+            status = self._status(self._workers[number - 1].web_port)
+        except (OSError, ValueError):
+            return 0
+        return len(status.get("executors", []))
 
     def kill_worker(self, number: int) -> None:
         """SIGKILL worker ``number`` (from 1) and reap it: a worker machine gone."""
@@ -258,9 +269,12 @@ class SparkCluster(StopsOnExit):
             terminate_then_kill(process, grace_s)
 
     def _master_status(self) -> dict[str, Any]:
+        return self._status(self.web_port)
+
+    def _status(self, web_port: int) -> dict[str, Any]:
         # Loopback: never through a proxy the environment may name.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"http://{LOOPBACK}:{self.web_port}/json/", timeout=60) as response:
+        with opener.open(f"http://{LOOPBACK}:{web_port}/json/", timeout=60) as response:
             status = json.load(response)
         return status if isinstance(status, dict) else {}
 
