@@ -51,6 +51,12 @@ def books_records(bootstrap: str, topic: str) -> dict[str, dict[str, Any]]:
         consumer.close()
 
 
+def in_flight(daemon: DaemonProcess, topic: str) -> int:
+    """The messages of ``topic`` the daemon accepted and has no outcome for yet."""
+    topics = {t["topic"]: t for t in daemon.books()["topics"]}
+    return int(topics.get(topic, {}).get("in_flight", 0))
+
+
 def test_a_sigkilled_runs_books_are_rebuilt_and_published_with_the_next_ones(
     kafka_broker: KafkaCluster, unique_topic: Any, tmp_path: Path
 ) -> None:
@@ -64,12 +70,16 @@ def test_a_sigkilled_runs_books_are_rebuilt_and_published_with_the_next_ones(
         spool_path=str(tmp_path / "spool"),
         host_id="host-a",
         books_topic=books_topic,
+        # Batches held a second in librdkafka: while the client sends, the daemon always
+        # has messages in flight, however the machine schedules the two processes.
+        batching_time_ms=1000,
     )
     killed = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "daemon.log")
     stream = Stream(config.stream_path, topic, 0)
     try:
         stream.start()
         wait_until(delivered_at_least(killed, topic, 10_000), 120, "10,000 delivered")
+        wait_until(lambda: in_flight(killed, topic) > 0, 120, "messages in flight")
     finally:
         killed.kill()  # mid-stream: the client is still sending
         stream.stopped.set()

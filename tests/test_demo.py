@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
@@ -270,26 +269,12 @@ def test_the_fleet_demo_lands_every_accepted_message_once_on_hdfs_and_names_the_
     assert report["second_copies_in_lake"] == 0
     assert hosts["fleet-a"]["balanced"], hosts["fleet-a"]
     assert hosts["fleet-b"]["balanced"], hosts["fleet-b"]
-    if done.returncode != 0 and _the_audits_false_alarm_on_a_gone_host(hosts["fleet-c"]):
-        pytest.xfail(
-            "the fleet audit calls the gone host's last run NOT balanced: its last books "
-            "record is older than its last accepted message (issue 31 point 3, being fixed "
-            "in the audit; the demo's verdict is the audit's, as is)"
-        )
     assert done.returncode == 0, done.stdout + done.stderr
     assert any(
         line.startswith("demo: OK, the fleet audit balanced: every accepted message is in the "
                         "lake exactly once") for line in lines
     ), done.stdout  # fmt: skip
     assert report["balanced"] is True
-
-
-def _the_audits_false_alarm_on_a_gone_host(host: dict[str, Any]) -> bool:
-    """Whether the gone host fails the audit only as issue 31's point 1 says it does
-    today: its open last run's identities landed beyond what its stale books accepted."""
-    return bool(host["problems"]) and all(
-        "of its identities landed, more than the" in problem for problem in host["problems"]
-    )
 
 
 def test_the_fleet_demo_starts_its_own_parts(capsys: pytest.CaptureFixture[str]) -> None:
