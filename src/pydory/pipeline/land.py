@@ -52,6 +52,7 @@ from pydory.pipeline.dedup import (
     LANDED_METRICS,
     NO_DATA_BATCHES,
     READ_METRICS,
+    STATE_STORE_CONF,
     drop_second_copies,
     dropped_per_topic,
     drops_second_copies,
@@ -234,6 +235,9 @@ def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWri
     rows = _lake_rows(records)
     if drops_second_copies(settings.checkpoint, lake_files(spark, settings.checkpoint)):
         spark.conf.set(NO_DATA_BATCHES, "false")
+        for key, value in STATE_STORE_CONF.items():
+            if key not in settings.spark_conf:
+                spark.conf.set(key, value)
         rows = observe_topics(rows, READ_METRICS, settings.topics)
         rows = drop_second_copies(rows, settings.dedup_window_s)
         rows = observe_topics(rows, LANDED_METRICS, settings.topics)
