@@ -72,6 +72,7 @@ from pydory.pipeline.lake_binding import (
     seed_checkpoint,
 )
 from pydory.pipeline.lake_files import LakeFiles, LocalFiles, is_local, lake_files
+from pydory.pipeline.nothing_new import nothing_to_land
 from pydory.pipeline.offsets import (
     EARLIEST,
     PartitionId,
@@ -283,6 +284,10 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         pairing = _pair(settings, LocalFiles(), out)
         if pairing is None:
             return 1
+        if _nothing_new(settings, pairing):
+            _say(out, "nothing new to land: the checkpoint holds every offset; Spark not started")
+            _print_summary(out, settings, LandSummary(seconds=time.monotonic() - began), False)
+            return 0
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
@@ -311,6 +316,20 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
                 # Stop the executors and the JVM cleanly: a process that just exits
                 # leaves a cluster master relaunching executors into a dead driver.
                 spark.stop()
+
+
+def _nothing_new(settings: LandSettings, pairing: Pairing) -> bool:
+    """Whether a one-shot run on a local pair can end before Spark starts (nothing_new)."""
+    return (
+        settings.available_now
+        and pairing.kind is not PairingKind.SEED
+        and nothing_to_land(
+            settings.bootstrap_servers,
+            settings.topics,
+            settings.checkpoint,
+            settings.starting_offsets,
+        )
+    )
 
 
 def _pair(settings: LandSettings, files: LakeFiles, out: TextIO) -> Pairing | None:
