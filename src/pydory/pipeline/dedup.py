@@ -22,10 +22,10 @@ write buffers share :data:`STATE_MEMORY_MB`), not on the JVM heap. Spark's defau
 provider keeps every key of the window in heap maps, so a catch-up that lands a backlog
 in one window (a job down for an hour, a first landing, a rebuilt lake) held the whole
 backlog in memory, beside the batch itself: the driver's RSS grew with the backlog.
-RocksDB keeps what does not fit on the local disk, so memory stays within the cap
-whatever the backlog; the disk holds ~60 bytes per identity of the window (BENCHMARKS.md,
-"Landing a backlog"). Changelog checkpointing makes each batch upload only the keys it
-changed, not a snapshot. Ranges per (host, incarnation, stream) would bound the state by
+RocksDB keeps what does not fit on the local disk, so the state's memory stays within
+the cap whatever the backlog (the checkpoint's changelog held 5,000,000 identities in
+28 MB: BENCHMARKS.md, "Landing a backlog"). Changelog checkpointing makes each batch
+upload only the keys it changed, not a snapshot. Ranges per (host, incarnation, stream) would bound the state by
 the gaps, not the window, but cost Python per record (``transformWithStateInPandas``)
 where this costs none. A checkpoint records its provider and keeps it: checkpoints
 started before this keep Spark's default (heap) provider; ``--conf
