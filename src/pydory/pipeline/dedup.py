@@ -25,11 +25,13 @@ backlog in memory, beside the batch itself: the driver's RSS grew with the backl
 RocksDB keeps what does not fit on the local disk, so the state's memory stays within
 the cap whatever the backlog (the checkpoint's changelog held 5,000,000 identities in
 28 MB: BENCHMARKS.md, "Landing a backlog"). Changelog checkpointing makes each batch
-upload only the keys it changed, not a snapshot. Ranges per (host, incarnation, stream) would bound the state by
-the gaps, not the window, but cost Python per record (``transformWithStateInPandas``)
-where this costs none. A checkpoint records its provider and keeps it: checkpoints
-started before this keep Spark's default (heap) provider; ``--conf
-spark.sql.streaming.stateStore.providerClass=...`` chooses another for a new one.
+upload only the keys it changed, not a snapshot. Ranges per (host, incarnation, stream)
+would bound the state by the gaps, not the window, but cost Python per record
+(``transformWithStateInPandas``) where this costs none. A checkpoint records its
+provider and keeps it: checkpoints started before this keep Spark's default (heap)
+provider; ``--conf spark.sql.streaming.stateStore.providerClass=...`` chooses another
+for a new one. What still grows with a batch is the JVM's heap (shuffle and Parquet
+buffers), up to its maximum: BENCHMARKS.md.
 
 Why the watermark is the landing time (the batch's timestamp, ``current_timestamp()``),
 not the Kafka timestamp: Spark drops a row older than the watermark as late, silently,
