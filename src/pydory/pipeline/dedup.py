@@ -74,6 +74,7 @@ __all__ = [
     "LANDED_METRICS",
     "NO_DATA_BATCHES",
     "READ_METRICS",
+    "SESSION_CONF",
     "STATE_MEMORY_MB",
     "STATE_STORE_CONF",
     "drop_second_copies",
@@ -108,6 +109,14 @@ STATE_STORE_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(STATE_MEMORY_MB),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
+
+#: Settings of the landing's session, fixed when its JVM starts (``--conf`` overrides).
+#: Dropping second copies shuffles every row of a batch by identity, and Spark sorts the
+#: shuffle in pages on the heap, up to ``spark.memory.fraction`` of it (0.6 by default),
+#: before it spills: with a backlog in one batch that filled the default 1 GB heap, and the
+#: driver's RSS passed 1.3 GB. A third of it spills sooner, at no measured cost in CPU
+#: (BENCHMARKS.md, "Landing a backlog").
+SESSION_CONF = {"spark.memory.fraction": "0.3"}
 
 _LANDED_AT = "_pydory_landed_at"
 _NO_IDENTITY = "_pydory_no_identity"

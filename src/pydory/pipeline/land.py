@@ -52,6 +52,7 @@ from pydory.pipeline.dedup import (
     LANDED_METRICS,
     NO_DATA_BATCHES,
     READ_METRICS,
+    SESSION_CONF,
     STATE_STORE_CONF,
     drop_second_copies,
     dropped_per_topic,
@@ -291,7 +292,8 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
-        spark = spark_session(settings.master, app_name="pydory-land", conf=settings.spark_conf)
+        conf = {**SESSION_CONF, **settings.spark_conf}
+        spark = spark_session(settings.master, app_name="pydory-land", conf=conf)
         spark.streams.addListener(progress)
     except (PySparkException, Py4JError) as error:
         _say(out, f"cannot start Spark: {_cause(error)}")
