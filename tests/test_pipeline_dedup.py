@@ -29,6 +29,7 @@ from pydory.pipeline import land
 from pydory.pipeline.dedup import (
     DEFAULT_WINDOW_S,
     IDENTITY_COLUMN,
+    SESSION_CONF,
     STATE_MEMORY_MB,
     STATE_STORE_CONF,
 )
@@ -299,3 +300,25 @@ def test_the_command_s_window_is_the_job_s_default() -> None:
     )
     window = build_parser().parse_args(["pipeline", "land", *required, "--dedup-window", "90"])
     assert window.dedup_window == 90
+
+
+@pytest.mark.parametrize(
+    ("given", "fraction"), [({}, "0.3"), ({"spark.memory.fraction": "0.5"}, "0.5")]
+)
+def test_the_session_the_job_starts_spills_its_shuffle_at_a_third_of_the_heap_unless_told(
+    given: dict[str, str], fraction: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[dict[str, str]] = []
+
+    def start(master: str, app_name: str, conf: dict[str, str]) -> SparkSession:
+        started.append(conf)
+        raise PySparkException(message="no JVM in this test")
+
+    monkeypatch.setattr(land, "spark_session", start)
+    settings = LandSettings(
+        "127.0.0.1:9", ("t",), str(tmp_path / "lake"), str(tmp_path / "ckpt"), spark_conf=given
+    )
+
+    assert run_landing(settings, io.StringIO()) == 1
+    assert started == [{**SESSION_CONF, **given}]
+    assert started[0]["spark.memory.fraction"] == fraction
