@@ -13,6 +13,7 @@ One SparkSession serves the module.
 from __future__ import annotations
 
 import io
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pydory.pipeline.landing import land
-from pydory.pipeline.landing.dedup import DEFAULT_WINDOW_S, IDENTITY_COLUMN
+from pydory.pipeline.landing.dedup import (
+    DEFAULT_WINDOW_S,
+    IDENTITY_COLUMN,
+    SESSION_CONF,
+    STATE_MEMORY_MB,
+    STATE_STORE_CONF,
+)
 from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
@@ -60,7 +67,13 @@ def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes | 
     assert producer.flush(30) == 0
 
 
-def land_once(bootstrap: str, topics: tuple[str, ...], root: Path, connector: str) -> str:
+def land_once(
+    bootstrap: str,
+    topics: tuple[str, ...],
+    root: Path,
+    connector: str,
+    conf: dict[str, str] | None = None,
+) -> str:
     """An ``--available-now`` run on ROOT's lake and checkpoint; its output."""
     out = io.StringIO()
     settings = LandSettings(
@@ -71,6 +84,7 @@ def land_once(bootstrap: str, topics: tuple[str, ...], root: Path, connector: st
         available_now=True,
         connector=connector,  # type: ignore[arg-type]
         max_offsets_per_trigger=25,
+        spark_conf=conf or {},
     )
     assert run_landing(settings, out) == 0, out.getvalue()
     return out.getvalue()
@@ -151,6 +165,53 @@ def test_a_checkpoint_landed_before_deduplication_keeps_landing_every_copy(
     assert "second copies are not dropped: the checkpoint" in output
     assert "second copies not dropped (the checkpoint predates it)" in output
     assert sorted(row.value for row in lake(spark, tmp_path)) == [b"a", b"b", b"b"]
+
+
+PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HEAP = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+def provider_of(checkpoint: Path) -> str:
+    """The state store provider the checkpoint's last batch ran with (its offset log)."""
+    batches = [path for path in (checkpoint / "offsets").iterdir() if path.name.isdigit()]
+    last = max(batches, key=lambda path: int(path.name))
+    metadata = json.loads(last.read_text().splitlines()[1])
+    return str(metadata["conf"][PROVIDER])
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_new_checkpoint_keeps_its_state_in_rocksdb_with_bounded_memory_an_old_one_its_own(
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = unique_topic("dedup-state")
+    kafka_broker.create_topic(topic, 1)
+    produce(bootstrap, topic, [(0, b"a", identity(0)), (0, b"b", identity(1))])
+    old, new = tmp_path / "old", tmp_path / "new"
+    # A checkpoint started before the state moved to RocksDB: on Spark's heap provider.
+    land_once(bootstrap, (topic,), old, "native", conf={PROVIDER: HEAP})
+    land_once(bootstrap, (topic,), new, "native")
+
+    assert provider_of(new / "checkpoint") == ROCKSDB
+    assert STATE_STORE_CONF[PROVIDER] == ROCKSDB
+    rocksdb = "spark.sql.streaming.stateStore.rocksdb."
+    assert spark.conf.get(rocksdb + "boundedMemoryUsage") == "true"
+    assert spark.conf.get(rocksdb + "maxMemoryUsageMB") == str(STATE_MEMORY_MB)
+    # Changelog checkpointing: each batch writes the keys it changed, not a snapshot.
+    assert list((new / "checkpoint" / "state").rglob("*.changelog"))
+
+    # Both resume on their own provider and keep dropping second copies.
+    produce(bootstrap, topic, [(0, b"b", identity(1)), (0, b"c", identity(2))])
+    for root in (old, new):
+        assert "; 1 second copies dropped" in land_once(bootstrap, (topic,), root, "native")
+        assert sorted(row.value for row in lake(spark, root)) == [b"a", b"b", b"c"]
+    assert provider_of(old / "checkpoint") == HEAP
+    assert provider_of(new / "checkpoint") == ROCKSDB
 
 
 def failing_query(spark: SparkSession, checkpoint: Path) -> Any:
@@ -241,3 +302,25 @@ def test_the_command_s_window_is_the_job_s_default() -> None:
     )
     window = build_parser().parse_args(["pipeline", "land", *required, "--dedup-window", "90"])
     assert window.dedup_window == 90
+
+
+@pytest.mark.parametrize(
+    ("given", "fraction"), [({}, "0.3"), ({"spark.memory.fraction": "0.5"}, "0.5")]
+)
+def test_the_session_the_job_starts_spills_its_shuffle_at_a_third_of_the_heap_unless_told(
+    given: dict[str, str], fraction: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[dict[str, str]] = []
+
+    def start(master: str, app_name: str, conf: dict[str, str]) -> SparkSession:
+        started.append(conf)
+        raise PySparkException(message="no JVM in this test")
+
+    monkeypatch.setattr(land, "spark_session", start)
+    settings = LandSettings(
+        "127.0.0.1:9", ("t",), str(tmp_path / "lake"), str(tmp_path / "ckpt"), spark_conf=given
+    )
+
+    assert run_landing(settings, io.StringIO()) == 1
+    assert started == [{**SESSION_CONF, **given}]
+    assert started[0]["spark.memory.fraction"] == fraction

@@ -14,9 +14,24 @@ versioned with each batch and committed with it, so a job killed at any moment r
 with exactly the state of the batches the lake holds (the file sink and the state store
 are Spark's exactly-once pair); nothing of ours has to be kept consistent with the lake,
 and every record stays in the JVM (no Python per record on the native connector). The
-price is state per message for the window (about 200 bytes each), where ranges would
-cost almost nothing; docs/pipeline.md gives the sums and the RocksDB setting for high
-rates.
+price is state per message for the window, where ranges would cost almost nothing.
+
+Where that state lives (issue 31): in RocksDB (:data:`STATE_STORE_CONF`, Spark's own
+provider, no extra jar), with its memory capped (``boundedMemoryUsage``: block cache and
+write buffers share :data:`STATE_MEMORY_MB`), not on the JVM heap. Spark's default
+provider keeps every key of the window in heap maps, so a catch-up that lands a backlog
+in one window (a job down for an hour, a first landing, a rebuilt lake) held the whole
+backlog in memory, beside the batch itself: the driver's RSS grew with the backlog.
+RocksDB keeps what does not fit on the local disk, so the state's memory stays within
+the cap whatever the backlog (the checkpoint's changelog held 5,000,000 identities in
+28 MB: BENCHMARKS.md, "Landing a backlog"). Changelog checkpointing makes each batch
+upload only the keys it changed, not a snapshot. Ranges per (host, incarnation, stream)
+would bound the state by the gaps, not the window, but cost Python per record
+(``transformWithStateInPandas``) where this costs none. A checkpoint records its
+provider and keeps it: checkpoints started before this keep Spark's default (heap)
+provider; ``--conf spark.sql.streaming.stateStore.providerClass=...`` chooses another
+for a new one. What still grows with a batch is the JVM's heap (shuffle and Parquet
+buffers), up to its maximum: BENCHMARKS.md.
 
 Why the watermark is the landing time (the batch's timestamp, ``current_timestamp()``),
 not the Kafka timestamp: Spark drops a row older than the watermark as late, silently,
@@ -59,6 +74,9 @@ __all__ = [
     "LANDED_METRICS",
     "NO_DATA_BATCHES",
     "READ_METRICS",
+    "SESSION_CONF",
+    "STATE_MEMORY_MB",
+    "STATE_STORE_CONF",
     "drop_second_copies",
     "dropped_per_topic",
     "drops_second_copies",
@@ -79,6 +97,26 @@ LANDED_METRICS = "pydory_landed"
 
 #: Spark's setting for batches without data; off for the landing query (see above).
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+#: RocksDB's memory for the landing's state (block cache and write buffers together).
+STATE_MEMORY_MB = 128
+#: The state store of a new landing checkpoint (see above); ``--conf`` overrides each.
+STATE_STORE_CONF = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
+    "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(STATE_MEMORY_MB),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+
+#: Settings of the landing's session, fixed when its JVM starts (``--conf`` overrides).
+#: Dropping second copies shuffles every row of a batch by identity, and Spark sorts the
+#: shuffle in pages on the heap, up to ``spark.memory.fraction`` of it (0.6 by default),
+#: before it spills: with a backlog in one batch that filled the default 1 GB heap, and the
+#: driver's RSS passed 1.3 GB. A third of it spills sooner, at no measured cost in CPU
+#: (BENCHMARKS.md, "Landing a backlog").
+SESSION_CONF = {"spark.memory.fraction": "0.3"}
 
 _LANDED_AT = "_pydory_landed_at"
 _NO_IDENTITY = "_pydory_no_identity"

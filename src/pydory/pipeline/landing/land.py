@@ -54,6 +54,8 @@ from pydory.pipeline.landing.dedup import (
     LANDED_METRICS,
     NO_DATA_BATCHES,
     READ_METRICS,
+    SESSION_CONF,
+    STATE_STORE_CONF,
     drop_second_copies,
     dropped_per_topic,
     drops_second_copies,
@@ -70,6 +72,7 @@ from pydory.pipeline.landing.lake_binding import (
     record_landed_batch,
     seed_checkpoint,
 )
+from pydory.pipeline.landing.nothing_new import nothing_to_land
 from pydory.pipeline.landing.skip_report import plan_of_run, skips_of_run
 from pydory.pipeline.source.broker_offsets import BrokerOffsets
 from pydory.pipeline.source.kafka_source import SOURCE_NAME
@@ -238,6 +241,9 @@ def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWri
     rows = _lake_rows(records)
     if drops_second_copies(settings.checkpoint, lake_files(spark, settings.checkpoint)):
         spark.conf.set(NO_DATA_BATCHES, "false")
+        for key, value in STATE_STORE_CONF.items():
+            if key not in settings.spark_conf:
+                spark.conf.set(key, value)
         rows = observe_topics(rows, READ_METRICS, settings.topics)
         rows = drop_second_copies(rows, settings.dedup_window_s)
         rows = observe_topics(rows, LANDED_METRICS, settings.topics)
@@ -286,10 +292,15 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         pairing = _pair(settings, LocalFiles(), out)
         if isinstance(pairing, int):
             return pairing
+        if _nothing_new(settings, pairing):
+            _say(out, "nothing new to land: the checkpoint holds every offset; Spark not started")
+            _print_summary(out, settings, LandSummary(seconds=time.monotonic() - began), False)
+            return 0
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
-        spark = spark_session(settings.master, app_name="pydory-land", conf=settings.spark_conf)
+        conf = {**SESSION_CONF, **settings.spark_conf}
+        spark = spark_session(settings.master, app_name="pydory-land", conf=conf)
         spark.streams.addListener(progress)
     except (PySparkException, Py4JError) as error:
         _say(out, f"cannot start Spark: {_cause(error)}")
@@ -314,6 +325,20 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
                 # Stop the executors and the JVM cleanly: a process that just exits
                 # leaves a cluster master relaunching executors into a dead driver.
                 spark.stop()
+
+
+def _nothing_new(settings: LandSettings, pairing: Pairing) -> bool:
+    """Whether a one-shot run on a local pair can end before Spark starts (nothing_new)."""
+    return (
+        settings.available_now
+        and pairing.kind is not PairingKind.SEED
+        and nothing_to_land(
+            settings.bootstrap_servers,
+            settings.topics,
+            settings.checkpoint,
+            settings.starting_offsets,
+        )
+    )
 
 
 def _pair(settings: LandSettings, files: LakeFiles, out: TextIO) -> Pairing | int:

@@ -1,0 +1,59 @@
+"""A one-shot landing ends before Spark only when the checkpoint holds every offset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydory.pipeline.landing.nothing_new import _committed_end, landed_all, nothing_to_land
+from pydory.pipeline.source.offsets import PartitionId, Watermarks
+
+P0, P1 = PartitionId("t", 0), PartitionId("t", 1)
+METADATA = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
+
+
+def checkpoint(root: Path, batches: dict[int, str], committed: set[int]) -> Path:
+    """A checkpoint laid out as Spark writes one: offsets/N (3 lines), commits/N."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    for batch, ends in batches.items():
+        (root / "offsets" / str(batch)).write_text(f"v1\n{METADATA}\n{ends}")
+        (root / "offsets" / f".{batch}.crc").write_text("")
+    for batch in committed:
+        (root / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    return root
+
+
+def test_a_checkpoint_that_committed_every_latest_offset_has_nothing_to_land() -> None:
+    committed = {P0: 5, P1: 7}
+    assert landed_all(committed, {P0: Watermarks(0, 5), P1: Watermarks(3, 7)})
+    # A record more, a new partition, a partition that went backwards: Spark runs.
+    assert not landed_all(committed, {P0: Watermarks(0, 6), P1: Watermarks(3, 7)})
+    assert not landed_all(
+        committed,
+        {P0: Watermarks(0, 5), P1: Watermarks(3, 7), PartitionId("t", 2): Watermarks(0, 0)},
+    )
+    assert not landed_all(committed, {P0: Watermarks(0, 4), P1: Watermarks(3, 7)})
+    assert not landed_all(committed, {})  # the topic does not exist (yet)
+
+
+def test_a_new_checkpoint_has_nothing_to_land_only_on_empty_partitions() -> None:
+    assert landed_all(None, {P0: Watermarks(0, 0), P1: Watermarks(9, 9)})
+    assert not landed_all(None, {P0: Watermarks(0, 0), P1: Watermarks(8, 9)})
+
+
+def test_the_last_batch_is_read_only_when_committed(tmp_path: Path) -> None:
+    ends = '{"t":{"0":5,"1":7}}'
+    done = checkpoint(tmp_path / "done", {0: '{"t":{"0":1,"1":1}}', 1: ends}, {0, 1})
+    assert _committed_end(done) == {P0: 5, P1: 7}
+    planned = checkpoint(tmp_path / "planned", {0: ends, 1: '{"t":{"0":9,"1":9}}'}, {0})
+    assert _committed_end(planned) == {}  # matches no topic: Spark finishes batch 1
+    other_form = checkpoint(tmp_path / "other", {0: '["not", "offsets"]'}, {0})
+    assert _committed_end(other_form) == {}
+    assert _committed_end(tmp_path / "new") is None
+
+
+def test_a_new_checkpoint_starting_elsewhere_than_earliest_always_runs_spark(
+    tmp_path: Path,
+) -> None:
+    # Decided before any broker is asked (none listens at this address).
+    assert not nothing_to_land("127.0.0.1:9", ("t",), str(tmp_path / "new"), "latest")
