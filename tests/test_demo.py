@@ -13,7 +13,8 @@ import pytest
 
 from helpers import wait_until
 from pydory.cli import main
-from pydory_tools.demo import RATE_LIMIT_MAX_COUNT, counted
+from pydory.wording import counted
+from pydory_tools.demo import RATE_LIMIT_MAX_COUNT
 from pydory_tools.demo_kills import what_became_of_them
 from pydory_tools.testing.kill_loop import Endpoint, SurvivingClient
 

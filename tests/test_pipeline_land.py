@@ -393,7 +393,7 @@ def test_an_interval_run_stops_on_sigterm_and_summarises(
 
     assert status == 0
     assert "batch 0: 42 records" in out.getvalue()
-    assert "landing stopped by signal: 42 records in 1 batches" in out.getvalue()
+    assert "landing stopped by signal: 42 records in 1 batch" in out.getvalue()
 
 
 @pytest.mark.kafka

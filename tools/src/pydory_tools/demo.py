@@ -41,6 +41,7 @@ from pydory.client import encode_message
 from pydory.errors import PydoryError
 from pydory.pipeline.audits.reconcile import AuditReport
 from pydory.status_client import StatusHttp
+from pydory.wording import counted
 from pydory_tools.testing.daemon import DaemonConfig
 from pydory_tools.testing.daemon_process import DaemonDidNotStart, DaemonProcess
 from pydory_tools.testing.kafka_broker import KafkaBrokerError, KafkaCluster
@@ -130,14 +131,6 @@ class DemoPaths:
         self.report_text = self.workdir / "audit.txt"
         self.report_json = self.workdir / "audit.json"
         self.spool = self.workdir / "spool"
-
-
-def counted(count: int, noun: str, plural: str | None = None) -> str:
-    """``count`` and its noun, singular for one: "1 batch", "2 batches", "1,042 messages"."""
-    if count == 1:
-        return f"1 {noun}"
-    many = plural or (f"{noun}es" if noun.endswith(("s", "sh", "ch", "x")) else f"{noun}s")
-    return f"{count:,} {many}"
 
 
 class DemoFailed(PydoryError):

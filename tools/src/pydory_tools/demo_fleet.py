@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydory.errors import PydoryError
+from pydory.wording import counted
 from pydory_tools.demo import (
     CLIENT_TIMEOUT_S,
     DAEMON_START_TIMEOUT_S,
@@ -50,7 +51,6 @@ from pydory_tools.demo import (
     DemoFailed,
     DemoPaths,
     Progress,
-    counted,
     demo_daemon_config,
     embedded_kafka,
     landing_connector,

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydory.wording import counted
 from pydory_tools.demo import (
     CLIENT_TIMEOUT_S,
     DAEMON_START_TIMEOUT_S,
@@ -36,7 +37,6 @@ from pydory_tools.demo import (
     DemoPaths,
     DemoTopics,
     Progress,
-    counted,
     demo_daemon_config,
     embedded_kafka,
     landed_query,

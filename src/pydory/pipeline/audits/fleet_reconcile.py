@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydory.pipeline.errors import PipelineError
+from pydory.wording import counted
 
 __all__ = [
     "FleetReport",
@@ -361,7 +362,7 @@ class FleetReport:
 
     def verdict(self) -> str:
         runs = sum(len(host.runs) for host in self.hosts)
-        where = f"{len(self.hosts)} host(s), {runs} run(s)"
+        where = f"{counted(len(self.hosts), 'host')}, {counted(runs, 'run')}"
         if self.balanced:
             exact = all(topic.exact for host in self.hosts for topic in host.topics)
             how = "exactly" if exact else "within what the books leave open"
@@ -589,7 +590,7 @@ def _host_lines(host: HostReport) -> list[str]:
     final = sum(1 for run in host.runs if run.record.final)
     crashed = sum(1 for run in host.runs if run.record.ended == "rebuilt_after_crash")
     lines = [
-        f"host {host.host}: {len(host.runs)} run(s), {final} final, "
+        f"host {host.host}: {counted(len(host.runs), 'run')}, {final} final, "
         f"{crashed} ended without a clean stop (books rebuilt from the spool)"
     ]
     rows = [_HEADERS] + [_topic_row(topic) for topic in host.topics]

@@ -90,6 +90,7 @@ from pydory.pipeline.spark import (
     spark_kafka_jars_dir,
     spark_session,
 )
+from pydory.wording import counted
 
 __all__ = [
     "DATA_COLUMNS",
@@ -749,7 +750,7 @@ class _ProgressPrinter(StreamingQueryListener):
             copies = sum(dropped.values())
             print(
                 f"batch {progress.batchId}: {progress.numInputRows:,} records "
-                f"({summary.records:,} in {summary.batches} batches so far)"
+                f"({summary.records:,} in {counted(summary.batches, 'batch')} so far)"
                 + (f", {copies:,} second copies dropped" if copies else ""),
                 file=self._out,
                 flush=True,
@@ -812,7 +813,7 @@ def _print_summary(
     if summary.error is not None:
         how = "FAILED"
     print(
-        f"landing {how}: {summary.records:,} records in {summary.batches} batches "
+        f"landing {how}: {summary.records:,} records in {counted(summary.batches, 'batch')} "
         f"from {', '.join(settings.topics)} into {settings.lake} ({summary.seconds:.1f} s); "
         + _copies_dropped(summary)
         + ("" if summary.error is None else f"; the cause:\n{summary.error}"),
