@@ -47,8 +47,9 @@ def take_until(drain: Any, count: int) -> list[Any]:
     while len(items) < count:
         ready, _, _ = select.select([drain.wake_fd], [], [], 60)  # a safety net only
         assert ready, f"the drain handed on {len(items)} of {count}"
-        got, _, error = drain.take()
+        got, _, error, uids = drain.take()
         assert error == 0
+        assert uids is None  # not asked for
         items += got
     return items
 
@@ -77,7 +78,7 @@ def test_the_drain_hands_on_what_the_loop_reader_reads(
                     sender.send(data)
                 results.append(take_until(drain, len(datagrams)))
                 drain.stop()
-                assert drain.take() == ([], False, 0)
+                assert drain.take() == ([], False, 0, None)
             else:
                 items: list[Any] = []
                 for data in datagrams:
@@ -131,13 +132,34 @@ def test_what_the_thread_read_is_taken_after_it_stops(
     drain.stop()
     items: list[Any] = []
     while True:
-        got, _, _ = drain.take()
+        got, _, _, _ = drain.take()
         if not got:
             break
         assert len(got) <= 2
         items += got
     assert items == [b"%d" % i for i in range(7)]
     assert drain.position() == (0, drain.stats()["empty_queues"])
+
+
+def test_with_credentials_each_datagram_carries_its_senders_uid(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    receiver, sender = pair
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    drain = cwire.DatagramDrain(receiver.fileno(), 100, 512, True)
+    drain.start()
+    for i in range(20):
+        sender.send(b"%d" % i)
+    items: list[Any] = []
+    uids: list[Any] = []
+    while len(items) < 20:
+        select.select([drain.wake_fd], [], [], 60)  # a safety net only
+        got, _, _, senders = drain.take()
+        items += got
+        uids += senders
+    drain.stop()
+    assert items == [b"%d" % i for i in range(20)]
+    assert uids == [os.getuid()] * 20
 
 
 def test_the_drain_refuses_a_size_it_has_no_slots_for() -> None:
@@ -247,16 +269,18 @@ def test_the_input_drained_hands_on_in_order_through_pause_reload_quota_and_clos
             await intake.until(17)
             assert intake.too_large == [(3, b"m16")]
             datagram_input.set_max_msg_size(100)
-            datagram_input.set_quota(ClientRate(msgs_per_sec=1000))
-            assert datagram_input._drain is None  # a quota: the loop reads credentials
+            # A quota: the thread keeps each sender's uid, the loop judges (1 a second).
+            datagram_input.set_quota(ClientRate(msgs_per_sec=1, window_ms=1000))
+            assert datagram_input._drain is not None
             send(2)
             await intake.until(19)
+            assert intake.over == [sent[-1]]
             datagram_input.set_quota(ClientRate())
             assert datagram_input._drain is not None
             send(4)
             datagram_input.close()
-        assert intake.received == [d for d in sent if d != b"m16"]  # in order, all
-        assert intake.over == []
+        assert intake.received == [d for d in sent if d not in (b"m16", b"m18")]  # in order
+        assert intake.over == [b"m18"]
 
     with using("drain"):
         uvloop.run(scenario())

@@ -575,7 +575,8 @@ static PyTypeObject ReaderType = {
  * The thread never touches a Python object and never takes the GIL: it loops on
  * recvmmsg(MSG_DONTWAIT) into DATAGRAM_SLOTS scratch slots (each max_size + 1 bytes, as
  * DatagramReader's), copies each datagram into the burst it fills (a record of its true
- * size, the bytes kept, the bytes), and, when the queue is empty (EAGAIN), waits in poll(2)
+ * size, the bytes kept, its sender's uid when SO_PASSCRED is on and the drain was made
+ * with credentials, the bytes), and, when the queue is empty (EAGAIN), waits in poll(2)
  * on the socket and a stop eventfd. A ring of DRAIN_BURSTS bursts, each closed at
  * burst_datagrams datagrams or DRAIN_BURST_BYTES bytes; with every burst of the ring full
  * (the loop has not taken them) the thread stops reading and the kernel's queue backs up,
@@ -596,7 +597,9 @@ static PyTypeObject ReaderType = {
 
 #define DRAIN_BURSTS 4
 #define DRAIN_BURST_BYTES (1024 * 1024)
-#define DRAIN_RECORD_HEAD 8 /* u32 true size, u32 bytes kept */
+#define DRAIN_RECORD_HEAD 12 /* u32 true size, u32 bytes kept, u32 sender's uid */
+#define DRAIN_NO_UID 0xffffffffu /* no SCM_CREDENTIALS with it (or not asked) */
+#define DRAIN_CONTROL_BYTES CMSG_SPACE(sizeof(struct ucred))
 
 typedef struct {
     unsigned char *bytes; /* malloc'd (the thread has no GIL for PyMem) */
@@ -613,9 +616,14 @@ typedef struct {
     Py_ssize_t max_size;
     size_t slot_bytes;
     Py_ssize_t burst_datagrams;
+    int credentials; /* SO_PASSCRED is on: each datagram's sender's uid is kept */
     unsigned char *slots;
     struct mmsghdr messages[DATAGRAM_SLOTS];
     struct iovec vectors[DATAGRAM_SLOTS];
+    union { /* aligned as a cmsghdr */
+        struct cmsghdr align;
+        unsigned char bytes[DRAIN_CONTROL_BYTES];
+    } control[DATAGRAM_SLOTS];
     pthread_t thread;
     int started, joined;
     pthread_mutex_t lock;
@@ -661,6 +669,21 @@ static unsigned int drain_want(const DatagramDrain *self, const DrainBurst *burs
     return room < 1 ? 1u : (unsigned int)room;
 }
 
+/* The sender's uid in slot i's ancillary data (SCM_CREDENTIALS), or DRAIN_NO_UID. */
+static uint32_t slot_uid(DatagramDrain *self, int i) {
+    if (!self->credentials) return DRAIN_NO_UID;
+    struct msghdr *header = &self->messages[i].msg_hdr;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(header); c != NULL; c = CMSG_NXTHDR(header, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+            c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+            struct ucred credentials;
+            memcpy(&credentials, CMSG_DATA(c), sizeof credentials);
+            return (uint32_t)credentials.uid;
+        }
+    }
+    return DRAIN_NO_UID;
+}
+
 /* Copies the `got` datagrams of the scratch slots into `burst` (under lock); -1: no memory
  * (nothing copied). */
 static int drain_append(DatagramDrain *self, DrainBurst *burst, int got) {
@@ -684,8 +707,10 @@ static int drain_append(DatagramDrain *self, DrainBurst *burst, int got) {
             burst->oversized = 1;
         }
         unsigned char *at = burst->bytes + burst->used;
+        uint32_t uid = slot_uid(self, i);
         memcpy(at, &size, 4);
         memcpy(at + 4, &kept, 4);
+        memcpy(at + 8, &uid, 4);
         memcpy(at + DRAIN_RECORD_HEAD, self->vectors[i].iov_base, kept);
         burst->used += DRAIN_RECORD_HEAD + kept;
     }
@@ -712,6 +737,10 @@ static void *drain_main(void *arg) {
             memset(&self->messages[i].msg_hdr, 0, sizeof(struct msghdr));
             self->messages[i].msg_hdr.msg_iov = &self->vectors[i];
             self->messages[i].msg_hdr.msg_iovlen = 1;
+            if (self->credentials) {
+                self->messages[i].msg_hdr.msg_control = self->control[i].bytes;
+                self->messages[i].msg_hdr.msg_controllen = sizeof self->control[i].bytes;
+            }
         }
         int got = recvmmsg(self->fd, self->messages, want, MSG_DONTWAIT | MSG_TRUNC, NULL);
         int failure = got < 0 ? errno : 0;
@@ -783,11 +812,11 @@ static PyObject *Drain_new(PyTypeObject *type, PyObject *Py_UNUSED(args),
 }
 
 static int Drain_init(DatagramDrain *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"fd", "max_size", "burst_datagrams", NULL};
-    int fd;
+    static char *names[] = {"fd", "max_size", "burst_datagrams", "credentials", NULL};
+    int fd, credentials = 0;
     Py_ssize_t max_size, burst_datagrams = 512;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "in|n", names, &fd, &max_size,
-                                     &burst_datagrams))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "in|np", names, &fd, &max_size,
+                                     &burst_datagrams, &credentials))
         return -1;
     if (self->slots != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a DatagramDrain is initialised once");
@@ -807,6 +836,7 @@ static int Drain_init(DatagramDrain *self, PyObject *args, PyObject *kwargs) {
     self->max_size = max_size;
     self->slot_bytes = (size_t)max_size + 1;
     self->burst_datagrams = burst_datagrams;
+    self->credentials = credentials;
     self->slots = PyMem_Malloc(DATAGRAM_SLOTS * self->slot_bytes);
     if (self->slots == NULL) {
         PyErr_NoMemory();
@@ -859,15 +889,30 @@ static PyObject *Drain_stop(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-/* The items of `burst` (taken: the thread does not touch it). */
-static PyObject *burst_items(DrainBurst *burst, Py_ssize_t max_size) {
+/* The items of `burst` (taken: the thread does not touch it), and into *uids (when not
+ * NULL) a list of each one's sender's uid or None. */
+static PyObject *burst_items(DrainBurst *burst, Py_ssize_t max_size, PyObject **uids) {
     PyObject *items = PyList_New(burst->count);
     if (items == NULL) return NULL;
+    if (uids != NULL && (*uids = PyList_New(burst->count)) == NULL) {
+        Py_DECREF(items);
+        return NULL;
+    }
     const unsigned char *at = burst->bytes;
     for (Py_ssize_t i = 0; i < burst->count; i++) {
-        uint32_t size, kept;
+        uint32_t size, kept, uid;
         memcpy(&size, at, 4);
         memcpy(&kept, at + 4, 4);
+        memcpy(&uid, at + 8, 4);
+        if (uids != NULL) {
+            PyObject *sender = uid == DRAIN_NO_UID ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(uid);
+            if (sender == NULL) {
+                Py_DECREF(items);
+                Py_CLEAR(*uids);
+                return NULL;
+            }
+            PyList_SET_ITEM(*uids, i, sender);
+        }
         const char *data = (const char *)at + DRAIN_RECORD_HEAD;
         PyObject *item = (Py_ssize_t)size <= max_size
                              ? PyBytes_FromStringAndSize(data, kept)
@@ -875,6 +920,7 @@ static PyObject *burst_items(DrainBurst *burst, Py_ssize_t max_size) {
                                                       (Py_ssize_t)kept);
         if (item == NULL) {
             Py_DECREF(items);
+            if (uids != NULL) Py_CLEAR(*uids);
             return NULL;
         }
         PyList_SET_ITEM(items, i, item);
@@ -883,8 +929,9 @@ static PyObject *burst_items(DrainBurst *burst, Py_ssize_t max_size) {
     return items;
 }
 
-/* take() -> (items, oversized, error): the oldest burst (DatagramReader.read's items), and
- * an errno the thread met (0: none; it reads again once told). */
+/* take() -> (items, oversized, error, uids): the oldest burst (DatagramReader.read's
+ * items), an errno the thread met (0: none; it reads again once told), and each item's
+ * sender's uid or None (a list as long as items, made with credentials only, else None). */
 static PyObject *Drain_take(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->lock_ready) {
         PyErr_SetString(PyExc_RuntimeError, "DatagramDrain was not initialised");
@@ -900,14 +947,17 @@ static PyObject *Drain_take(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     if (burst->count == 0 || burst->busy) { /* busy: a take re-entered from a finalizer */
         if (error) pthread_cond_signal(&self->room);
         pthread_mutex_unlock(&self->lock);
-        return Py_BuildValue("(NOi)", PyList_New(0), Py_False, error);
+        if (self->credentials)
+            return Py_BuildValue("(NOiN)", PyList_New(0), Py_False, error, PyList_New(0));
+        return Py_BuildValue("(NOiO)", PyList_New(0), Py_False, error, Py_None);
     }
     if (self->head == self->tail) /* the thread goes on in the next burst */
         self->head = (self->head + 1) % DRAIN_BURSTS;
     burst->busy = 1;
     self->takes++;
     pthread_mutex_unlock(&self->lock);
-    PyObject *items = burst_items(burst, self->max_size);
+    PyObject *uids = NULL;
+    PyObject *items = burst_items(burst, self->max_size, self->credentials ? &uids : NULL);
     int oversized = burst->oversized;
     pthread_mutex_lock(&self->lock);
     if (items != NULL) { /* else kept, for the next take */
@@ -924,7 +974,8 @@ static PyObject *Drain_take(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     pthread_cond_signal(&self->room);
     pthread_mutex_unlock(&self->lock);
     if (items == NULL) return NULL;
-    return Py_BuildValue("(NOi)", items, oversized ? Py_True : Py_False, error);
+    if (uids == NULL) uids = Py_NewRef(Py_None);
+    return Py_BuildValue("(NOiN)", items, oversized ? Py_True : Py_False, error, uids);
 }
 
 /* Under lock: (datagrams held, empty queues whose datagrams were all taken). */
@@ -959,7 +1010,7 @@ static PyMethodDef Drain_methods[] = {
     {"stop", (PyCFunction)Drain_stop, METH_NOARGS,
      "stop() -> None: the thread ends (joined); what it read stays for take()."},
     {"take", (PyCFunction)Drain_take, METH_NOARGS,
-     "take() -> (items, oversized, errno): the oldest burst read."},
+     "take() -> (items, oversized, errno, uids or None): the oldest burst read."},
     {"position", (PyCFunction)Drain_position, METH_NOARGS,
      "position() -> (held, empties): datagrams read and not taken (at most); empty queues "
      "met with every datagram read before them taken."},

@@ -14,8 +14,9 @@ uid's quota is handed to the intake's ``over_quota`` at the end of its burst
 With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 datagrams
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
 the same oversized rule and the same "found empty" count; ``recv_into`` is the reference.
-Where pydory.daemon.inputs.datagram_drain chooses it (off by default), the unmetered
-socket is instead emptied by a thread of its own, its bursts handed on here the same way.
+Where pydory.daemon.inputs.datagram_drain chooses it (off by default), the socket is
+instead emptied by a thread of its own, its bursts handed on here the same way (with a
+quota, each datagram's uid kept by the thread and judged here).
 
 Memory for large datagrams is taken only when one arrives: below
 :data:`LARGE_DATAGRAM_BYTES` the read buffers are of ``maxDatagramMsgSize`` + 1 bytes (64 of
@@ -170,7 +171,7 @@ class DatagramInput:
     def set_quota(self, rate: ClientRate) -> None:
         """The senders' rate quota (a config reload: windows start afresh); credentials
         are asked of the kernel only while one is set."""
-        self._retire_drain()  # a quota's reads take each sender's credentials, in the loop
+        self._retire_drain()  # rebuilt below, asking for credentials only with a quota
         self.quota = DatagramQuota(rate) if rate.limited else None
         if self._sock is not None:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, self.quota is not None)
@@ -217,9 +218,11 @@ class DatagramInput:
         if sock is None or loop is None:
             return
         loop.remove_reader(sock.fileno())
-        if datagram_drain.fits(self._max, self.quota is not None):
+        if datagram_drain.fits(self._max):
             if self._drain is None:
-                self._drain = SocketDrain(sock.fileno(), self._max, self._hand_on)
+                self._drain = SocketDrain(
+                    sock.fileno(), self._max, self._hand_on_drained, self.quota is not None
+                )
             if not self._paused:
                 self._drain.watch(loop)
         elif not self._paused:
@@ -359,6 +362,36 @@ class DatagramInput:
             if drained:
                 self._times_drained += 1
         return drained
+
+    def _hand_on_drained(
+        self, items: list[bytes | tuple[int, bytes]], oversized: bool, uids: list[int | None] | None
+    ) -> None:
+        """A drain thread's burst: as the loop's reads hand theirs on, each datagram judged
+        against the quota by its sender's uid (the thread kept it) when there is one."""
+        quota = self.quota
+        if quota is None or uids is None:
+            self._hand_on(items, oversized)
+            return
+        intake, now = self._intake, self._clock()
+        burst: list[bytes] = []
+        over: list[bytes] = []
+        try:
+            for item, uid in zip(items, uids, strict=True):
+                if not isinstance(item, bytes):
+                    if burst:  # the ones before it first, in order
+                        intake.datagrams(burst)
+                        burst = []
+                    intake.datagram_too_large(*item)
+                elif uid is None or quota.admits(uid, now, len(item)):
+                    burst.append(item)
+                else:
+                    over.append(item)
+        finally:
+            if burst:
+                intake.datagrams(burst)
+            if over:
+                intake.over_quota(over)
+            self.datagrams_read += len(items)
 
     def _hand_on(self, items: list[bytes | tuple[int, bytes]], oversized: bool) -> None:
         """A burst of the compiled reads (the loop's or a drain thread's), handed on in

@@ -16,9 +16,10 @@ socket's receive buffer, since the pool is charged when the intake admits). Stop
 the thread, and what it read is handed on before the loop's reader reads what the kernel
 still queues (order kept, nothing dropped).
 
-It runs only where it fits: the compiled hot path, no datagram rate quota (that path reads
-each sender's credentials with ``recvmsg``, in the loop), and a ``maxDatagramMsgSize``
-below 256 KiB (larger ones are read one at a time, peeked first). It is OFF by default:
+It runs only where it fits: the compiled hot path and a ``maxDatagramMsgSize`` below 256
+KiB (larger ones are read one at a time, peeked first). With a datagram rate quota the
+thread keeps each datagram's sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside
+it, and the loop judges the quota as it hands the burst on. It is OFF by default:
 ``PYDORY_DATAGRAM_DRAIN=1`` in the daemon's environment turns it on (read once, at import),
 until the benchmarks on a quiet machine (BENCHMARKS.md) decide. Tests run the datagram
 suites on it through :func:`use` (tests/hotpaths.py's ``"drain"``).
@@ -52,6 +53,8 @@ DRAIN_MAX_SIZE_BELOW: Final = 256 * 1024
 DrainType = type["_cwire.DatagramDrain"]
 #: Items of a burst as ``DatagramReader.read`` gives them: bytes, or (size, prefix).
 Items = list[bytes | tuple[int, bytes]]
+#: Each item's sender's uid (None: the kernel gave none), or None without credentials.
+Uids = list[int | None] | None
 
 
 def _choose() -> tuple[DrainType | None, str]:
@@ -74,18 +77,25 @@ def use(drain: DrainType | None) -> None:
     DRAIN, WHY = drain, "chosen by a test" if drain is not None else "off (a test)"
 
 
-def fits(max_msg_size: int, metered: bool) -> bool:
-    """Whether a socket of this limit, with or without a rate quota, is drained."""
-    return DRAIN is not None and not metered and max_msg_size < DRAIN_MAX_SIZE_BELOW
+def fits(max_msg_size: int) -> bool:
+    """Whether a socket of this limit is drained by a thread."""
+    return DRAIN is not None and max_msg_size < DRAIN_MAX_SIZE_BELOW
 
 
 class SocketDrain:
     """One socket's drain thread, seen from the loop: its bursts handed to ``on_burst``
-    (items, whether any is oversized) one per loop turn while watched."""
+    (items, whether any is oversized, each one's sender's uid when ``credentials``: the
+    socket then has SO_PASSCRED on) one per loop turn while watched."""
 
-    def __init__(self, fd: int, max_msg_size: int, on_burst: Callable[[Items, bool], None]) -> None:
+    def __init__(
+        self,
+        fd: int,
+        max_msg_size: int,
+        on_burst: Callable[[Items, bool, Uids], None],
+        credentials: bool = False,
+    ) -> None:
         assert DRAIN is not None
-        self._drain = DRAIN(fd, max_msg_size, DRAIN_BURST_DATAGRAMS)
+        self._drain = DRAIN(fd, max_msg_size, DRAIN_BURST_DATAGRAMS, credentials)
         self._on_burst = on_burst
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain.start()
@@ -106,9 +116,9 @@ class SocketDrain:
 
     def _take_one(self, stopped: bool = False) -> bool:
         """Hand on the oldest burst; False if there was none."""
-        items, oversized, error = self._drain.take()
+        items, oversized, error, uids = self._drain.take()
         if items:
-            self._on_burst(items, oversized)
+            self._on_burst(items, oversized, uids)
         if error and not stopped:  # once stopped, an error read nothing more
             # As the loop's reader raising in its callback: asyncio logs it; the thread
             # reads again now that the loop has been told.
