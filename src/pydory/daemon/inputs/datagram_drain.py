@@ -22,10 +22,11 @@ thread keeps each datagram's sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg`
 it, and the loop judges the quota as it hands the burst on. It is OFF by default:
 ``PYDORY_DATAGRAM_DRAIN=1`` in the daemon's environment turns it on (read once, at import),
 until the benchmarks on a quiet machine (BENCHMARKS.md) decide. Tests run the datagram
-suites on it through :func:`use` (tests/hotpaths.py's ``"drain"``).
+suites on it by setting :data:`DRAIN` (tests/hotpaths.py's ``"drain"``), a benchmark
+through :func:`use` (benchmarks/datagram_drain.py).
 
 Rule: whether a datagram socket is drained by a thread is chosen here alone (`_choose`, or
-a test's `use`).
+a test's or benchmark's `use`).
 """
 
 from __future__ import annotations
