@@ -233,7 +233,8 @@ def test_the_input_drained_hands_on_in_order_through_pause_reload_quota_and_clos
 
     async def scenario() -> None:
         intake = Recording()
-        datagram_input = DatagramInput(path, None, 100, False, intake)
+        # The quota's clock stands still: its one message of credit never comes back.
+        datagram_input = DatagramInput(path, None, 100, False, intake, clock=lambda: 1000.0)
         datagram_input.start(asyncio.get_running_loop())
         assert datagram_input._drain is not None  # drained by a thread
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as client:
@@ -269,7 +270,7 @@ def test_the_input_drained_hands_on_in_order_through_pause_reload_quota_and_clos
             await intake.until(17)
             assert intake.too_large == [(3, b"m16")]
             datagram_input.set_max_msg_size(100)
-            # A quota: the thread keeps each sender's uid, the loop judges (1 a second).
+            # A quota: the thread keeps each sender's uid, the loop judges (a credit of 1).
             datagram_input.set_quota(ClientRate(msgs_per_sec=1, window_ms=1000))
             assert datagram_input._drain is not None
             send(2)
