@@ -25,10 +25,13 @@ import pytest
 
 from pydory import hotpath, wire
 from pydory.daemon.admission import intake
-from pydory.daemon.inputs import datagram, stream_connection
+from pydory.daemon.inputs import datagram, datagram_drain, stream_connection
 from pydory.daemon.spool import identity
 
 IMPLEMENTATIONS = ("pure", "compiled")
+#: For the datagram input's tests: also the compiled path with the socket drained by a
+#: thread (pydory.daemon.inputs.datagram_drain, off by default in the daemon).
+DATAGRAM_IMPLEMENTATIONS = ("pure", "compiled", "drain")
 
 
 def compiled_module() -> Any:
@@ -41,16 +44,22 @@ def compiled_module() -> Any:
 
 @contextmanager
 def using(name: str) -> Iterator[None]:
-    """Run the daemon's hot path on implementation ``name`` ("pure" or "compiled")."""
+    """Run the daemon's hot path on implementation ``name`` ("pure", "compiled", or
+    "drain": compiled, the datagram socket drained by a thread)."""
     cwire = compiled_module()
     with pytest.MonkeyPatch.context() as patch:
-        if name == "compiled":
+        patch.delenv(datagram_drain.DRAIN_VARIABLE, raising=False)
+        drain = None
+        if name in ("compiled", "drain"):
             if cwire is None:
                 pytest.skip("the C extension pydory._cwire is not built here")
             parse_burst = hotpath._compiled_parse_burst(cwire.parse_any_partition_burst)
             framer, reader = cwire.StreamFramer, cwire.DatagramReader
             headers = cwire.identity_headers
             patch.delenv(hotpath.PURE_PYTHON_VARIABLE, raising=False)
+            if name == "drain":
+                drain = cwire.DatagramDrain
+                patch.setenv(datagram_drain.DRAIN_VARIABLE, "1")
         else:
             parse_burst, framer, reader = hotpath._pure_parse_burst, wire.StreamFramer, None
             headers = hotpath._pure_identity_headers
@@ -60,15 +69,28 @@ def using(name: str) -> Iterator[None]:
         patch.setattr(wire, "StreamFramer", framer)
         patch.setattr(datagram, "DatagramReader", reader)
         patch.setattr(identity, "identity_headers", headers)
+        patch.setattr(datagram_drain, "DRAIN", drain)
         yield
 
 
-def module_fixture() -> Any:
+def module_fixture(implementations: tuple[str, ...] = IMPLEMENTATIONS) -> Any:
     """A module-scoped autouse fixture running every test of the module on each one."""
 
-    @pytest.fixture(autouse=True, scope="module", params=IMPLEMENTATIONS)
+    @pytest.fixture(autouse=True, scope="module", params=implementations)
     def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
         with using(request.param):
             yield request.param
 
     return implementation
+
+
+def datagram_fixture() -> Any:
+    """A fixture (not autouse) running a test on each datagram reader: the pure one, the
+    compiled one, and the compiled one drained by a thread."""
+
+    @pytest.fixture(params=DATAGRAM_IMPLEMENTATIONS)
+    def datagram_implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+        with using(request.param):
+            yield request.param
+
+    return datagram_implementation

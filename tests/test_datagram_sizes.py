@@ -20,7 +20,7 @@ import pytest
 import uvloop
 
 from helpers import wait_until
-from hotpaths import module_fixture
+from hotpaths import DATAGRAM_IMPLEMENTATIONS, module_fixture
 from pydory.client import DatagramSender
 from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs import datagram
@@ -29,7 +29,7 @@ from pydory.errors import ClientProtocolError, ConfigError
 from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
 from pydory_tools.testing.mock_cluster import MockCluster
 
-implementation = module_fixture()
+implementation = module_fixture(DATAGRAM_IMPLEMENTATIONS)
 
 KIB, MIB = 1024, 1024 * 1024
 #: The config's largest maxDatagramMsgSize (config/loader.py's MSG_SIZE: INT32_MAX).

@@ -1,6 +1,7 @@
-"""The daemon on the compiled hot path and on the pure-Python one (PYDORY_PURE_PYTHON=1),
-fed the same mixed traffic on every transport, every discard reason the inputs and the
-intake can give, keeps identical books (issue 25's differential rule)."""
+"""The daemon on the compiled hot path, on the pure-Python one (PYDORY_PURE_PYTHON=1) and
+on the compiled one with its datagram socket drained by a thread (PYDORY_DATAGRAM_DRAIN=1,
+issue 34), fed the same mixed traffic on every transport, every discard reason the inputs
+and the intake can give, keeps identical books (issue 25's differential rule)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,10 @@ def daemon_on(implementation: str, config: DaemonConfig, where: Path) -> Iterato
             patch.setenv("PYDORY_PURE_PYTHON", "1")
         else:
             patch.delenv("PYDORY_PURE_PYTHON", raising=False)
+        if implementation == "drain":
+            patch.setenv("PYDORY_DATAGRAM_DRAIN", "1")
+        else:
+            patch.delenv("PYDORY_DATAGRAM_DRAIN", raising=False)
         daemon = DaemonProcess(config, where / "pydory.xml", where / "pydory.log")
     try:
         yield daemon
@@ -160,7 +165,7 @@ def run_traffic(
     return books, counters, (where / "pydory.log").read_text()
 
 
-def test_the_compiled_and_the_pure_daemon_keep_identical_books(
+def test_the_compiled_the_pure_and_the_drained_daemon_keep_identical_books(
     mock_cluster: MockCluster, unique_topic: Callable[[str], str], tmp_path: Path
 ) -> None:
     topics = (unique_topic("same"), unique_topic("limited"), unique_topic("unknown"))
@@ -168,9 +173,11 @@ def test_the_compiled_and_the_pure_daemon_keep_identical_books(
     mock_cluster.create_topic(topics[1], 1)
     results = {
         name: run_traffic(name, mock_cluster, topics, tmp_path / name)
-        for name in ("compiled", "pure")
+        for name in ("compiled", "pure", "drain")
     }
     assert "hot path: compiled (pydory._cwire)" in results["compiled"][2]
+    assert "(drained by a thread)" in results["drain"][2]
+    assert "(drained by a thread)" not in results["compiled"][2]
     assert "hot path: pure (PYDORY_PURE_PYTHON is set)" in results["pure"][2]
     compiled_books, compiled_counters, _ = results["compiled"]
     pure_books, pure_counters, _ = results["pure"]
@@ -189,7 +196,10 @@ def test_the_compiled_and_the_pure_daemon_keep_identical_books(
         *(counter_names.STREAM_FRAMING_ERROR[t] for t in (Transport.UNIX_STREAM, Transport.TCP)),
         counter_names.DATAGRAM_OVER_MAX_SIZE,
     ]
+    drain_books, drain_counters, _ = results["drain"]
+    assert drain_books == pure_books, (drain_books, pure_books)
     assert {n: compiled_counters.get(n) for n in watched} == {
         n: pure_counters.get(n) for n in watched
     }
+    assert {n: drain_counters.get(n) for n in watched} == {n: pure_counters.get(n) for n in watched}
     assert os.environ.get("PYDORY_PURE_PYTHON") is None  # the test left it as it was

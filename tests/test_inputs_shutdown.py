@@ -21,6 +21,7 @@ import pytest
 import uvloop
 
 from helpers import assert_balanced, wait_until
+from hotpaths import datagram_fixture
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
 from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs.datagram import DatagramInput
@@ -31,6 +32,8 @@ from pydory.wire import encode_any_partition
 from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
 from pydory_tools.testing.kafka_util import consume_all
 from pydory_tools.testing.mock_cluster import MockCluster
+
+datagram_implementation = datagram_fixture()
 
 # The host's net.unix.max_dgram_qlen is 10: more datagrams would block an unread sender.
 QUEUED_DATAGRAMS = 8
@@ -104,6 +107,7 @@ def connect(kind: Transport, stream_input: StreamInput) -> socket.socket:
     return client
 
 
+@pytest.mark.usefixtures("datagram_implementation")
 def test_closing_the_datagram_input_reads_the_datagrams_already_queued(socket_dir: str) -> None:
     path = os.path.join(socket_dir, "d")
     sent = messages("dgram", QUEUED_DATAGRAMS)
@@ -180,6 +184,7 @@ def test_a_unix_client_sending_after_the_drain_is_refused(socket_dir: str) -> No
     run(scenario())
 
 
+@pytest.mark.usefixtures("datagram_implementation")
 def test_an_input_mark_is_reached_once_what_the_sockets_held_is_read(socket_dir: str) -> None:
     async def scenario() -> None:
         intake = RecordingIntake()

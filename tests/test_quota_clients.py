@@ -24,6 +24,7 @@ import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hotpaths import datagram_fixture
 from pydory.config.model import ClientRate, ListenerQuotas, QuotasConfig
 from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs import peers
@@ -42,6 +43,7 @@ from pydory.errors import ClientProtocolError
 from pydory.wire import encode_any_partition
 
 NOBODY = 65534
+datagram_implementation = datagram_fixture()
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
 
 # --- the parsers: parse or raise PeerLookupError, never anything else -----------------------
@@ -305,6 +307,7 @@ def shared_dir() -> Iterator[str]:
         yield path
 
 
+@pytest.mark.usefixtures("datagram_implementation")
 @pytest.mark.parametrize("other_uid", [pytest.param(NOBODY, marks=as_root), None])
 def test_a_datagram_sender_over_its_quota_is_discarded_another_is_not(
     shared_dir: str, other_uid: int | None

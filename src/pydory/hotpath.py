@@ -15,6 +15,9 @@ What differs by implementation, each a drop-in for the other:
   None, which ``decode`` then judges; the pure one: lazily, a frame at a time);
 - ``DatagramReader(fd, max_size).read(limit)``: up to 64 datagrams per system call
   (recvmmsg), or None: inputs/datagram.py reads one per ``recv_into``;
+- ``DatagramDrain(fd, max_size, burst_datagrams)``: a thread of its own that empties the
+  datagram socket into bursts for the loop, or None (whether the daemon uses it is
+  daemon/inputs/datagram_drain.py's choice);
 - ``identity_headers(name, prefix, first, count)``: a burst's ``produce()`` headers,
   ``[[(name, prefix + b"%d" % s)] for s in range(first, first + count)]`` (what the
   prefix holds is daemon/spool/identity.py's business, not this one's).
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IMPLEMENTATION",
     "WHY",
+    "DatagramDrain",
     "DatagramReader",
     "StreamFramer",
     "identity_headers",
@@ -77,6 +81,8 @@ StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
 #: recvmmsg(2) for the datagram input, or None (inputs/datagram.py then reads one
 #: datagram per recv_into, the reference).
 DatagramReader: type[_cwire.DatagramReader] | None
+#: The datagram socket's drain thread (compiled only), or None.
+DatagramDrain: type[_cwire.DatagramDrain] | None
 parse_burst: Callable[[Sequence[bytes]], Iterable[Fields | None]]
 identity_headers: Callable[[str, bytes, int, int], HeaderLists]
 payload_frames: Callable[[Sequence[bytes], int, bytes, int, bytes], bytes] | None
@@ -85,6 +91,7 @@ if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
     IMPLEMENTATION, WHY = "pure", f"{PURE_PYTHON_VARIABLE} is set"
     StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
     DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
+    DatagramDrain = None
 else:
     try:
         from pydory import _cwire
@@ -92,10 +99,12 @@ else:
         IMPLEMENTATION, WHY = "pure", f"the C extension is not built here ({error})"
         StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
         DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
+        DatagramDrain = None
     else:
         IMPLEMENTATION, WHY = "compiled", "pydory._cwire"
         StreamFramer = _cwire.StreamFramer
         DatagramReader = _cwire.DatagramReader
+        DatagramDrain = _cwire.DatagramDrain
         parse_burst = _compiled_parse_burst(_cwire.parse_any_partition_burst)
         identity_headers = _cwire.identity_headers
         # Absent when the zlib this Python uses is not a shared library to share.

@@ -8,7 +8,8 @@ Seed 004's model: no thread per connection; readiness callbacks on one event loo
 Framing and decoding live in ``pydory.wire``, every decision about a message in the
 ``Intake`` the inputs hand their bytes to. The daemon never writes to a client socket.
 
-- ``datagram``: the UNIX datagram input;
+- ``datagram``: the UNIX datagram input; ``datagram_drain``: whether a thread of its own
+  drains its socket (off by default), and that thread as the loop sees it;
 - ``stream``: a UNIX stream or TCP listener; ``stream_connection``: one of its connections;
 - ``acceptor``: accepting stream connections, and the process's file descriptor limit;
 - ``quotas``: the inputs' connection and rate quotas (pure logic);

@@ -14,6 +14,9 @@ uid's quota is handed to the intake's ``over_quota`` at the end of its burst
 With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 datagrams
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
 the same oversized rule and the same "found empty" count; ``recv_into`` is the reference.
+Where pydory.daemon.inputs.datagram_drain chooses it (off by default), the socket is
+instead emptied by a thread of its own, its bursts handed on here the same way (with a
+quota, each datagram's uid kept by the thread and judged here).
 
 Memory for large datagrams is taken only when one arrives: below
 :data:`LARGE_DATAGRAM_BYTES` the read buffers are of ``maxDatagramMsgSize`` + 1 bytes (64 of
@@ -40,6 +43,8 @@ import time
 from collections.abc import Callable
 
 from pydory.config.model import ClientRate
+from pydory.daemon.inputs import datagram_drain
+from pydory.daemon.inputs.datagram_drain import SocketDrain
 from pydory.daemon.inputs.handover import HeldSocket, set_socket_mode
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import DatagramMark, Pending
@@ -96,17 +101,35 @@ class DatagramInput:
         self._intake = intake
         self.check_limits(max_msg_size, allow_large)
         self._sock: socket.socket | None = None
+        #: The socket's drain thread while one reads it (datagram_drain.py), else None.
+        self._drain: SocketDrain | None = None
+        self._paused = False
         self._set_max(max_msg_size)
         #: systemd holds the socket too (handover.py): never shut nor its file removed.
         self.inherited = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # For the commit point's marks (see DatagramMark).
         self.datagrams_read = 0
-        self.times_drained = 0  # reads that found the queue empty
-        self.queue_limit: int | None = None
+        self._times_drained = 0  # reads that found the queue empty (a retired drain's too)
+        self._kernel_queue_limit: int | None = None
         self._clock = clock
         self.quota: DatagramQuota | None = None
         self.set_quota(quota)
+
+    @property
+    def times_drained(self) -> int:
+        """Reads that found the queue empty, every datagram read before them handed on."""
+        if self._drain is None:
+            return self._times_drained
+        return self._times_drained + self._drain.position()[1]
+
+    @property
+    def queue_limit(self) -> int | None:
+        """The most datagrams read and not handed on yet: the kernel's queue, and what a
+        drain thread holds now."""
+        if self._kernel_queue_limit is None or self._drain is None:
+            return self._kernel_queue_limit
+        return self._kernel_queue_limit + self._drain.position()[0]
 
     @staticmethod
     def check_limits(max_msg_size: int, allow_large: bool) -> None:
@@ -126,6 +149,7 @@ class DatagramInput:
         self._set_max(max_msg_size)
 
     def _set_max(self, max_msg_size: int) -> None:
+        self._retire_drain()  # what it read, handed on under the limit it read with
         self._max = max_msg_size
         # One extra byte tells an oversized datagram apart; MSG_TRUNC reports its true size.
         # From LARGE_DATAGRAM_BYTES on, the buffer only holds the small ones whole.
@@ -135,6 +159,7 @@ class DatagramInput:
         self._batch_reader: tuple[int, object] | None = None  # (fd, its reader)
         if self._sock is not None:
             self._build_reader(self._sock)
+            self._watch()
 
     def _build_reader(self, sock: socket.socket) -> None:
         """The compiled reader of ``sock`` at this limit, built now (not at the first read:
@@ -146,9 +171,11 @@ class DatagramInput:
     def set_quota(self, rate: ClientRate) -> None:
         """The senders' rate quota (a config reload: windows start afresh); credentials
         are asked of the kernel only while one is set."""
+        self._retire_drain()  # rebuilt below, asking for credentials only with a quota
         self.quota = DatagramQuota(rate) if rate.limited else None
         if self._sock is not None:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, self.quota is not None)
+            self._watch()
 
     @property
     def closed(self) -> bool:
@@ -156,7 +183,7 @@ class DatagramInput:
 
     def start(self, loop: asyncio.AbstractEventLoop, held: HeldSocket | None = None) -> None:
         """Bind the socket, or take ``held``: bound before (daemon/inputs/handover.py)."""
-        self.queue_limit = datagram_queue_limit()
+        self._kernel_queue_limit = datagram_queue_limit()
         if held is None:
             prepare_socket_path(self.path, socket.SOCK_DGRAM)
             sock = bind_unix_datagram(self.path)
@@ -177,16 +204,52 @@ class DatagramInput:
             raise
         self._sock = sock
         self._loop = loop
-        loop.add_reader(sock.fileno(), self._on_readable)
-        log.info("listening for UNIX datagrams on %s", self.path)
+        self._watch()
+        log.info(
+            "listening for UNIX datagrams on %s%s",
+            self.path,
+            " (drained by a thread)" if self._drain is not None else "",
+        )
+
+    def _watch(self) -> None:
+        """Read the socket from now on (unless paused): by a drain thread where one fits,
+        else by the loop's reader callback."""
+        sock, loop = self._sock, self._loop
+        if sock is None or loop is None:
+            return
+        loop.remove_reader(sock.fileno())
+        if datagram_drain.fits(self._max):
+            if self._drain is None:
+                self._drain = SocketDrain(
+                    sock.fileno(), self._max, self._hand_on_drained, self.quota is not None
+                )
+            if not self._paused:
+                self._drain.watch(loop)
+        elif not self._paused:
+            loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _retire_drain(self) -> None:
+        """End the drain thread, if one reads, handing on every datagram it read."""
+        drain = self._drain  # kept while it hands on: what it holds counts for the marks
+        if drain is None:
+            return
+        try:
+            drain.stop()
+        finally:
+            self._times_drained += drain.position()[1]
+            self._drain = None
 
     def watched_fds(self) -> list[int]:
         """The socket to probe for unread datagrams (none once closed)."""
         return [] if self._sock is None else [self._sock.fileno()]
 
     def mark_unread(self, readable: set[int]) -> list[Pending]:
-        """The commit point's note of the datagrams queued now (``readable``: from poll)."""
-        if self._sock is None or self._sock.fileno() not in readable:
+        """The commit point's note of the datagrams queued now (``readable``: from poll),
+        or read by a drain thread and not handed on yet."""
+        if self._sock is None:
+            return []
+        held = self._drain is not None and self._drain.position()[0] > 0
+        if not held and self._sock.fileno() not in readable:
             return []
         return [DatagramMark(self)]
 
@@ -232,7 +295,7 @@ class DatagramInput:
                 intake.datagrams(burst)
             self.datagrams_read += read
             if drained:
-                self.times_drained += 1
+                self._times_drained += 1
         return drained
 
     def _read_large(self, sock: socket.socket, limit: int) -> bool:
@@ -261,7 +324,7 @@ class DatagramInput:
                 intake.datagrams(burst)
             self.datagrams_read += read
             if drained:
-                self.times_drained += 1
+                self._times_drained += 1
         return drained
 
     def _receive_large(
@@ -293,12 +356,52 @@ class DatagramInput:
         reader = self._batch_reader[1]
         assert isinstance(reader, DatagramReader)
         items, oversized, drained = reader.read(limit)
+        try:
+            self._hand_on(items, oversized)
+        finally:
+            if drained:
+                self._times_drained += 1
+        return drained
+
+    def _hand_on_drained(
+        self, items: list[bytes | tuple[int, bytes]], oversized: bool, uids: list[int | None] | None
+    ) -> None:
+        """A drain thread's burst: as the loop's reads hand theirs on, each datagram judged
+        against the quota by its sender's uid (the thread kept it) when there is one."""
+        quota = self.quota
+        if quota is None or uids is None:
+            self._hand_on(items, oversized)
+            return
+        intake, now = self._intake, self._clock()
+        burst: list[bytes] = []
+        over: list[bytes] = []
+        try:
+            for item, uid in zip(items, uids, strict=True):
+                if not isinstance(item, bytes):
+                    if burst:  # the ones before it first, in order
+                        intake.datagrams(burst)
+                        burst = []
+                    intake.datagram_too_large(*item)
+                elif uid is None or quota.admits(uid, now, len(item)):
+                    burst.append(item)
+                else:
+                    over.append(item)
+        finally:
+            if burst:
+                intake.datagrams(burst)
+            if over:
+                intake.over_quota(over)
+            self.datagrams_read += len(items)
+
+    def _hand_on(self, items: list[bytes | tuple[int, bytes]], oversized: bool) -> None:
+        """A burst of the compiled reads (the loop's or a drain thread's), handed on in
+        one call when none is too large."""
         intake = self._intake
         try:
             if not oversized:
                 if items:
                     intake.datagrams(items)  # type: ignore[arg-type]  # bytes only here
-                return drained
+                return
             burst: list[bytes] = []
             for item in items:
                 if isinstance(item, bytes):
@@ -312,9 +415,6 @@ class DatagramInput:
                 intake.datagrams(burst)
         finally:
             self.datagrams_read += len(items)
-            if drained:
-                self.times_drained += 1
-        return drained
 
     def _read_metered(self, sock: socket.socket, limit: int, quota: DatagramQuota) -> None:
         """:meth:`_read` with each sender's uid judged against ``quota``: the datagrams
@@ -339,7 +439,7 @@ class DatagramInput:
                         else:  # what the buffer kept of it, at most the prefix
                             data = bytes(view[: min(size, OVERSIZED_PREFIX)])
                 except (BlockingIOError, InterruptedError):
-                    self.times_drained += 1
+                    self._times_drained += 1
                     break
                 read += 1
                 if len(data) != size:
@@ -364,12 +464,15 @@ class DatagramInput:
         """Stop reading for now (a shutdown was requested, or backpressure): what clients
         send meanwhile waits in the socket (senders then meet a full queue), for
         :meth:`resume` or :meth:`close` to read."""
+        self._paused = True
         if self._sock is not None and self._loop is not None:
             self._loop.remove_reader(self._sock.fileno())
+        if self._drain is not None:  # it reads on until its bursts are full, then stops
+            self._drain.unwatch()
 
     def resume(self) -> None:
-        if self._sock is not None and self._loop is not None:
-            self._loop.add_reader(self._sock.fileno(), self._on_readable)
+        self._paused = False
+        self._watch()
 
     def close(self) -> None:
         """Stop reading, hand the intake the datagrams already queued, close the socket and
@@ -379,6 +482,7 @@ class DatagramInput:
         if sock is None:
             return
         try:
+            self._retire_drain()  # what it read first: it was read before the queue's rest
             if self._loop is not None:
                 self._loop.remove_reader(sock.fileno())
             if not self.inherited:
