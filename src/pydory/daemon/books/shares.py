@@ -148,6 +148,26 @@ class ClientShares:
         if left < 0:
             raise ValueError(f"client released {nbytes} bytes but held {held[client]}")
         self._pool.release(nbytes)
+        self._left(client, left)
+
+    def hold(self, client: object, nbytes: int) -> None:
+        """Charge ``client`` with ``nbytes`` (> 0) of messages it got accepted, which the
+        intake charged to the pool already (``books/charges.py``): they count in its share
+        until :meth:`let_go` gives them back with their pool bytes."""
+        self._held[client] = self._held.get(client, 0) + nbytes
+
+    def let_go(self, client: object, nbytes: int) -> None:
+        """:meth:`release` of bytes charged by :meth:`hold` (the pool's are released by
+        whoever settled the messages): the same wake-ups."""
+        held = self._held
+        left = held[client] - nbytes
+        if left < 0:
+            raise ValueError(f"client let go of {nbytes} bytes but held {held[client]}")
+        self._left(client, left)
+
+    def _left(self, client: object, left: int) -> None:
+        """``client`` holds ``left`` bytes now: wake whom that concerns."""
+        held = self._held
         if left:
             held[client] = left
             if self._waiters and client in self._waiters and left < self.share():
@@ -173,6 +193,10 @@ class ClientShares:
             if not waiting:
                 del self._waiters[client]
         self._pool.cancel_when_room(callback)
+
+    def largest_held(self) -> int:
+        """The most bytes one client holds now (0: none holds any)."""
+        return max(self._held.values(), default=0)
 
     @property
     def waiting(self) -> int:
