@@ -1,10 +1,13 @@
 """Each client's share of the memory pool for what the inputs hold on its behalf.
 
-A client is a uid on every transport (pydory.daemon.inputs.peers says who; a peer the
-kernel cannot name is its connection alone). What the inputs hold for a client before its
-messages are whole (the partial frames of its stream connections, every byte of them) is
-charged to the pool *and* to the client here. A client may hold at most its **fair
-share**::
+A client is a uid on every stream transport (pydory.daemon.inputs.peers says who; a peer
+the kernel cannot name is its connection alone; the datagram socket's senders are one
+client, ``inputs/datagram.py``). What the inputs hold for a client before its messages
+are whole (the partial frames of its stream connections, every byte of them) is charged
+to the pool *and* to the client here; its accepted messages, from acceptance to their
+outcome, are charged to the client here too (:meth:`ClientShares.hold`, by
+``books/charges.py``; their pool bytes by the intake). A client may hold at most its
+**fair share**::
 
     share = max(floor, budget // (clients holding memory + 1))
 
@@ -16,7 +19,8 @@ their messages (n: the clients holding memory), half the pool while a single cli
 holds any: no client can fill the pool with bytes it never completes, and so none can
 make another's message meet ``no_memory`` while the pool has room for it.
 
-A client at or over its share is not refused bytes it has sent (they are read already:
+A client at or over its share has its next messages discarded (``no_memory``, by the
+intake), and is not refused bytes it has sent (they are read already:
 they are charged, and the pool's books stay exact), it is *paused*: its connections are
 not read until it is under its share again (its own bytes wait in the kernel,
 backpressure on its own connections), and one that waits longer than the stream input's
