@@ -18,11 +18,14 @@ cell:
   start 0.5 s before the paced sender;
 - the paced (polite) sender, a process sending 100-byte messages paced at ``--rate``
   (15,000/s by default) for ``--seconds`` or until ``--count`` are sent, on
-  ``--polite-transport``: datagrams with blocking ``send`` (a datagram queue holds only
-  ``net.unix.max_dgram_qlen``, 10 here, so a send returns only once the daemon has read
-  nearly all before it), or a stream connection whose send buffer is set to the
-  kernel's smallest (a few KiB: a ``sendall`` returns once the daemon has read nearly all
-  before it). Its figure is messages sent / seconds taken: the rate the daemon reads it.
+  ``--polite-transport``: datagrams with blocking ``send``, or blocking ``sendall`` on a
+  stream connection (the kernel's default buffers, as any client has). Its figure is the
+  polite messages the daemon read (its books: accepted or discarded) from the moment
+  the sender started to the moment it ended, over the seconds it took: the rate the
+  daemon served it, whatever the kernel still held for it then. (A datagram queue holds
+  only ``net.unix.max_dgram_qlen``, 10 here, so a datagram sender is also slowed to the
+  daemon's reading; a stream sender would not be until its socket buffers fill, which is
+  why the figure is read off the books.) The rate it sent at is printed beside it.
 
 Between cells the flood is stopped and the daemon left to settle (its books show every
 message delivered or discarded). Trees are interleaved round by round (old, new, new,
@@ -113,9 +116,6 @@ if transport == "dgram":
 else:
     tcp = transport == "tcp"
     s = socket.socket(socket.AF_INET if tcp else socket.AF_UNIX, socket.SOCK_STREAM)
-    # The kernel's smallest send buffer: a send returns once the daemon has read nearly
-    # all before it, so the rate achieved is the rate the daemon reads this client.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)
     s.connect(("127.0.0.1", int(address)) if tcp else address)
     send = s.sendall
 with s:
@@ -147,13 +147,13 @@ class Daemon:
     stream_path: str
     tcp_port: int
 
-    def flood_read(self) -> int:
-        """Flood messages the daemon has read so far (accepted or discarded)."""
+    def read(self, topic: str) -> int:
+        """Messages of ``topic`` the daemon has read so far (accepted or discarded)."""
         books = get_json(self.base, "/books/json")
         return sum(
             t["accepted"] + sum(t["discarded"].values())
             for t in books["topics"]  # type: ignore[attr-defined]
-            if t["topic"] == FLOOD_TOPIC
+            if t["topic"] == topic
         )
 
     def settled(self) -> bool:
@@ -226,14 +226,15 @@ def flooder_identity(i: int) -> dict[str, object]:
     return {"user": uid, "group": uid, "extra_groups": []}
 
 
-def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> float:
-    """One cell: the polite sender's messages/s beside ``flooders`` flooders."""
+def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> tuple[float, float]:
+    """One cell: the polite sender's messages/s the daemon read beside ``flooders``
+    flooders, and the rate it sent at."""
     flood_message = encode_any_partition(FLOOD_TOPIC, b"f" * VALUE_BYTES).hex()
     polite_message = encode_any_partition(POLITE_TOPIC, b"p" * VALUE_BYTES).hex()
     deadline = time.monotonic() + FLOOD_WARMUP_S + args.seconds + 5
     transports = {"mixed": ["unix", "tcp"]}.get(args.flood_transport, [args.flood_transport])
     python = SYSTEM_PYTHON if os.geteuid() == 0 else sys.executable
-    flood_before = daemon.flood_read()
+    flood_before, polite_before = daemon.read(FLOOD_TOPIC), daemon.read(POLITE_TOPIC)
     children = []
     for i in range(flooders):
         transport = transports[i % len(transports)]
@@ -260,6 +261,8 @@ def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> floa
             timeout=args.seconds + 60,
             check=True,
         )
+        # At once, the flooders still at it: what the daemon read of the polite sender.
+        polite_read = daemon.read(POLITE_TOPIC) - polite_before
     finally:
         for child in children:
             child.kill()
@@ -270,25 +273,27 @@ def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> floa
         if time.monotonic() > settle_deadline:
             raise TimeoutError("the daemon did not settle after the cell")
         time.sleep(0.1)
-    if flooders and daemon.flood_read() == flood_before:
+    if flooders and daemon.read(FLOOD_TOPIC) == flood_before:
         raise RuntimeError("the flooders sent nothing the daemon read: the cell is void")
-    return int(sent) / float(elapsed)
+    return polite_read / float(elapsed), int(sent) / float(elapsed)
 
 
 def report(
-    args: argparse.Namespace, round_number: int, name: str, flooders: int, rate: float
+    args: argparse.Namespace, round_number: int, name: str, flooders: int, rate: float, sent: float
 ) -> None:
     """One cell's figure, printed and (``--json``) appended with the 1-minute load."""
     load = os.getloadavg()[0]
     print(
         f"round {round_number} {name:>6} {args.polite_transport} beside {flooders} "
-        f"{args.flood_transport} flooders: polite {rate:,.0f} messages/s (load {load:.1f})",
+        f"{args.flood_transport} flooders: polite {rate:,.0f} messages/s read "
+        f"({sent:,.0f}/s sent; load {load:.1f})",
         flush=True,
     )
     if args.json:
         with open(args.json, "a") as out:
             line = {"round": round_number, "tree": name, "flooders": flooders}
-            line |= {"polite_per_s": rate, "flood_transport": args.flood_transport}
+            line |= {"polite_per_s": rate, "polite_sent_per_s": sent}
+            line |= {"flood_transport": args.flood_transport}
             line |= {"polite_transport": args.polite_transport, "load_1m": load}
             line |= {"flooders_own_uids": os.geteuid() == 0}
             out.write(json.dumps(line) + "\n")
@@ -340,11 +345,11 @@ def main() -> None:
                         for flooders in rotated:
                             if time.monotonic() > round_deadline:
                                 raise TimeoutError("the round took too long")
-                            rate = polite_rate(daemon, flooders, args)
+                            rate, sent = polite_rate(daemon, flooders, args)
                             results.setdefault((name, flooders), []).append(rate)
-                            report(args, round_number + 1, name, flooders, rate)
+                            report(args, round_number + 1, name, flooders, rate, sent)
     print(
-        f"\nmedians (min-max), polite {args.polite_transport} messages/s beside "
+        f"\nmedians (min-max), polite {args.polite_transport} messages/s read beside "
         f"{args.flood_transport} flooders; share of its rate alone; 1-minute load "
         f"{os.getloadavg()[0]:.1f}"
     )
