@@ -193,3 +193,79 @@ def test_a_refused_message_gives_its_bytes_back_to_its_client() -> None:
     assert d.books.lifetime_discards_by_reason()[DiscardReason.KAFKA_ERROR] == 10
     assert d.pool.shares.holders == 0
     assert d.pool.used == 0
+
+
+@dataclass
+class Reported:
+    """A delivery report's message (what settlement reads of confluent-kafka's)."""
+
+    name: str
+    payload: bytes = b"v"
+
+    def topic(self) -> str:
+        return self.name
+
+    def key(self) -> bytes | None:
+        return None
+
+    def value(self) -> bytes:
+        return self.payload
+
+    def partition(self) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return len(self.payload)
+
+
+@dataclass
+class SettledLedger:
+    """Records what settlement hands the ledger."""
+
+    duplicates: list[str] = field(default_factory=list)
+    delivered_batches: list[Delivered] = field(default_factory=list)
+
+    def delivered(self, batch: Delivered) -> None:
+        self.delivered_batches.append(batch)
+
+    def possibly_delivered(self, topic: str, *args: Any) -> None:
+        pass
+
+    def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:
+        self.duplicates.append(topic)
+
+
+def test_the_possible_duplicate_window_takes_every_client_of_the_newest_generation() -> None:
+    """Tokens of one generation differ by their clients' slots only: a failure that may
+    have been written flags every acknowledgement of the newest token's generation sent
+    before it, whatever its client, as it did when they shared one token."""
+    from confluent_kafka import KafkaError
+
+    from pydory.daemon.books.msg_debug import MsgDebug
+    from pydory.daemon.delivery.producer_backend import AckReport, DeliveryReports, FailureReport
+    from pydory.daemon.delivery.settlement import Settlement
+
+    generation = 7 << SLOT_BITS
+    newest, other_client, next_generation = generation | 1, generation | 2, (8 << SLOT_BITS) | 1
+    ledger = SettledLedger()
+    settlement = Settlement(
+        cast(Any, ledger),
+        Router(METADATA),
+        MsgDebug.disabled(),
+        lambda token: False,
+        resend=lambda *args, **kwargs: None,
+        on_partition_trouble=lambda: None,
+        newest_token=lambda: newest,
+        shutting_down=lambda: False,
+    )
+    reports = DeliveryReports()
+    handle = type("Handle", (), {"fatal_error": None})()
+    failed = KafkaError(KafkaError.REQUEST_TIMED_OUT)
+    reports.failures.append(
+        FailureReport(failed, Reported("known"), 0, None, 1, newest, handle, False, None, True)
+    )
+    for token, topic in [(other_client, "before"), (next_generation, "after")]:
+        reports.acks.append(AckReport(Reported(topic), token, 0))
+    settlement.settle(reports)
+    assert "before" in ledger.duplicates
+    assert "after" not in ledger.duplicates
