@@ -37,7 +37,7 @@ frame the config allows must always be able to complete, whatever the pool's siz
 Dory config with ``maxStreamMsgSize`` above half ``maxBuffer`` runs as it did).
 
 Cost on the hot path: one dict lookup and a comparison per read that leaves a partial
-frame (never per message), and the wake-ups only while someone waits.
+frame, and the wake-ups only while someone waits (accepted messages: ``books/charges.py``).
 
 Rule: whether a client may hold more of the pool (:meth:`ClientShares.charge`) is decided
 here alone, by its fair share.
