@@ -1,20 +1,31 @@
-"""Does a stream flooder starve the datagram input? A polite sender's rate, alone and beside.
+"""A paced sender's rate, alone and beside flooders of other clients, on every transport.
 
-Issue 21, item 4. A real daemon (``pydory serve`` in its own process, run from a source
+Issue 21, item 4 (stream flooders against a datagram sender), extended to every pairing by
+issue 33, point 2. A real daemon (``pydory serve`` in its own process, run from a source
 tree given on the command line, so that two commits can be compared) on librdkafka's
-mock cluster (in this process), with its UNIX datagram and UNIX stream inputs. Per cell:
+mock cluster (in this process), with its UNIX datagram, UNIX stream and TCP inputs. Per
+cell:
 
-- F flooders (0, 1 or 4), each a process writing 100-byte values (119-byte messages) to
-  its own UNIX stream (or, ``--flood-transport tcp``, loopback TCP; ``mixed``: the
-  flooders alternate between the two, issue 33) connection as fast as
-  the daemon reads them (blocking ``sendall`` of 64 KiB of whole messages), started 0.5 s
-  before the polite sender;
-- the polite sender, a process sending 100-byte datagrams with blocking ``send`` paced at
-  ``--rate`` (15,000/s: what the issue's sender got alone), for ``--seconds`` or until
-  ``--count`` are sent. Its figure is datagrams sent / seconds taken: a datagram queue
-  holds only ``net.unix.max_dgram_qlen`` (10 here) datagrams, so a send returns only once
-  the daemon has read nearly all before it, and the rate it achieves is the rate the
-  daemon reads it.
+- F flooders (0, 1, 4, ...), each a process of its own writing 100-byte values
+  (119-byte messages) as fast as the daemon reads them: on a stream transport (UNIX
+  stream or loopback TCP) its own connection, blocking ``sendall`` of 64 KiB of whole
+  messages; on the datagram socket, one blocking ``send`` per message.
+  ``--flood-transport`` names theirs (``mixed``: the flooders alternate between the UNIX
+  stream socket and TCP). When this process may switch uid (root), each flooder runs as
+  a uid of its own (``FLOODER_UID_BASE`` + i, no passwd entry needed; the socket files
+  are 0666 in a directory opened to all), so each is a client of its own, other than the
+  paced sender's (a client is a uid on every transport); else they run as this uid. They
+  start 0.5 s before the paced sender;
+- the paced (polite) sender, a process sending 100-byte messages paced at ``--rate``
+  (15,000/s by default) for ``--seconds`` or until ``--count`` are sent, on
+  ``--polite-transport``: datagrams with blocking ``send``, or blocking ``sendall`` on a
+  stream connection (the kernel's default buffers, as any client has). Its figure is the
+  polite messages the daemon read (its books: accepted or discarded) from the moment
+  the sender started to the moment it ended, over the seconds it took: the rate the
+  daemon served it, whatever the kernel still held for it then. (A datagram queue holds
+  only ``net.unix.max_dgram_qlen``, 10 here, so a datagram sender is also slowed to the
+  daemon's reading; a stream sender would not be until its socket buffers fill, which is
+  why the figure is read off the books.) The rate it sent at is printed beside it.
 
 Between cells the flood is stopped and the daemon left to settle (its books show every
 message delivered or discarded). Trees are interleaved round by round (old, new, new,
@@ -22,9 +33,9 @@ old, ...) and within a round the cells are rotated, so that drift hits every var
 Bounded: every child has a deadline, is killed by PID at the end of its cell, and a
 round gives up after ``ROUND_TIMEOUT_S``.
 
-Not a test. Run (BENCHMARKS.md, "Fair shares of the loop"):
-  .venv/bin/python benchmarks/fair_share.py --tree old=/tmp/pydory-base-h2/src \\
-      --tree new=src --rounds 3
+Not a test. Run (BENCHMARKS.md, "Fair service between clients"):
+  .venv/bin/python benchmarks/fair_share.py --tree new=src --rounds 3 \\
+      --polite-transport dgram --flood-transport tcp
 """
 
 from __future__ import annotations
@@ -57,12 +68,30 @@ ROUND_TIMEOUT_S = 600.0
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-#: argv: path or TCP port, deadline (monotonic), message hex.
+#: The first uid the flooders run as when this process may switch uid (root): flooder i
+#: runs as FLOODER_UID_BASE + i, a client of its own.
+FLOODER_UID_BASE = 61000
+#: The children's interpreter when they switch uid: the system's (they need the standard
+#: library only, and another uid may not read this one's virtual environment).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+#: argv: transport (dgram, unix, tcp), path or TCP port, deadline (monotonic), message hex.
 FLOODER = """
 import socket, sys, time
-address, deadline, message = sys.argv[1], float(sys.argv[2]), bytes.fromhex(sys.argv[3])
+transport, address, deadline = sys.argv[1], sys.argv[2], float(sys.argv[3])
+message = bytes.fromhex(sys.argv[4])
+if transport == "dgram":
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(address)
+        s.settimeout(1.0)
+        while time.monotonic() < deadline:
+            try:
+                s.send(message)
+            except TimeoutError:
+                pass  # the queue is full: check the deadline
+    sys.exit(0)
 chunk = message * (65536 // len(message))
-tcp = address.isdigit()
+tcp = transport == "tcp"
 with socket.socket(socket.AF_INET if tcp else socket.AF_UNIX, socket.SOCK_STREAM) as s:
     s.connect(("127.0.0.1", int(address)) if tcp else address)
     s.settimeout(1.0)
@@ -73,13 +102,23 @@ with socket.socket(socket.AF_INET if tcp else socket.AF_UNIX, socket.SOCK_STREAM
             pass  # the daemon is not reading this one now; check the deadline
 """
 
-#: argv: path, rate, count, seconds, message hex. Prints "sent elapsed".
+#: argv: transport (dgram, unix, tcp), path or TCP port, rate, count, seconds, message
+#: hex. Prints "sent elapsed".
 POLITE = """
 import socket, sys, time
-path, rate, count, seconds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-message = bytes.fromhex(sys.argv[5])
-with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-    s.connect(path)
+transport, address = sys.argv[1], sys.argv[2]
+rate, count, seconds = float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+message = bytes.fromhex(sys.argv[6])
+if transport == "dgram":
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.connect(address)
+    send = s.send
+else:
+    tcp = transport == "tcp"
+    s = socket.socket(socket.AF_INET if tcp else socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(("127.0.0.1", int(address)) if tcp else address)
+    send = s.sendall
+with s:
     start = time.monotonic()
     deadline = start + seconds
     sent = 0
@@ -90,7 +129,7 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         due = start + sent / rate
         if due - now > 0.001:
             time.sleep(due - now)
-        s.send(message)
+        send(message)
         sent += 1
     print(sent, time.monotonic() - start)
 """
@@ -107,6 +146,15 @@ class Daemon:
     datagram_path: str
     stream_path: str
     tcp_port: int
+
+    def read(self, topic: str) -> int:
+        """Messages of ``topic`` the daemon has read so far (accepted or discarded)."""
+        books = get_json(self.base, "/books/json")
+        return sum(
+            t["accepted"] + sum(t["discarded"].values())
+            for t in books["topics"]  # type: ignore[attr-defined]
+            if t["topic"] == topic
+        )
 
     def settled(self) -> bool:
         books = get_json(self.base, "/books/json")
@@ -162,17 +210,37 @@ def wait_for_status(base: str, daemon: subprocess.Popen[bytes]) -> None:
     raise TimeoutError("pydory did not come up")
 
 
-def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> float:
-    """One cell: the polite sender's datagrams/s beside ``flooders`` stream flooders."""
+def address_of(daemon: Daemon, transport: str) -> str:
+    """Where a client of ``transport`` sends."""
+    return {"dgram": daemon.datagram_path, "unix": daemon.stream_path}.get(
+        transport, str(daemon.tcp_port)
+    )
+
+
+def flooder_identity(i: int) -> dict[str, object]:
+    """``Popen`` arguments running flooder ``i`` as a client of its own (a uid of its
+    own) when this process may switch uid; none otherwise."""
+    if os.geteuid() != 0:
+        return {}
+    uid = FLOODER_UID_BASE + i
+    return {"user": uid, "group": uid, "extra_groups": []}
+
+
+def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> tuple[float, float]:
+    """One cell: the polite sender's messages/s the daemon read beside ``flooders``
+    flooders, and the rate it sent at."""
     flood_message = encode_any_partition(FLOOD_TOPIC, b"f" * VALUE_BYTES).hex()
     polite_message = encode_any_partition(POLITE_TOPIC, b"p" * VALUE_BYTES).hex()
     deadline = time.monotonic() + FLOOD_WARMUP_S + args.seconds + 5
-    tcp, unix = str(daemon.tcp_port), daemon.stream_path
-    transports = {"tcp": [tcp], "unix": [unix], "mixed": [unix, tcp]}[args.flood_transport]
-    children = [
-        subprocess.Popen([sys.executable, "-c", FLOODER, address, str(deadline), flood_message])
-        for address in (transports[i % len(transports)] for i in range(flooders))
-    ]
+    transports = {"mixed": ["unix", "tcp"]}.get(args.flood_transport, [args.flood_transport])
+    python = SYSTEM_PYTHON if os.geteuid() == 0 else sys.executable
+    flood_before, polite_before = daemon.read(FLOOD_TOPIC), daemon.read(POLITE_TOPIC)
+    children = []
+    for i in range(flooders):
+        transport = transports[i % len(transports)]
+        command = [python, "-c", FLOODER, transport, address_of(daemon, transport)]
+        command += [str(deadline), flood_message]
+        children.append(subprocess.Popen(command, **flooder_identity(i)))  # type: ignore[call-overload]
     try:
         if flooders:
             time.sleep(FLOOD_WARMUP_S)
@@ -181,7 +249,8 @@ def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> floa
                 sys.executable,
                 "-c",
                 POLITE,
-                daemon.datagram_path,
+                args.polite_transport,
+                address_of(daemon, args.polite_transport),
                 str(args.rate),
                 str(args.count),
                 str(args.seconds),
@@ -192,6 +261,8 @@ def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> floa
             timeout=args.seconds + 60,
             check=True,
         )
+        # At once, the flooders still at it: what the daemon read of the polite sender.
+        polite_read = daemon.read(POLITE_TOPIC) - polite_before
     finally:
         for child in children:
             child.kill()
@@ -202,7 +273,30 @@ def polite_rate(daemon: Daemon, flooders: int, args: argparse.Namespace) -> floa
         if time.monotonic() > settle_deadline:
             raise TimeoutError("the daemon did not settle after the cell")
         time.sleep(0.1)
-    return int(sent) / float(elapsed)
+    if flooders and daemon.read(FLOOD_TOPIC) == flood_before:
+        raise RuntimeError("the flooders sent nothing the daemon read: the cell is void")
+    return polite_read / float(elapsed), int(sent) / float(elapsed)
+
+
+def report(
+    args: argparse.Namespace, round_number: int, name: str, flooders: int, rate: float, sent: float
+) -> None:
+    """One cell's figure, printed and (``--json``) appended with the 1-minute load."""
+    load = os.getloadavg()[0]
+    print(
+        f"round {round_number} {name:>6} {args.polite_transport} beside {flooders} "
+        f"{args.flood_transport} flooders: polite {rate:,.0f} messages/s read "
+        f"({sent:,.0f}/s sent; load {load:.1f})",
+        flush=True,
+    )
+    if args.json:
+        with open(args.json, "a") as out:
+            line = {"round": round_number, "tree": name, "flooders": flooders}
+            line |= {"polite_per_s": rate, "polite_sent_per_s": sent}
+            line |= {"flood_transport": args.flood_transport}
+            line |= {"polite_transport": args.polite_transport, "load_1m": load}
+            line |= {"flooders_own_uids": os.geteuid() == 0}
+            out.write(json.dumps(line) + "\n")
 
 
 def main() -> None:
@@ -216,14 +310,20 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--flooders", default="0,1,4", help="comma-separated cells")
-    parser.add_argument("--rate", type=float, default=15_000.0, help="polite datagrams/s")
-    parser.add_argument("--count", type=int, default=60_000, help="polite datagrams, at most")
+    parser.add_argument("--rate", type=float, default=15_000.0, help="polite messages/s")
+    parser.add_argument("--count", type=int, default=60_000, help="polite messages, at most")
     parser.add_argument("--seconds", type=float, default=4.0, help="polite sending time, at most")
     parser.add_argument(
         "--flood-transport",
-        choices=("unix", "tcp", "mixed"),
+        choices=("unix", "tcp", "dgram", "mixed"),
         default="unix",
         help="mixed: the flooders alternate between the UNIX stream socket and TCP",
+    )
+    parser.add_argument(
+        "--polite-transport",
+        choices=("dgram", "unix", "tcp"),
+        default="dgram",
+        help="the paced sender's transport",
     )
     parser.add_argument("--json", metavar="FILE", help="append one JSON line per cell")
     args = parser.parse_args()
@@ -239,27 +339,20 @@ def main() -> None:
             for name in order:
                 round_deadline = time.monotonic() + ROUND_TIMEOUT_S
                 rotated = cells[round_number % len(cells) :] + cells[: round_number % len(cells)]
-                with (
-                    tempfile.TemporaryDirectory(prefix="fair") as work,
-                    running_daemon(trees[name], cluster.bootstrap_servers, work) as daemon,
-                ):
-                    for flooders in rotated:
-                        if time.monotonic() > round_deadline:
-                            raise TimeoutError("the round took too long")
-                        rate = polite_rate(daemon, flooders, args)
-                        results.setdefault((name, flooders), []).append(rate)
-                        print(
-                            f"round {round_number + 1} {name:>6} flooders={flooders}: "
-                            f"polite {rate:,.0f} datagrams/s",
-                            flush=True,
-                        )
-                        if args.json:
-                            with open(args.json, "a") as out:
-                                line = {"round": round_number + 1, "tree": name}
-                                line |= {"flooders": flooders, "polite_per_s": rate}
-                                line |= {"flood_transport": args.flood_transport}
-                                out.write(json.dumps(line) + "\n")
-    print("\nmedians (min-max), polite datagrams/s; share of its rate alone")
+                with tempfile.TemporaryDirectory(prefix="fair") as work:
+                    os.chmod(work, 0o755)  # the flooders' uids reach the socket files
+                    with running_daemon(trees[name], cluster.bootstrap_servers, work) as daemon:
+                        for flooders in rotated:
+                            if time.monotonic() > round_deadline:
+                                raise TimeoutError("the round took too long")
+                            rate, sent = polite_rate(daemon, flooders, args)
+                            results.setdefault((name, flooders), []).append(rate)
+                            report(args, round_number + 1, name, flooders, rate, sent)
+    print(
+        f"\nmedians (min-max), polite {args.polite_transport} messages/s read beside "
+        f"{args.flood_transport} flooders; share of its rate alone; 1-minute load "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     for name in names:
         alone = statistics.median(results.get((name, 0), [float("nan")]))
         for flooders in cells:

@@ -171,10 +171,10 @@ class StreamIntake:
     opened: int = 0
     closed: int = 0
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         raise NotImplementedError
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         raise AssertionError("no datagram input here")
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None:

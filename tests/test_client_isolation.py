@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import select
 import signal
 import socket
 import time
@@ -51,11 +52,17 @@ NORMAL_MESSAGES = 5000
 RSS_CONSTANT = 24 * 1024 * 1024
 
 
-def hostile_client(port: int, partial: bytes, ready: int, hold: int) -> None:
+#: The hostile child's safety net: it gives up sending after this long if the test never
+#: says its share is held (the test then fails on its own wait).
+HOSTILE_SAFETY_NET_S = 300  # not a deadline: a far-off safety net
+
+
+def hostile_client(port: int, partial: bytes, held: int, hold: int) -> None:
     """The hostile client, in a forked child (as nobody when it may switch: no exec, so no
-    file it must be allowed to read): connects, sends what the kernel takes of its
-    partial frame on each connection without blocking, says it is ready, and holds them
-    all until ``hold`` is closed."""
+    file it must be allowed to read): connects, and sends what the kernel takes of its
+    partial frame on each connection without blocking, until the test says (a byte on
+    ``held``) that the daemon's books show it at its share; then holds them all until
+    ``hold`` is closed."""
     user = hostile_user()
     if user is not None:
         os.setgroups([])
@@ -65,14 +72,15 @@ def hostile_client(port: int, partial: bytes, ready: int, hold: int) -> None:
     sent = [0] * len(socks)
     for sock in socks:
         sock.setblocking(False)
-    for _ in range(100):  # bounded: what the kernel takes in ~1 s is plenty
+    give_up = time.monotonic() + HOSTILE_SAFETY_NET_S
+    while time.monotonic() < give_up:
         for i, sock in enumerate(socks):
             with contextlib.suppress(BlockingIOError):
                 sent[i] += sock.send(partial[sent[i] :])
-        if all(n == len(partial) for n in sent):
+        # The daemon reads a paused connection again as room comes: keep offering bytes
+        # until the test has seen the share held (an event, not a count of tries).
+        if select.select([held], [], [], 0.01)[0]:
             break
-        time.sleep(0.01)
-    os.write(ready, b"r")
     os.read(hold, 1)  # b"" when the test closes its end
 
 
@@ -81,27 +89,34 @@ def hostile_user() -> int | None:
     return pwd.getpwnam("nobody").pw_uid if os.geteuid() == 0 else None
 
 
-def start_hostile(port: int, partial: bytes) -> tuple[int, int]:
-    """Fork the hostile client; its pid and the descriptor whose closing ends it, once it
-    holds its connections."""
-    ready_r, ready_w = os.pipe()
+def start_hostile(port: int, partial: bytes, at_share: Callable[[], bool]) -> tuple[int, int]:
+    """Fork the hostile client, let it send until ``at_share`` (the daemon's books show it
+    holding its share), then tell it to hold; its pid and the descriptor whose closing
+    ends it."""
+    held_r, held_w = os.pipe()
     hold_r, hold_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
         code = 1
         try:
-            os.close(ready_r)
+            os.close(held_w)
             os.close(hold_w)
-            hostile_client(port, partial, ready_w, hold_r)
+            hostile_client(port, partial, held_r, hold_r)
             code = 0
         finally:
             os._exit(code)
-    os.close(ready_w)
+    os.close(held_r)
     os.close(hold_r)
     try:
-        assert os.read(ready_r, 1) == b"r", "the hostile client failed"
+        wait_until(at_share, timeout_s=HOSTILE_SAFETY_NET_S, what="the hostile share held")
+        os.write(held_w, b"h")
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(hold_w)
+        raise
     finally:
-        os.close(ready_r)
+        os.close(held_w)
     return pid, hold_w
 
 
@@ -119,6 +134,12 @@ def topic_books(daemon: DaemonProcess, topic: str) -> dict[str, Any]:
 def pool_used(daemon: DaemonProcess) -> int:
     used: int = daemon.books()["pool"]["used"]
     return used
+
+
+def shares(daemon: DaemonProcess) -> dict[str, int]:
+    """The clients' shares of the pool, as /books/json shows them."""
+    found: dict[str, int] = daemon.books()["pool"]["shares"]
+    return found
 
 
 def delivered(daemon: DaemonProcess, topic: str, count: int) -> Callable[[], bool]:
@@ -146,9 +167,11 @@ def test_a_client_holding_partial_frames_costs_another_nothing(
         baseline = rss_bytes(daemon.process.pid)
         frame = encode_any_partition(topic, b"h" * (HOSTILE_FRAME_BYTES - 64))
         assert config.tcp_port is not None
-        hostile = start_hostile(config.tcp_port, frame[:-1])
         # The hostile uid reaches its share (half the pool) and holds it.
-        wait_until(lambda: pool_used(daemon) >= MAX_BUFFER // 2, what="the hostile share held")
+        hostile = start_hostile(
+            config.tcp_port, frame[:-1], lambda: pool_used(daemon) >= MAX_BUFFER // 2
+        )
+        assert shares(daemon)["largest_held"] >= MAX_BUFFER // 2
 
         # The normal sender, another uid on another transport: loses nothing.
         message = encode_any_partition(topic, b"n" * 100)
@@ -177,4 +200,81 @@ def test_a_client_holding_partial_frames_costs_another_nothing(
             os.kill(hostile[0], signal.SIGKILL)
             os.waitpid(hostile[0], 0)
             os.close(hostile[1])
+        daemon.stop()
+
+
+def test_a_client_whose_messages_queue_stops_at_its_share_and_costs_another_nothing(
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+) -> None:
+    """Messages accepted and queued count in their client's share as partial frames do
+    (issue 33, point 1, ``books/charges.py``): a client whose messages wait for a broker
+    that is down holds its share and no more (its next messages are ``no_memory``
+    discards, counted apart), while another client's are all accepted and delivered; and
+    every share is given back when the broker returns and everything settles."""
+    held_topic, topic = unique_topic("held"), unique_topic("served")
+    mock_cluster.create_topic(held_topic, 1)
+    mock_cluster.set_partition_leader(held_topic, 0, 3)
+    mock_cluster.create_topic(topic, 2)
+    for partition, broker in enumerate((1, 2)):
+        mock_cluster.set_partition_leader(topic, partition, broker)
+    config = DaemonConfig(
+        mock_cluster.bootstrap_servers,
+        str(tmp_path_factory.mktemp("iso", numbered=True)),
+        max_buffer=str(MAX_BUFFER),
+        # The held messages wait for broker 3 far longer than the test takes.
+        librdkafka={"message.timeout.ms": "600000"},
+    )
+    daemon = DaemonProcess(config, tmp_path / "pydory.xml", tmp_path / "pydory.log")
+    held_message = encode_any_partition(held_topic, b"q" * 4000)
+    down = False
+    try:
+        mock_cluster.broker_down(3)
+        down = True
+        # The held client (the datagram socket's senders, one client of the shares)
+        # sends until the books show it at its share and its messages refused for it.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as dgram:
+            dgram.connect(config.datagram_path)
+
+            def at_share() -> bool:
+                for _ in range(100):
+                    dgram.send(held_message)
+                discards = topic_books(daemon, held_topic).get("discarded", {})
+                return bool(discards.get("no_memory"))
+
+            wait_until(at_share, timeout_s=300, what="the held client at its share")
+        share = shares(daemon)
+        assert share["clients"] == 1
+        assert MAX_BUFFER // 2 <= share["largest_held"] <= MAX_BUFFER // 2 + 100 * 4100
+        assert daemon.counters()["no_memory_client_share"] > 0
+
+        # Another client (a uid on the UNIX stream socket): every message accepted and
+        # delivered, though the pool holds the first client's share meanwhile.
+        message = encode_any_partition(topic, b"n" * 100)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as normal:
+            normal.connect(config.stream_path)
+            for _ in range(NORMAL_MESSAGES // 100):
+                normal.sendall(message * 100)
+        wait_until(delivered(daemon, topic, NORMAL_MESSAGES), what="the other client's messages")
+        books = topic_books(daemon, topic)
+        assert books["accepted"] == NORMAL_MESSAGES
+        assert books["discarded"] == {}, books
+
+        # The broker returns: the held messages are delivered, every share given back.
+        mock_cluster.broker_up(3)
+        down = False
+
+        def held_delivered() -> bool:
+            held = topic_books(daemon, held_topic)
+            return held["in_flight"] == 0 and held["delivered"] == held["accepted"] > 0
+
+        wait_until(held_delivered, timeout_s=300, what="the held messages delivered")
+        wait_until(lambda: shares(daemon)["clients"] == 0, what="every share given back")
+        assert pool_used(daemon) == 0
+        assert shares(daemon)["largest_held"] == 0
+    finally:
+        if down:
+            mock_cluster.broker_up(3)
         daemon.stop()

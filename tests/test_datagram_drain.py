@@ -181,7 +181,7 @@ class Recording:
         self.over: list[bytes] = []
         self.changed = asyncio.Event()
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         self.received += burst
         self.changed.set()
 

@@ -52,7 +52,7 @@ class SizesIntake:
     too_large: list[tuple[int, bytes]] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         self.sizes += [len(data) for data in burst]
         self.changed.set()
 
@@ -60,7 +60,7 @@ class SizesIntake:
         self.too_large.append((size, prefix))
         self.changed.set()
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         raise AssertionError("no stream here")
 
     def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:

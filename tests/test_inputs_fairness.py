@@ -45,7 +45,7 @@ class ReadOrder(StreamIntake):
     reads: list[str] = field(default_factory=list)
     bytes_by_client: dict[str, int] = field(default_factory=dict)
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         tag = "aaaa" if b"aaaa" in burst[0] else "bbbb"
         self.reads.append(tag)
         self.bytes_by_client[tag] = self.bytes_by_client.get(tag, 0) + sum(map(len, burst))
@@ -155,11 +155,11 @@ class ReadsPerTurn:
         self.turn += 1
         asyncio.get_running_loop().call_soon(self.tick)
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         turn = self.turn
         self.stream_bytes[turn] = self.stream_bytes.get(turn, 0) + sum(map(len, burst))
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         turn = self.turn
         self.datagrams_by_turn[turn] = self.datagrams_by_turn.get(turn, 0) + len(burst)
 

@@ -27,7 +27,7 @@ class Recorded(StreamIntake):
 
     values: list[bytes] = field(default_factory=list)
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         self.values += [frame[-8:] for frame in burst]
 
 

@@ -51,14 +51,14 @@ class RecordingIntake:
     closed: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         self.received += burst
         self.changed.set()
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None:
         raise AssertionError("no datagram in these tests is too large")
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         self.framed += [(data, transport) for data in burst]
         self.changed.set()
 

@@ -208,7 +208,7 @@ class CountingIntake:
     over_quota_seen: list[bytes] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         self.datagrams_seen += burst
         self.changed.set()
 
@@ -219,7 +219,7 @@ class CountingIntake:
     def datagram_too_large(self, size: int, prefix: bytes) -> None:
         raise AssertionError("no datagram too large here")
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         self.frames_seen += len(burst)
         self.changed.set()
 

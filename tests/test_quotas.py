@@ -235,13 +235,13 @@ class RecordingIntake:
     closed: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         raise AssertionError("no datagram input here")
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None:
         raise AssertionError("no datagram input here")
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         self.frames_seen += len(burst)
         self.bytes_seen += sum(len(frame) for frame in burst)
         self.changed.set()

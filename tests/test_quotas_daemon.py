@@ -168,7 +168,7 @@ class PoliteClock:
         self.read_at: dict[int, tuple[int, int]] = {}  # seq -> (sent ns, read ns)
         intake.frames = self.frames  # type: ignore[method-assign]
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
         if burst and b"polite:" in burst[0]:
             now = time.monotonic_ns()
             for frame in burst:

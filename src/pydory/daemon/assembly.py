@@ -29,6 +29,7 @@ from pydory.daemon.admission.overload import Overload
 from pydory.daemon.admission.ratelimit import TopicRateLimiter
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.charges import ClientTokens
 from pydory.daemon.books.commit_point import CommitPoint
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.discard_log import DiscardLog
@@ -125,13 +126,19 @@ def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Componen
     )
     # Intake and the ledger count messages under tokens: the write-ahead's, which
     # settle the spool as well as the commit point, when there is a spool.
-    tokens = commit_point if write_ahead is None else write_ahead
+    # Wrapped so that each token names its message's client, charged to its share of the
+    # pool until the ledger releases the message's bytes (books/charges.py).
+    tokens = ClientTokens(
+        commit_point if write_ahead is None else write_ahead, pool.shares, tallies=write_ahead
+    )
     metadata = MetadataService(settings.properties(), router, **metadata_timings(config))
     dispatcher = Dispatcher(
         settings,
         functools.partial(producer_profile, config),
         router,
-        DeliveryLedger(books, pool, tokens, tallies=write_ahead),
+        DeliveryLedger(
+            books, pool, tokens, tallies=None if write_ahead is None else tokens, charges=tokens
+        ),
         on_partition_trouble=metadata.request_refresh,
         stats=kafka_stats,
         counters=counters,

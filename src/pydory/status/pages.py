@@ -273,6 +273,12 @@ class StatusPages:
                 "available": pool.available,
                 "over_budget": pool.over_budget,
                 "percent_time_depleted": pool.percent_time_depleted(),
+                # Each client's share of it (partial frames and accepted messages).
+                "shares": {
+                    "clients": pool.shares.holders,
+                    "share": pool.shares.share(),
+                    "largest_held": pool.shares.largest_held(),
+                },
             },
         }
 

@@ -56,8 +56,20 @@ class BooksReader(Protocol):
     def unknown_topics_named(self) -> int: ...
 
 
+class ShareSensors(Protocol):
+    """The clients' shares of the pool (``daemon/books/shares.py``)."""
+
+    @property
+    def holders(self) -> int: ...
+    def share(self) -> int: ...
+    def largest_held(self) -> int: ...
+
+
 class PoolSensors(Protocol):
     """KIP-72's memory pool sensors."""
+
+    @property
+    def shares(self) -> ShareSensors: ...
 
     @property
     def budget(self) -> int: ...

@@ -11,8 +11,9 @@ order. Everything else in the burst (malformed, too long, a topic unknown, rate-
 traced) is left to the reference, which the intake runs next.
 
 Rule: a burst takes the :class:`BurstPath` only when its outcome is the reference's, message for
-message: the pool has room for every message of the burst whatever the order (so none can
-be refused or held for memory), and no message of it is traced; else none of it does.
+message: the pool and its client's share have room for every message of the burst
+whatever the order (so none can be refused or held for memory), and no message of it is
+traced; else none of it does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from pydory.daemon.books.charges import ClientTokens
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import POOL_OVERHEAD_BYTES, MemoryPool, message_cost, messages_cost
 from pydory.daemon.delivery.compiled_producer import burst_topics
@@ -53,7 +55,7 @@ class BurstPath:
         pool: MemoryPool,
         router: Router,
         is_unlimited: Callable[[str], bool],
-        open_token: Callable[[int], int],
+        tokens: ClientTokens,
         dispatcher: Dispatcher,
         msg_debug: MsgDebug,
         refused: Refused,
@@ -64,7 +66,7 @@ class BurstPath:
         self._pool = pool
         self._router = router
         self._is_unlimited = is_unlimited
-        self._open_token = open_token
+        self._tokens = tokens
         self._dispatcher = dispatcher
         self._msg_debug = msg_debug
         self._refused = refused
@@ -96,8 +98,8 @@ class BurstPath:
         # A message costs at most its frame and the overhead: with room for all of that,
         # the reference would grant every message, whatever the order.
         bound = sum(map(len, burst)) + POOL_OVERHEAD_BYTES * len(burst)
-        if pool.used + bound >= pool.budget:
-            return nothing
+        if pool.used + bound >= pool.budget or self._tokens.room() <= bound:
+            return nothing  # the client's share too: none of its messages may meet it
         counts = self._burst_topics(parsed, max_data)
         if not counts:
             return nothing
@@ -126,9 +128,10 @@ class BurstPath:
         send = self._dispatcher.burst_sender(topic)
         if send is None:
             return False
-        granted = self._pool.try_allocate_all(messages_cost(topic, count, data_bytes), count)
+        cost = messages_cost(topic, count, data_bytes)
+        granted = self._pool.try_allocate_all(cost, count)
         assert granted, "the bound above leaves room for every message of the burst"
-        token = self._open_token(count)
+        token = self._tokens.open(count, cost)
         runs = router.any_partition_runs(topic, count)
         refused = send(parsed, headers, topic, max_data, runs, token)
         self._dispatcher.note_sent(token)

@@ -5,7 +5,8 @@ Every step either passes the message on or discards it with a reason, in this or
 1. decode (pydory.wire)         -> malformed | unsupported_api_key | unsupported_version
                                    | bad_topic (illegal name)
 2. size against messageMaxBytes -> too_long
-3. memory pool (KIP-72)         -> no_memory
+3. memory pool (KIP-72)         -> no_memory (the pool, or its client's share of it:
+                                   books/charges.py, counted no_memory_client_share)
 4. per-topic rate limit         -> rate_limit
 5. topic known to the cluster?  -> bad_topic (unless topicAutocreate: held, then routed);
                                    no metadata yet: held until the first metadata, then
@@ -46,6 +47,7 @@ from pydory.daemon.admission.ratelimit import TopicRateLimiter
 from pydory.daemon.admission.waiting_room import WaitingRoom
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.accounting import DEFAULT_UNKNOWN_TOPIC_LIMIT, Books
+from pydory.daemon.books.charges import ClientTokens
 from pydory.daemon.books.events import AFTER_ACCEPTANCE, DiscardReason, Transport
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import MemoryPool, message_cost, pool_cost
@@ -108,7 +110,14 @@ class Intake:
         self._limiter = limiter
         self._router = router
         self._dispatcher = dispatcher
-        self._commit_point = commit_point
+        #: The tokens name each accepted message's client and charge it to its share
+        #: (books/charges.py); assembly hands the ClientTokens the ledger releases.
+        tokens = (
+            commit_point
+            if isinstance(commit_point, ClientTokens)
+            else ClientTokens(commit_point, pool.shares)
+        )
+        self._commit_point = self._tokens = tokens
         self._max_data = message_max_bytes - KAFKA_RECORD_OVERHEAD
         self._prefix_size = prefix_size
         #: Messages whose topic the metadata does not show yet (admission's step 5).
@@ -116,7 +125,7 @@ class Intake:
             books=books,
             pool=pool,
             router=router,
-            tokens=commit_point,
+            tokens=tokens,
             enqueue=self._enqueue,
             on_unknown_topic=on_unknown_topic,
             autocreate=autocreate,
@@ -132,7 +141,7 @@ class Intake:
                 pool,
                 router,
                 limiter.is_unlimited,
-                commit_point.open,
+                tokens,
                 dispatcher,
                 self._msg_debug,
                 self._refused,
@@ -154,23 +163,33 @@ class Intake:
 
     # -- from the input agents -------------------------------------------------------------
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object | None = None) -> None:
         """The datagrams of one read burst, one whole message each (see :meth:`messages`)."""
-        self.messages(burst, Transport.UNIX_DGRAM)
+        self.messages(burst, Transport.UNIX_DGRAM, client)
 
-    def messages(self, burst: Sequence[bytes], transport: Transport) -> None:
-        """Whole messages read in one burst from ``transport``. Well-formed AnyPartition
-        messages of a known, unlimited, untraced topic of an acceptable size, while the pool
-        has room, take a short path (the burst path, or ``_admit_each``'s): the same
-        decisions as :meth:`admit` (the reference), fewer steps, acceptances booked once
-        per topic per burst."""
+    def messages(
+        self, burst: Sequence[bytes], transport: Transport, client: object | None = None
+    ) -> None:
+        """Whole messages read in one burst from ``transport``, sent by ``client`` (the
+        key of its share of the pool, ``books/shares.py``; None: charged to no client).
+        Well-formed AnyPartition messages of a known, unlimited, untraced topic of an
+        acceptable size, while the pool and the client's share have room, take a short
+        path (the burst path, or ``_admit_each``'s): the same decisions as :meth:`admit`
+        (the reference), fewer steps, acceptances booked once per topic per burst."""
         self._books.received(transport, len(burst))
-        self._admit_burst(burst)
+        tokens = self._tokens
+        tokens.client = client
+        try:
+            self._admit_burst(burst)
+        finally:
+            tokens.client = None
 
-    def frames(self, frames: Sequence[bytes], transport: Transport) -> None:
+    def frames(
+        self, frames: Sequence[bytes], transport: Transport, client: object | None = None
+    ) -> None:
         """The whole frames one read of a stream connection completed: admitted as a
         burst, like the datagrams of one read (see :meth:`messages`)."""
-        self.messages(frames, transport)
+        self.messages(frames, transport, client)
 
     def replayed(
         self, burst: Sequence[bytes], origins: Sequence[bytes | None] | None = None
@@ -271,7 +290,8 @@ class Intake:
         knows, is_unlimited = self._router.knows, self._limiter.is_unlimited
         pool, max_data, cost_of = self._pool, self._max_data, message_cost
         any_partition, send = self._router.any_partition, self._dispatcher.send
-        open_token = self._commit_point.open
+        tokens = self._tokens
+        open_token, admits = tokens.open, tokens.admits
         # Per topic: known and unlimited? Neither changes during a burst, except that the
         # reference path may learn a topic's limit (then this burst keeps using it).
         short_path: dict[str, bool] = {}
@@ -296,11 +316,13 @@ class Intake:
                 self._decode_and_admit(data, headers)
                 continue
             cost = cost_of(topic, size)
-            if not pool.try_allocate(cost) and not self._held_anyway(cost):
+            if (not admits() and self._over_share()) or (
+                not pool.try_allocate(cost) and not self._held_anyway(cost)
+            ):
                 # The message goes to the discard log (if enabled); the report ignores it.
                 books.discarded(DiscardReason.NO_MEMORY, topic, timestamp_ms, prefix=value, key=key)
                 continue
-            token = open_token()
+            token = open_token(1, cost)
             try:  # AnyPartition (no PartitionKey), the first attempt
                 send(
                     topic,
@@ -317,6 +339,12 @@ class Intake:
                 self._refused(refusal, topic, value, timestamp_ms, cost, token)
             else:
                 accepted[topic] = accepted.get(topic, 0) + 1
+
+    def _over_share(self) -> bool:
+        """The burst's client holds its share of the pool: its message meets
+        ``no_memory`` (counted apart, so an operator can tell it from a full pool)."""
+        self._counters.inc(counter_names.NO_MEMORY_CLIENT_SHARE)
+        return True
 
     def _held_anyway(self, cost: int) -> bool:
         """The pool refused ``cost``: charged anyway if ``hold_when_memory_short``."""
@@ -444,6 +472,9 @@ class Intake:
             )
             return
         cost = pool_cost(topic, message.key, message.value)
+        if not self._tokens.admits() and self._over_share():
+            self._refuse(DiscardReason.NO_MEMORY, message)
+            return
         if not self._pool.try_allocate(cost) and not self._held_anyway(cost):
             self._refuse(DiscardReason.NO_MEMORY, message)
             return
@@ -455,7 +486,7 @@ class Intake:
         if not known:
             self.waiting_room.unknown_topic(message, cost, headers)
             return
-        self._enqueue(message, cost, self._commit_point.open(), headers)
+        self._enqueue(message, cost, self._tokens.open(1, cost), headers)
 
     def _refuse(self, reason: DiscardReason, message: Message) -> None:
         """A whole, well-formed message turned away at admission: the discard log gets
@@ -505,6 +536,7 @@ class Intake:
     ) -> None:
         """librdkafka refused a message at once: free what it held, book the discard."""
         self._pool.release(cost)
+        self._tokens.released(token, cost)
         self._commit_point.close(token)
         if refusal.reason in AFTER_ACCEPTANCE:
             # Admitted, then refused by librdkafka on Kafka's behalf (e.g. a topic it

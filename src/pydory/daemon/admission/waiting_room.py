@@ -13,7 +13,8 @@ check, its pool bytes already charged. It waits in one of two places:
   discard, counted), each routed or found bad when the metadata after the creation comes
   (:meth:`WaitingRoom.topic_creation_settled`).
 
-A waiting message holds the commit point back from the moment it waits (its token is open).
+A waiting message holds the commit point back from the moment it waits (its token is open),
+and its bytes count in its client's share (``books/charges.py``) until it leaves.
 At shutdown everything still waiting is settled (:meth:`WaitingRoom.settle_all`): the
 creations' messages routed or found bad, those before any metadata settled as purged.
 
@@ -30,13 +31,13 @@ from confluent_kafka import KafkaError
 
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.charges import ClientTokens
 from pydory.daemon.books.events import DiscardReason
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.delivery.outcomes import (
     DeliveryLedger,
     Discard,
     LeftForNextStart,
-    Tokens,
     failure_outcome,
 )
 from pydory.daemon.delivery.router import Router
@@ -67,7 +68,7 @@ class WaitingRoom:
         books: Books,
         pool: MemoryPool,
         router: Router,
-        tokens: Tokens,
+        tokens: ClientTokens,
         enqueue: Enqueue,
         on_unknown_topic: Callable[[str], None],
         autocreate: Callable[[str], None] | None,
@@ -90,7 +91,7 @@ class WaitingRoom:
         self._for_creation: dict[str, _Waiting] = {}
         self._before_metadata = _Waiting()
         # Settles what never reached a producer, as delivery settles what did.
-        self._ledger = DeliveryLedger(books, pool, tokens)
+        self._ledger = DeliveryLedger(books, pool, tokens, charges=tokens)
 
     @property
     def waiting(self) -> int:
@@ -103,7 +104,7 @@ class WaitingRoom:
         metadata or for the topic's creation, or discarded as a bad topic."""
         if not self._router.has_metadata:
             # Held, not yet sent: it holds the commit point back all the same.
-            held = (message, cost, self._tokens.open(), headers)
+            held = (message, cost, self._tokens.open(1, cost), headers)
             self._before_metadata.messages.append(held)
             return
         if self.autocreate is None:
@@ -111,7 +112,7 @@ class WaitingRoom:
             self._discard_bad_topic(message)
             self._on_unknown_topic(message.topic)
             return
-        self._hold_for_creation(message, cost, self._tokens.open(), headers)
+        self._hold_for_creation(message, cost, self._tokens.open(1, cost), headers)
 
     def _hold_for_creation(
         self,
@@ -155,6 +156,7 @@ class WaitingRoom:
         if waited:
             self._counters.inc(counter_names.WAITED_THEN_BAD_TOPIC)
         self._pool.release(cost)
+        self._tokens.released(token, cost)
         self._tokens.close(token)
         self._discard_bad_topic(message)
 

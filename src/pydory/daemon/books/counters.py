@@ -57,6 +57,9 @@ def discarded_by_kafka_error(counts: Mapping[str, int]) -> dict[str, int]:
 # --- inputs and admission --------------------------------------------------------------------
 DATAGRAM_OVER_MAX_SIZE = "datagram_over_max_size"
 HELD_WHEN_MEMORY_SHORT = "held_when_memory_short"
+#: Messages discarded no_memory because their client held its share of the pool (its
+#: accepted messages not yet settled and its partial frames: books/charges.py).
+NO_MEMORY_CLIENT_SHARE = "no_memory_client_share"
 #: Messages for a topic to auto-create, discarded bad_topic because <maxUnknownTopics>
 #: topics already waited for their creation (admission/intake.py).
 AUTOCREATE_OVER_LIMIT = "autocreate_over_limit"

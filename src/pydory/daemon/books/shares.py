@@ -1,10 +1,13 @@
 """Each client's share of the memory pool for what the inputs hold on its behalf.
 
-A client is a uid on every transport (pydory.daemon.inputs.peers says who; a peer the
-kernel cannot name is its connection alone). What the inputs hold for a client before its
-messages are whole (the partial frames of its stream connections, every byte of them) is
-charged to the pool *and* to the client here. A client may hold at most its **fair
-share**::
+A client is a uid on every stream transport (pydory.daemon.inputs.peers says who; a peer
+the kernel cannot name is its connection alone; the datagram socket's senders are one
+client, ``inputs/datagram.py``). What the inputs hold for a client before its messages
+are whole (the partial frames of its stream connections, every byte of them) is charged
+to the pool *and* to the client here; its accepted messages, from acceptance to their
+outcome, are charged to the client here too (:meth:`ClientShares.hold`, by
+``books/charges.py``; their pool bytes by the intake). A client may hold at most its
+**fair share**::
 
     share = max(floor, budget // (clients holding memory + 1))
 
@@ -16,7 +19,8 @@ their messages (n: the clients holding memory), half the pool while a single cli
 holds any: no client can fill the pool with bytes it never completes, and so none can
 make another's message meet ``no_memory`` while the pool has room for it.
 
-A client at or over its share is not refused bytes it has sent (they are read already:
+A client at or over its share has its next messages discarded (``no_memory``, by the
+intake), and is not refused bytes it has sent (they are read already:
 they are charged, and the pool's books stay exact), it is *paused*: its connections are
 not read until it is under its share again (its own bytes wait in the kernel,
 backpressure on its own connections), and one that waits longer than the stream input's
@@ -33,7 +37,7 @@ frame the config allows must always be able to complete, whatever the pool's siz
 Dory config with ``maxStreamMsgSize`` above half ``maxBuffer`` runs as it did).
 
 Cost on the hot path: one dict lookup and a comparison per read that leaves a partial
-frame (never per message), and the wake-ups only while someone waits.
+frame, and the wake-ups only while someone waits (accepted messages: ``books/charges.py``).
 
 Rule: whether a client may hold more of the pool (:meth:`ClientShares.charge`) is decided
 here alone, by its fair share.
@@ -148,6 +152,26 @@ class ClientShares:
         if left < 0:
             raise ValueError(f"client released {nbytes} bytes but held {held[client]}")
         self._pool.release(nbytes)
+        self._left(client, left)
+
+    def hold(self, client: object, nbytes: int) -> None:
+        """Charge ``client`` with ``nbytes`` (> 0) of messages it got accepted, which the
+        intake charged to the pool already (``books/charges.py``): they count in its share
+        until :meth:`let_go` gives them back with their pool bytes."""
+        self._held[client] = self._held.get(client, 0) + nbytes
+
+    def let_go(self, client: object, nbytes: int) -> None:
+        """:meth:`release` of bytes charged by :meth:`hold` (the pool's are released by
+        whoever settled the messages): the same wake-ups."""
+        held = self._held
+        left = held[client] - nbytes
+        if left < 0:
+            raise ValueError(f"client let go of {nbytes} bytes but held {held[client]}")
+        self._left(client, left)
+
+    def _left(self, client: object, left: int) -> None:
+        """``client`` holds ``left`` bytes now: wake whom that concerns."""
+        held = self._held
         if left:
             held[client] = left
             if self._waiters and client in self._waiters and left < self.share():
@@ -173,6 +197,10 @@ class ClientShares:
             if not waiting:
                 del self._waiters[client]
         self._pool.cancel_when_room(callback)
+
+    def largest_held(self) -> int:
+        """The most bytes one client holds now (0: none holds any)."""
+        return max(self._held.values(), default=0)
 
     @property
     def waiting(self) -> int:

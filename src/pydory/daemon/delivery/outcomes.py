@@ -19,6 +19,7 @@ from typing import Protocol
 from confluent_kafka import KafkaError
 
 from pydory.daemon.books.accounting import Books
+from pydory.daemon.books.charges import TokenCharges
 from pydory.daemon.books.events import DiscardReason
 from pydory.daemon.books.pool import MemoryPool
 from pydory.daemon.spool.identity import Headers, identity_in
@@ -197,16 +198,21 @@ class Delivered:
     by_token: Mapping[int, int]
     cost: int
     by_token_topic: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    #: The pool bytes per token (their clients' charges: ``books/charges.py``).
+    cost_by_token: Mapping[int, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, by_token_topic: Mapping[int, Mapping[str, int]], cost: int) -> Delivered:
+    def of(
+        cls, by_token_topic: Mapping[int, Mapping[str, int]], cost_by_token: Mapping[int, int]
+    ) -> Delivered:
         by_topic: dict[str, int] = {}
         by_token: dict[int, int] = {}
         for token, topics in by_token_topic.items():
             by_token[token] = sum(topics.values())
             for topic, n in topics.items():
                 by_topic[topic] = by_topic.get(topic, 0) + n
-        return cls(by_topic, by_token, cost, by_token_topic)
+        cost = sum(cost_by_token.values())
+        return cls(by_topic, by_token, cost, by_token_topic, cost_by_token)
 
 
 class Ledger(Protocol):
@@ -270,18 +276,36 @@ class DeliveryLedger:
     their pool bytes and settle their commit point tokens."""
 
     def __init__(
-        self, books: Books, pool: MemoryPool, commit_point: Tokens, tallies: Tallies | None = None
+        self,
+        books: Books,
+        pool: MemoryPool,
+        commit_point: Tokens,
+        tallies: Tallies | None = None,
+        charges: TokenCharges | None = None,
     ) -> None:
+        """``charges``: where a token's pool bytes go back to its client too (the
+        ``ClientTokens`` the tokens are; none: no client is charged)."""
         self._books = books
         self._pool = pool
         self._commit_point = commit_point
         self._tallies = tallies
+        self._charges = charges
+
+    def _release(self, cost: int, token: int) -> None:
+        """The pool bytes of a message under ``token``, back to the pool and its client."""
+        self._pool.release(cost)
+        if self._charges is not None:
+            self._charges.released(token, cost)
 
     def delivered(self, batch: Delivered) -> None:
         books, close = self._books, self._commit_point.close
         for topic, n in batch.by_topic.items():
             books.delivered(topic, n)
         self._pool.release(batch.cost)
+        if self._charges is not None:
+            released = self._charges.released
+            for token, cost in batch.cost_by_token.items():
+                released(token, cost)
         if self._tallies is not None:
             settled_as = self._tallies.settled_as
             for token, topics in batch.by_token_topic.items():
@@ -300,7 +324,7 @@ class DeliveryLedger:
         token: int,
     ) -> None:
         self._books.discarded(reason, topic, timestamp_ms, detail=detail)
-        self._pool.release(cost)
+        self._release(cost, token)
         if self._tallies is not None:
             self._tallies.settled_as(token, topic, reason.value)
         self._commit_point.close(token)
@@ -320,14 +344,14 @@ class DeliveryLedger:
         value, key = message.value() or b"", message.key() or b""
         identity = identity_in(headers)
         self._books.possibly_delivered(topic, timestamp_ms, value, key, detail, identity)
-        self._pool.release(cost)
+        self._release(cost, token)
         if self._tallies is not None:
             self._tallies.settled_as(token, topic, POSSIBLY_DELIVERED)
         self._commit_point.close(token)  # its fate is decided: a replay would only duplicate
 
     def left_for_next_start(self, topic: str, cost: int, token: int) -> None:
         self._books.left_for_next_start(topic)
-        self._pool.release(cost)
+        self._release(cost, token)
         self._commit_point.keep(token)
 
     def possible_duplicate(self, topic: str, timestamp_ms: int) -> None:

@@ -22,6 +22,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
+from pydory.daemon.books.charges import SLOT_MASK
 from pydory.daemon.books.msg_debug import MsgDebug
 from pydory.daemon.books.pool import message_cost, messages_cost, pool_cost
 from pydory.daemon.delivery.outcomes import (
@@ -106,7 +107,7 @@ class Settlement:
         if self._suspect_through is not None:  # one check per batch
             self._flag_suspects(acks, self._suspect_through)
         per_token: dict[int, dict[str, int]] = {}  # as cheap as two flat counts
-        cost = 0
+        cost: dict[int, int] = {}  # per token: its client's (books/charges.py)
         pop = acks.popleft
         cost_of = message_cost
         while acks:
@@ -116,12 +117,12 @@ class Settlement:
             topics = per_token.get(token) or per_token.setdefault(token, {})
             topics[topic] = topics.get(topic, 0) + 1
             # len(msg) is the value's length, without copying it out.
-            cost += cost_of(topic, len(msg) + (len(key) if key else 0))
+            cost[token] = cost.get(token, 0) + cost_of(topic, len(msg) + (len(key) if key else 0))
         while sums:  # the compiled producer's: summed per (token, topic) already
             token, topic, n, data_bytes = sums.popleft()
             topics = per_token.get(token) or per_token.setdefault(token, {})
             topics[topic] = topics.get(topic, 0) + n
-            cost += messages_cost(topic, n, data_bytes)
+            cost[token] = cost.get(token, 0) + messages_cost(topic, n, data_bytes)
         self._ledger.delivered(Delivered.of(per_token, cost))
 
     def _flag_suspects(self, acks: collections.deque[AckReport], through: int) -> None:
@@ -163,7 +164,9 @@ class Settlement:
             possibly_persisted=possibly_persisted,
         )
         if (possibly_persisted or err.code() in POSSIBLY_PERSISTED) and not self._shutting_down():
-            self._suspect_through = self._newest_token()
+            # Every client's slot of the newest token's generation (books/charges.py):
+            # sent before the failure as much as the newest message of the generation.
+            self._suspect_through = self._newest_token() | SLOT_MASK
         # Sent before such a failure (its own included): librdkafka may have written it
         # twice, and a copy in Kafka may then be a second one.
         renumbered = self._suspect_through is not None and token <= self._suspect_through

@@ -67,6 +67,11 @@ _PEEK_SIZE = socket.MSG_PEEK | socket.MSG_TRUNC
 # SO_RCVBUF is a C int.
 _MAX_SOCKET_BUFFER = 2**31 - 1
 
+#: Who the datagrams' messages are charged to in the pool's shares (books/shares.py): the
+#: socket's senders as one client. The kernel names a datagram's sender only with
+#: SO_PASSCRED, which would cost the compiled reader its recvmmsg batches; so every
+#: datagram sender shares one share, apart from every stream client's.
+DATAGRAM_CLIENT = ("unix_dgram", "senders")
 #: No rate quota on the datagram socket (the default).
 NO_CLIENT_RATE = ClientRate()
 #: Datagrams read per readiness callback before yielding to other work on the loop.
@@ -286,13 +291,13 @@ class DatagramInput:
                     keep(bytes(view[:size]))
                     continue
                 if burst:  # the ones before it first, in order
-                    intake.datagrams(burst)
+                    intake.datagrams(burst, DATAGRAM_CLIENT)
                     burst.clear()
                 intake.datagram_too_large(size, bytes(view[: min(size, OVERSIZED_PREFIX)]))
         finally:
             # Handed over as one burst: the intake counts and books once per burst.
             if burst:
-                intake.datagrams(burst)
+                intake.datagrams(burst, DATAGRAM_CLIENT)
             self.datagrams_read += read
             if drained:
                 self._times_drained += 1
@@ -316,12 +321,12 @@ class DatagramInput:
                     burst.append(data)
                     continue
                 if burst:  # the ones before it first, in order
-                    intake.datagrams(burst)
+                    intake.datagrams(burst, DATAGRAM_CLIENT)
                     burst = []
                 intake.datagram_too_large(size, data)
         finally:
             if burst:
-                intake.datagrams(burst)
+                intake.datagrams(burst, DATAGRAM_CLIENT)
             self.datagrams_read += read
             if drained:
                 self._times_drained += 1
@@ -379,7 +384,7 @@ class DatagramInput:
             for item, uid in zip(items, uids, strict=True):
                 if not isinstance(item, bytes):
                     if burst:  # the ones before it first, in order
-                        intake.datagrams(burst)
+                        intake.datagrams(burst, DATAGRAM_CLIENT)
                         burst = []
                     intake.datagram_too_large(*item)
                 elif uid is None or quota.admits(uid, now, len(item)):
@@ -388,7 +393,7 @@ class DatagramInput:
                     over.append(item)
         finally:
             if burst:
-                intake.datagrams(burst)
+                intake.datagrams(burst, DATAGRAM_CLIENT)
             if over:
                 intake.over_quota(over)
             self.datagrams_read += len(items)
@@ -400,7 +405,7 @@ class DatagramInput:
         try:
             if not oversized:
                 if items:
-                    intake.datagrams(items)  # type: ignore[arg-type]  # bytes only here
+                    intake.datagrams(items, DATAGRAM_CLIENT)  # type: ignore[arg-type]  # bytes only here
                 return
             burst: list[bytes] = []
             for item in items:
@@ -408,11 +413,11 @@ class DatagramInput:
                     burst.append(item)
                     continue
                 if burst:  # the ones before it first, in order
-                    intake.datagrams(burst)
+                    intake.datagrams(burst, DATAGRAM_CLIENT)
                     burst = []
                 intake.datagram_too_large(*item)
             if burst:
-                intake.datagrams(burst)
+                intake.datagrams(burst, DATAGRAM_CLIENT)
         finally:
             self.datagrams_read += len(items)
 
@@ -444,7 +449,7 @@ class DatagramInput:
                 read += 1
                 if len(data) != size:
                     if burst:
-                        intake.datagrams(burst)
+                        intake.datagrams(burst, DATAGRAM_CLIENT)
                         burst = []
                     intake.datagram_too_large(size, data)
                     continue
@@ -455,7 +460,7 @@ class DatagramInput:
                     over.append(data)
         finally:
             if burst:
-                intake.datagrams(burst)
+                intake.datagrams(burst, DATAGRAM_CLIENT)
             if over:
                 intake.over_quota(over)
             self.datagrams_read += read

@@ -18,13 +18,15 @@ from pydory.errors import ClientProtocolError
 class Intake(Protocol):
     """What the input agents hand their bytes to (implemented by pydory.daemon.admission.intake)."""
 
-    def datagrams(self, burst: Sequence[bytes]) -> None: ...
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
+        """``client``: the key of the senders' share of the pool (books/shares.py)."""
 
     def datagram_too_large(self, size: int, prefix: bytes) -> None: ...
 
     def over_quota(self, burst: Sequence[bytes]) -> None: ...
 
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None: ...
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
+        """``client``: the key of the connection's client's share (books/shares.py)."""
 
     def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None: ...
 

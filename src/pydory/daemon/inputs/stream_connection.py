@@ -142,7 +142,7 @@ class FrameReader:
             self.broken = True
             self._release(self.charged)  # nothing is held any more
             if frames:
-                self._intake.frames(frames, self._kind)  # those before it, first
+                self._intake.frames(frames, self._kind, self.client)  # those before, first
             self._intake.broken_stream(error, self._kind)
             return False
         cost = partial_frame_cost(framer.buffered)
@@ -153,7 +153,8 @@ class FrameReader:
         if frames:
             # Handed over as one burst: the intake counts and books once per burst.
             self.frames_read += len(frames)
-            self._intake.frames(frames, self._kind)
+            # Charged, once accepted, to the same client's share (books/charges.py).
+            self._intake.frames(frames, self._kind, self.client)
         if cost > self.charged:
             self._charge(cost - self.charged)
         return True
