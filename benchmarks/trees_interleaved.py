@@ -63,7 +63,8 @@ def run_one(
     if args.spool != "off":  # the one spool variant's figures under the usual names
         variant = "pydory_spool_" + (args.spool if args.spool in ("none", "always") else
                                      f"{args.spool}ms")  # fmt: skip
-        for figure in ("msgs_per_s", "cpu_us_per_msg", "rss_mb_peak", "p50_ms", "p99_ms"):
+        for figure in ("msgs_per_s", "cpu_us_per_msg", "system_us_per_msg", "rss_mb_peak",
+                       "p50_ms", "p99_ms"):  # fmt: skip
             result[f"pydory_{figure}"] = result[f"{variant}_{figure}"]
         for figure in ("delivered", "discarded"):
             result[figure] = result[f"{variant}_{figure}"]

@@ -58,6 +58,8 @@ class PydoryRun:
     delivered: int
     discarded: int
     discarded_by_reason: dict[str, int] = field(default_factory=dict)
+    #: The kernel's part of cpu_us_per_msg (stime: the sockets, the spool's writes).
+    system_us_per_msg: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,7 @@ class BenchReport:
             "raw_generator_msgs_per_s": over(raw, lambda r: r.generator_msgs_per_s),
             "direct_msgs_per_s": over(direct, lambda r: r.msgs_per_s),
             "pydory_cpu_us_per_msg": over(p, lambda r: r.cpu_us_per_msg),
+            "pydory_system_us_per_msg": over(p, lambda r: r.system_us_per_msg),
             "direct_cpu_us_per_msg": over(direct, lambda r: r.cpu_us_per_msg),
             "pydory_rss_mb_idle": over(p, lambda r: r.rss_mb_idle),
             "pydory_rss_mb_peak": over(p, lambda r: r.rss_mb_peak),
@@ -163,6 +166,7 @@ class BenchReport:
             figures: dict[str, Callable[[PydoryRun], float | None]] = {
                 "msgs_per_s": lambda r: r.msgs_per_s,
                 "cpu_us_per_msg": lambda r: r.cpu_us_per_msg,
+                "system_us_per_msg": lambda r: r.system_us_per_msg,
                 "rss_mb_peak": lambda r: r.rss_mb_peak,
                 "p50_ms": lambda r: r.p50_ms,
                 "p99_ms": lambda r: r.p99_ms,
