@@ -12,7 +12,9 @@ its JSON goes to --output as one line (with the tree's and the cell's names), an
 table of medians (min-max) is printed in Markdown at the end (--render-only: from FILE).
 A tree may be run with extra environment (``--tree pure=src:PYDORY_PURE_PYTHON=1``), and
 on chosen CPUs (``--tree one-cpu=src:cpus=0``: `pydory bench --daemon-cpus 0`; a range,
-not a comma list: ``cpus=0-1``).
+not a comma list: ``cpus=0-1``). ``--contend N`` runs every bench beside N CPU-bound
+processes per core (`pydory bench --contend N`; each row then says ``contend`` and the
+1-minute load at its start and end).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def run_one(
     command = [
         sys.executable, "-m", "pydory_tools.bench", *CELLS[cell], "-n", str(args.messages),
         "-r", "1", "--no-baselines", "--json", "--spool", args.spool,
+        "--contend", str(args.contend),
         "--daemon-src", str(Path(directory).resolve()),
     ]  # fmt: skip
     env = {**os.environ, **extra_env}
@@ -60,7 +63,8 @@ def run_one(
     if args.spool != "off":  # the one spool variant's figures under the usual names
         variant = "pydory_spool_" + (args.spool if args.spool in ("none", "always") else
                                      f"{args.spool}ms")  # fmt: skip
-        for figure in ("msgs_per_s", "cpu_us_per_msg", "rss_mb_peak", "p50_ms", "p99_ms"):
+        for figure in ("msgs_per_s", "cpu_us_per_msg", "system_us_per_msg", "rss_mb_peak",
+                       "p50_ms", "p99_ms"):  # fmt: skip
             result[f"pydory_{figure}"] = result[f"{variant}_{figure}"]
         for figure in ("delivered", "discarded"):
             result[figure] = result[f"{variant}_{figure}"]
@@ -108,6 +112,10 @@ def main() -> None:
     parser.add_argument("--messages", "-n", type=int, default=200_000)
     parser.add_argument("--rounds", "-r", type=int, default=3)
     parser.add_argument("--spool", default="off", help="one `pydory bench --spool` variant")
+    parser.add_argument(
+        "--contend", type=int, default=0, metavar="N",
+        help="`pydory bench --contend N`: N CPU-bound processes per core beside each run",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
 import sys
 import threading
@@ -20,10 +21,11 @@ from pydory.config import parse_config
 from pydory_tools.bench import workload
 from pydory_tools.bench.child import BenchError, ChildProcess
 from pydory_tools.bench.cli import main as bench_main
+from pydory_tools.bench.contention import HOG_CODE, cpu_hogs, hog_count
 from pydory_tools.bench.daemon import BenchDaemon
 from pydory_tools.bench.harness import round_order
 from pydory_tools.bench.latency import percentile, summarize
-from pydory_tools.bench.report import Spread
+from pydory_tools.bench.report import PydoryRun, Spread
 from pydory_tools.bench.runs import daemon_config, generator_address
 from pydory_tools.bench.settings import TOPIC, BenchSettings
 
@@ -85,6 +87,7 @@ def test_split_gives_every_message_to_one_process_and_counts_probes() -> None:
         ({"transport": "dgram", "value_bytes": 70_000}, "use a stream transport"),
         ({"processes": 5, "messages": 4}, "more generator processes than messages"),
         ({"daemon_source": Path("/nonexistent")}, "holds no pydory package"),
+        ({"contend": -1}, "contend must be >= 0"),
     ],
 )
 def test_inconsistent_settings_are_refused(kwargs: dict[str, object], complaint: str) -> None:
@@ -262,6 +265,8 @@ def test_a_tiny_run_with_the_daemon_on_one_cpu(capsys: pytest.CaptureFixture[str
     assert bench_main([*argv, "--daemon-cpus", "0", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["daemon_cpus"], report["delivered"], report["discarded"]) == ("0", 2000, 0)
+    # the kernel's part of the daemon's CPU is reported apart, and is a part of it
+    assert 0 <= report["pydory_system_us_per_msg"] <= report["pydory_cpu_us_per_msg"]
 
 
 @pytest.mark.slow
@@ -323,3 +328,101 @@ def test_the_compiled_generator_writes_exactly_what_the_python_one_writes(
 ) -> None:
     count = 120 * batch + (batch - 1)  # wraps around the pool, and a partial last write
     assert received_through(kind, batch, count, True) == received_through(kind, batch, count, False)
+
+
+# --- contention (--contend) ----------------------------------------------------------------
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_contend_makes_n_hogs_per_core() -> None:
+    assert hog_count(4, cpus=2) == 8
+    assert hog_count(0, cpus=2) == 0
+    assert hog_count(1) >= 1  # this host's cores
+
+
+def test_the_hogs_run_during_the_block_and_are_gone_after_it() -> None:
+    with cpu_hogs(2, cpus=1) as hogs:
+        pids = [hog.pid for hog in hogs]
+        assert len(pids) == 2
+        assert all(hog.poll() is None for hog in hogs)
+        assert all(_running(pid) for pid in pids)
+    assert all(hog.returncode is not None for hog in hogs)  # reaped by their Popens
+    assert not any(_running(pid) for pid in pids)
+
+
+def test_the_hogs_are_stopped_when_the_block_is_interrupted() -> None:
+    started: list[int] = []
+
+    def interrupted_block() -> None:
+        with cpu_hogs(1, cpus=2) as hogs:
+            started.extend(hog.pid for hog in hogs)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_block()
+    assert len(started) == 2
+    assert not any(_running(pid) for pid in started)
+
+
+def _hogs_of_this_process() -> list[int]:
+    """The live hog processes this test process started (by their parent and command)."""
+    return [
+        pid
+        for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit())
+        if _parent(pid) == os.getpid() and HOG_CODE in _cmdline(pid) and _running(pid)
+    ]
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_bench_with_contend_runs_its_runs_beside_the_hogs_and_stops_them(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], interrupted: bool
+) -> None:
+    """The hogs run while the runs do, the JSON says how many and the 1-minute load, and
+    they are gone when the bench ends, also when a run is interrupted (the runs are
+    stand-ins here: the hogs' lifecycle is what is tested)."""
+    from pydory_tools.bench import harness
+
+    seen: list[list[int]] = []
+
+    def stand_in(settings: BenchSettings, workdir: Path, **_: object) -> PydoryRun:
+        seen.append(_hogs_of_this_process())
+        if interrupted:
+            raise KeyboardInterrupt
+        return PydoryRun(1.0, 1.0, 1.0, 50.0, 60.0, None, None, 0, settings.messages, 0)
+
+    monkeypatch.setattr(harness, "run_pydory", stand_in)
+    argv = ["-n", "1000", "-r", "1", "--no-baselines", "--contend", "1", "--json"]
+    if interrupted:
+        with pytest.raises(KeyboardInterrupt):
+            bench_main(argv)
+    else:
+        assert bench_main(argv) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["contend"], report["contend_processes"]) == (1, hog_count(1))
+        assert report["load_1min_at_end"] >= 0
+        assert report["load_1min_at_start"] >= 0
+    assert [len(hogs) for hogs in seen] == [hog_count(1)]
+    assert not any(_running(pid) for pid in seen[0])
+    assert _hogs_of_this_process() == []
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return -1
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""

@@ -97,6 +97,31 @@ def test_acknowledgements_are_summed_per_token_and_topic_with_their_bytes(
     p.close()
 
 
+def test_sums_stay_exact_when_tokens_alternate_within_an_event_and_overflow_the_slots(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str]
+) -> None:
+    """The sum found for a message's topic handle is reused for the next message of its
+    event only under the same token: tokens changing from one message to the next, and more
+    (token, topic) pairs than the producer has slots for (sums handed over mid-event), still
+    give every pair its exact count and bytes."""
+    topics = [unique_topic("x"), unique_topic("y")]
+    for topic in topics:
+        mock_cluster.create_topic(topic, 2)
+    p = producer(mock_cluster)
+    expected: dict[tuple[int, str], list[int]] = {}
+    for i in range(4000):
+        topic, token = topics[(i // 500) % 2], i % 41  # 82 pairs, more than the slots
+        value = b"w" * (i % 7)
+        assert p.produce(topic, -1, value, None, 0, None, 1, token, False, None) == 0
+        entry = expected.setdefault((token, topic), [0, 0])
+        entry[0] += 1
+        entry[1] += len(value)
+    sums, _, failures, _ = poll_until(p, lambda got: sum(count for *_, count, _ in got[0]) >= 4000)
+    assert summed(sums) == expected
+    assert failures == []
+    p.close()
+
+
 def test_each_acknowledgement_on_its_own_gives_the_timestamp_it_was_sent_with(
     mock_cluster: MockCluster, unique_topic: Callable[[str], str]
 ) -> None:

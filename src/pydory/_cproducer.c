@@ -294,6 +294,12 @@ typedef struct {
     /* Acknowledgements summed, not yet handed over. */
     ack_sum sums[MAX_SUMS];
     int n_sums;
+    /* The topic handle of the last acknowledgement summed and its sum's index, valid only
+     * while one report event is served (its handles live as long as it does; a pointer
+     * from an earlier event may name another topic since): the messages of an event share
+     * one topic, so all but its first skip the name lookup and comparison (issue 30). */
+    const rd_kafka_topic_t *last_rkt;
+    int last_sum;
 } Producer;
 
 static int
@@ -362,6 +368,7 @@ Producer_close0(Producer *self)
     for (; self->first < self->n_held; self->first++)
         release_event(&self->held[self->first]);
     self->first = self->n_held = self->n_sums = 0;
+    self->last_rkt = NULL;
     rd_kafka_t *rk = self->rk;
     rd_kafka_queue_t *queue = self->queue;
     self->rk = NULL;
@@ -806,6 +813,7 @@ bytes_or_none(const void *data, size_t size)
 static int
 flush_sums(Producer *self, poll_result *result)
 {
+    self->last_rkt = NULL; /* the sums it names go */
     while (self->n_sums > 0) {
         ack_sum *sum = &self->sums[self->n_sums - 1];
         PyObject *item = record(&AckSumType, "(LNLL)", sum->token, text_of(sum->topic),
@@ -821,23 +829,35 @@ static int
 add_to_sums(Producer *self, poll_result *result, const rd_kafka_message_t *message,
             long long token)
 {
-    const char *topic = p_rd_kafka_topic_name(message->rkt);
     long long data_bytes = (long long)(message->len + message->key_len);
-    for (int i = self->n_sums - 1; i >= 0; i--) {
-        ack_sum *sum = &self->sums[i];
-        if (sum->token == token && strcmp(sum->topic, topic) == 0) {
+    if (message->rkt == self->last_rkt) { /* this event's topic: its sum, if the token's */
+        ack_sum *sum = &self->sums[self->last_sum];
+        if (sum->token == token) {
             sum->count++;
             sum->data_bytes += data_bytes;
             return 0;
         }
     }
+    const char *topic = p_rd_kafka_topic_name(message->rkt);
+    for (int i = self->n_sums - 1; i >= 0; i--) {
+        ack_sum *sum = &self->sums[i];
+        if (sum->token == token && strcmp(sum->topic, topic) == 0) {
+            sum->count++;
+            sum->data_bytes += data_bytes;
+            self->last_rkt = message->rkt;
+            self->last_sum = i;
+            return 0;
+        }
+    }
     if (self->n_sums == MAX_SUMS && flush_sums(self, result) < 0)
         return -1;
-    ack_sum *sum = &self->sums[self->n_sums++];
+    ack_sum *sum = &self->sums[self->n_sums];
     sum->token = token;
     sum->count = 1;
     sum->data_bytes = data_bytes;
     snprintf(sum->topic, sizeof sum->topic, "%s", topic);
+    self->last_rkt = message->rkt;
+    self->last_sum = self->n_sums++;
     return 0;
 }
 
@@ -920,6 +940,7 @@ serve_delivery_reports(Producer *self, poll_result *result, held_event *held)
 {
     if (take_messages(held) < 0)
         return -1;
+    self->last_rkt = NULL; /* a handle of another event's may name another topic now */
     for (; held->reported < held->count; held->reported++) {
         const rd_kafka_message_t *message = held->messages[held->reported];
         msg_state *state = (msg_state *)message->_private;

@@ -11,7 +11,8 @@ of 8 partitions), then in turn:
 Modules, in the order a reader meets them: settings (the one validated config),
 workload (what is sent), child (the harness <-> child process protocol), generator,
 sink and direct (the child processes), procfs, daemon, latency, runs (one run of each
-kind), harness (the interleaved rounds), report (min / median / max, text and JSON).
+kind), contention (``--contend``: CPU-bound processes beside the runs), harness (the
+interleaved rounds), report (min / median / max, text and JSON).
 """
 
 from __future__ import annotations

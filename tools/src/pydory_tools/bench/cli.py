@@ -92,6 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pydory sends no pydory-id header (<messageIdentity><headers enable=false>)",
     )
+    parser.add_argument(
+        "--contend",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-bound processes per core beside every run, at the daemon's "
+        "priority, stopped when the bench ends (a busy host; default 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -115,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             spool_segment_size=args.spool_segment_size,
             daemon_cpus=args.daemon_cpus,
             identity_headers=not args.no_identity_headers,
+            contend=args.contend,
         )
     except ValueError as error:
         print(f"pydory bench: {error}", file=sys.stderr)

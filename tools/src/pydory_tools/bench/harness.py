@@ -3,15 +3,19 @@
 Round r runs the three kinds in an order rotated by r (raw, pydory, direct; then pydory,
 direct, raw; ...), so none always runs first on a cold machine or last on a warm one.
 With spool variants (``--spool off,none,1000``), each is a pydory kind of its own
-(``pydory``, ``pydory+spool:none``, ...), rotated with the others.
+(``pydory``, ``pydory+spool:none``, ...), rotated with the others. With ``--contend N``,
+N CPU-bound processes per core run from before the first run to after the last
+(pydory_tools.bench.contention), so every run meets the same busy host.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from pydory_tools.bench.contention import cpu_hogs
 from pydory_tools.bench.report import BenchReport, Environment
 from pydory_tools.bench.runs import run_direct, run_pydory, run_raw
 from pydory_tools.bench.settings import BenchSettings
@@ -43,7 +47,13 @@ def run_bench(
     """
     say = progress or (lambda line: None)
     report = BenchReport(settings, Environment.capture())
-    with tempfile.TemporaryDirectory(prefix="pydory-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="pydory-bench-") as tmp,
+        cpu_hogs(settings.contend) as hogs,
+    ):
+        report.contend_processes = len(hogs)
+        if hogs:
+            say(f"{len(hogs)} CPU-bound processes running beside the runs (--contend)")
         for round_index in range(settings.rounds):
             for kind in round_order(round_index, settings.baselines, settings.spool):
                 workdir = Path(tmp) / f"r{round_index}-{kind.replace(':', '-')}"
@@ -55,6 +65,7 @@ def run_bench(
             workdir.mkdir()
             run_pydory(settings, workdir, profile=settings.profile_path, spool=settings.spool[0])
             say(f"profile of a separate pydory run written to {settings.profile_path}")
+        report.load_average_at_end = os.getloadavg()  # the hogs still running
     return report
 
 

@@ -58,6 +58,8 @@ class PydoryRun:
     delivered: int
     discarded: int
     discarded_by_reason: dict[str, int] = field(default_factory=dict)
+    #: The kernel's part of cpu_us_per_msg (stime: the sockets, the spool's writes).
+    system_us_per_msg: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,10 @@ class BenchReport:
     #: The pydory runs with a spool, by variant (``none``, ``always``, ``1000``); the
     #: runs without one are ``pydory``.
     spooled: dict[str, list[PydoryRun]] = field(default_factory=dict)
+    #: The CPU-bound processes that ran beside the runs (``--contend``: N per core).
+    contend_processes: int = 0
+    #: The load average after the last run (with ``--contend``, the hogs' included).
+    load_average_at_end: tuple[float, float, float] | None = None
 
     def spreads(self) -> dict[str, Spread]:
         """Every figure's min / median / max, under its JSON name."""
@@ -135,6 +141,7 @@ class BenchReport:
             "raw_generator_msgs_per_s": over(raw, lambda r: r.generator_msgs_per_s),
             "direct_msgs_per_s": over(direct, lambda r: r.msgs_per_s),
             "pydory_cpu_us_per_msg": over(p, lambda r: r.cpu_us_per_msg),
+            "pydory_system_us_per_msg": over(p, lambda r: r.system_us_per_msg),
             "direct_cpu_us_per_msg": over(direct, lambda r: r.cpu_us_per_msg),
             "pydory_rss_mb_idle": over(p, lambda r: r.rss_mb_idle),
             "pydory_rss_mb_peak": over(p, lambda r: r.rss_mb_peak),
@@ -159,6 +166,7 @@ class BenchReport:
             figures: dict[str, Callable[[PydoryRun], float | None]] = {
                 "msgs_per_s": lambda r: r.msgs_per_s,
                 "cpu_us_per_msg": lambda r: r.cpu_us_per_msg,
+                "system_us_per_msg": lambda r: r.system_us_per_msg,
                 "rss_mb_peak": lambda r: r.rss_mb_peak,
                 "p50_ms": lambda r: r.p50_ms,
                 "p99_ms": lambda r: r.p99_ms,
@@ -191,6 +199,12 @@ class BenchReport:
             "spool_segment_size": settings.spool_segment_size,
             "daemon_cpus": settings.daemon_cpus,
             "identity_headers": settings.identity_headers,
+            "contend": settings.contend,
+            "contend_processes": self.contend_processes,
+            "load_1min_at_start": self.environment.load_average_at_start[0],
+            "load_1min_at_end": (
+                None if self.load_average_at_end is None else self.load_average_at_end[0]
+            ),
             "brokers": BROKERS,
             "partitions": PARTITIONS,
         }
@@ -219,9 +233,20 @@ class BenchReport:
             f"{settings.value_bytes} B, {settings.processes} generator process(es), "
             f"{settings.batch} per write, compression {settings.compression}, "
             f"linger {settings.linger_ms} ms, {settings.rounds} round(s), "
-            f"spool {','.join(settings.spool)}",
+            f"spool {','.join(settings.spool)}"
+            + (
+                f", {self.contend_processes} CPU hogs ({settings.contend} per core)"
+                if settings.contend
+                else ""
+            ),
             f"mock cluster: {BROKERS} brokers, 1 topic of {PARTITIONS} partitions; "
-            f"{env.cpus} CPUs, load average at start {env.load_average_at_start[0]:.2f}, "
+            f"{env.cpus} CPUs, 1-minute load at start {env.load_average_at_start[0]:.2f}"
+            + (
+                ""
+                if self.load_average_at_end is None
+                else f", at end {self.load_average_at_end[0]:.2f}"
+            )
+            + ", "
             f"net.unix.max_dgram_qlen = {env.max_dgram_qlen}",
             "",
             f"{'figure':<30}{'min':>14}{'median':>14}{'max':>14}",

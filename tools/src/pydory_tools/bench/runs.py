@@ -193,6 +193,7 @@ def run_pydory(
         if profile is not None:
             stack.enter_context(_py_spy(daemon.pid, profile, workdir))
         cpu_before = procfs.cpu_seconds(daemon.pid)
+        system_before = procfs.system_cpu_seconds(daemon.pid)
         for generator in generators:
             generator.go()
         results = _results(generators, settings.timeout_s)
@@ -201,12 +202,14 @@ def run_pydory(
             TOPIC, settings.messages, first + settings.timeout_s
         )
         cpu = procfs.cpu_seconds(daemon.pid) - cpu_before
+        system = procfs.system_cpu_seconds(daemon.pid) - system_before
         peak_rss = procfs.memory_mb(daemon.pid, "VmHWM")
         latency = probes.finish(sum(int(r["probes"]) for r in results), PROBE_GRACE_S)
     return PydoryRun(
         msgs_per_s=_rate(settings.messages, first, settled_at),
         generator_msgs_per_s=_rate(settings.messages, first, last),
         cpu_us_per_msg=cpu / settings.messages * 1e6,
+        system_us_per_msg=system / settings.messages * 1e6,
         rss_mb_idle=idle_rss,
         rss_mb_peak=peak_rss,
         p50_ms=latency.p50_ms,

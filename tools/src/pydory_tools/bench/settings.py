@@ -58,6 +58,8 @@ class BenchSettings:
     daemon_cpus: str | None = None
     #: Whether pydory sends each message's ``pydory-id`` header (its default: yes).
     identity_headers: bool = True
+    #: CPU-bound processes per core running beside every run (``--contend``; 0: none).
+    contend: int = 0
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -78,6 +80,8 @@ class BenchSettings:
             )
         if self.processes > self.messages:
             raise ValueError("more generator processes than messages")
+        if self.contend < 0:
+            raise ValueError("contend must be >= 0 (CPU-bound processes per core)")
         if self.linger_ms < 0 or self.timeout_s <= 0:
             raise ValueError("linger_ms must be >= 0 and timeout_s > 0")
         if not self.spool or len(set(self.spool)) != len(self.spool):
