@@ -52,15 +52,16 @@ from pydory.pipeline.landing.dedup import (
     DEFAULT_WINDOW_S,
     IDENTITY_COLUMN,
     LANDED_METRICS,
-    NO_DATA_BATCHES,
     READ_METRICS,
     SESSION_CONF,
-    STATE_STORE_CONF,
+    drop_lake_copies,
     drop_second_copies,
     dropped_per_topic,
     drops_second_copies,
     identity_of,
     observe_topics,
+    prepare_session,
+    seed_state,
 )
 from pydory.pipeline.landing.lake_binding import (
     LakeCheckpointMismatch,
@@ -240,12 +241,14 @@ def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWri
         .load()
     )
     rows = _lake_rows(records)
-    if drops_second_copies(settings.checkpoint, lake_files(spark, settings.checkpoint)):
-        spark.conf.set(NO_DATA_BATCHES, "false")
-        for key, value in STATE_STORE_CONF.items():
-            if key not in settings.spark_conf:
-                spark.conf.set(key, value)
+    files = lake_files(spark, settings.lake, settings.checkpoint)
+    if drops_second_copies(settings.checkpoint, files):
+        prepare_session(spark, settings.spark_conf)
         rows = observe_topics(rows, READ_METRICS, settings.topics)
+        # A checkpoint seeded to continue the lake: what the lake held is not in its state.
+        rows = drop_lake_copies(
+            rows, spark, settings.lake, settings.checkpoint, settings.dedup_window_s, files
+        )
         rows = drop_second_copies(rows, settings.dedup_window_s)
         rows = observe_topics(rows, LANDED_METRICS, settings.topics)
     writer = (
@@ -303,6 +306,8 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         conf = {**SESSION_CONF, **settings.spark_conf}
         spark = spark_session(settings.master, app_name="pydory-land", conf=conf)
         spark.streams.addListener(progress)
+    except CouldNotRun as error:  # the master is gone
+        return _could_not_run(out, error)
     except (PySparkException, Py4JError) as error:
         _say(out, f"cannot start Spark: {_cause(error)}")
         return 1
@@ -383,8 +388,9 @@ def _land(
                 out,
                 f"second copies are not dropped: the checkpoint {settings.checkpoint} holds "
                 "batches landed without their state (before pydory dropped them, or seeded "
-                "to continue a lake), and Spark cannot add state to it. To drop them, land "
-                "into a new lake with a new checkpoint (docs/pipeline.md, 'Second copies')",
+                "to continue a lake with a state store other than RocksDB), and Spark cannot "
+                "add state to it. To drop them, land into a new lake with a new checkpoint "
+                "(docs/pipeline.md, 'Second copies')",
             )
         checkpoint_id = ensure_checkpoint_id(settings.checkpoint, files)
         if pairing.kind is not PairingKind.FRESH:  # the lake exists: record the pair first
@@ -548,7 +554,20 @@ def _seed_checkpoint(
         partition_id: max(offset, landed.get(partition_id, offset))
         for partition_id, offset in chosen.items()
     }
-    seed_checkpoint(settings.checkpoint, pairing.lake_batch, start, files)
+    # What Spark records with a batch and keeps for the checkpoint's life, as it would.
+    prepare_session(spark, settings.spark_conf)
+    jvm: Any = spark.sparkContext._jvm
+    metadata = jvm.org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqMetadata
+    recorded = json.loads(metadata.apply(0, 0, spark._jsparkSession.conf()).json())["conf"]
+    # It leaves out (null) a setting the session holds at its default: the shuffle's.
+    conf: dict[str, str] = {}
+    for key, value in recorded.items():
+        setting = value or spark.conf.get(key, None)
+        if setting is not None:
+            conf[key] = setting
+    # The state first: a crash before the commit leaves a new checkpoint, seeded again.
+    seed_state(settings.checkpoint, pairing.lake_batch, conf, files)
+    seed_checkpoint(settings.checkpoint, pairing.lake_batch, start, files, conf)
     skipped = sum(start[partition_id] - chosen[partition_id] for partition_id in start)
     _say(
         out,
