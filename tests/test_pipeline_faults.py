@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -44,7 +45,9 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-def landing(bootstrap: str, topic: str, lake: Path, checkpoint: Path) -> tuple[int, str]:
+def landing(
+    bootstrap: str, topic: str, lake: Path | str, checkpoint: Path | str
+) -> tuple[int, str]:
     out = io.StringIO()
     settings = LandSettings(
         bootstrap_servers=bootstrap,
@@ -209,3 +212,71 @@ def test_kafka_down_stops_both_audits_with_one_line_and_exit_2(
     assert single == 2, err
     (line,) = [line for line in err.splitlines() if line.startswith("pydory ")]
     assert line.startswith(f"pydory pipeline audit: could not run: Kafka at {kafka} did not")
+
+
+def test_a_spark_master_that_is_gone_is_one_line_and_exit_2_before_a_jvm_starts(
+    tmp_path: Path,
+) -> None:
+    """The landing and both audits, each a process of its own (no session to reuse): a
+    ``spark://`` master nothing answers at is said at once, not after Spark's three 20 s
+    registration attempts and a batch waiting for executors."""
+    master = f"spark://127.0.0.1:{closed_port()}"
+    books = tmp_path / "books.json"
+    books.write_text(json.dumps({"topics": [], "received": {}}))
+    lake, checkpoint = str(tmp_path / "lake"), str(tmp_path / "checkpoint")
+    (tmp_path / "landed" / "_spark_metadata").mkdir(parents=True)  # a lake to audit
+    landed = str(tmp_path / "landed")
+    commands = {
+        "land": [
+            *("--bootstrap-servers", "127.0.0.1:9", "--topics", "t", "--lake", lake),
+            *("--checkpoint", checkpoint, "--available-now"),
+        ],
+        "audit": ["--lake", landed, "--books", str(books)],
+        "fleet-audit": ["--lake", landed, "--bootstrap-servers", "127.0.0.1:9"],
+    }
+    for command, options in commands.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "pydory", "pipeline", command, "--master", master, *options],
+            capture_output=True,
+            text=True,
+            timeout=120,  # not a deadline: a safety net; it ends in seconds
+            check=False,
+        )
+
+        said = done.stdout + done.stderr
+        assert done.returncode == EXIT_COULD_NOT_RUN, said
+        (line,) = [line for line in said.splitlines() if line.startswith("pydory ")]
+        assert line.startswith(f"pydory pipeline {command}: could not run: "), said
+        assert f"no Spark master answered at {master}" in line, said
+        assert "Connection refused" in line
+        assert "Traceback" not in said
+    assert not (tmp_path / "lake").exists()
+
+
+def test_hdfs_down_stops_the_landing_and_the_audit_with_one_line_and_exit_2(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A namenode nothing answers at: Hadoop's client retries a refused connection 10
+    times a second apart by default; ``ipc.client.connect.max.retries=0`` (Hadoop's own
+    setting, ``--conf spark.hadoop.ipc.client.connect.max.retries=0`` for a job) says it
+    at once."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    hadoop.set("ipc.client.connect.max.retries", "0")
+    namenode = f"hdfs://127.0.0.1:{closed_port()}"
+    try:
+        status, out = landing("127.0.0.1:9", "t", namenode + "/lake", namenode + "/checkpoint")
+        books = tmp_path / "books.json"
+        books.write_text(json.dumps({"topics": [], "received": {}}))
+        audited = main(["pipeline", "audit", "--lake", f"{namenode}/lake", "--books", str(books)])
+    finally:
+        hadoop.unset("ipc.client.connect.max.retries")
+
+    assert status == EXIT_COULD_NOT_RUN, out
+    assert last_line(out).startswith("pydory pipeline land: could not run: "), out
+    assert "Connection refused" in last_line(out) or "connection refused" in last_line(out), out
+    assert namenode in last_line(out)
+    err = capsys.readouterr().err
+    assert audited == EXIT_COULD_NOT_RUN, err
+    (line,) = [line for line in err.splitlines() if line.startswith("pydory ")]
+    assert line.startswith("pydory pipeline audit: could not run: "), line
+    assert namenode in line, line
