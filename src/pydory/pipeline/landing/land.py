@@ -99,6 +99,7 @@ __all__ = [
     "EXIT_COULD_NOT_RUN",
     "EXIT_RECORDS_SKIPPED",
     "PARTITION_COLUMNS",
+    "SINK_CONF",
     "LandSettings",
     "LandSummary",
     "SparkJvmDied",
@@ -119,6 +120,20 @@ DATA_COLUMNS = (
     "timestampType",
     IDENTITY_COLUMN,
 )
+
+#: What the landing keeps of its history, stated rather than left to Spark's defaults
+#: (the same values): the checkpoint keeps the offsets, commits and state of its last 100
+#: batches; the sink's commit log is compacted every 10 batches and the log files a
+#: compaction replaces are deleted 10 minutes later (a reader listing the lake meanwhile
+#: still finds them). The compacted log lists every file of the lake, as readers need:
+#: the sink's ``retention`` option, which would bound it, is not set (docs/pipeline.md).
+#: ``--conf`` overrides each.
+SINK_CONF = {
+    "spark.sql.streaming.minBatchesToRetain": "100",
+    "spark.sql.streaming.fileSink.log.deletion": "true",
+    "spark.sql.streaming.fileSink.log.compactInterval": "10",
+    "spark.sql.streaming.fileSink.log.cleanupDelay": "10m",
+}
 
 DEFAULT_TRIGGER_INTERVAL_S = 5.0
 # How long a stopped query's final events may take to reach the progress printer.
@@ -303,7 +318,7 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
-        conf = {**SESSION_CONF, **settings.spark_conf}
+        conf = {**SESSION_CONF, **SINK_CONF, **settings.spark_conf}
         spark = spark_session(settings.master, app_name="pydory-land", conf=conf)
         spark.streams.addListener(progress)
     except CouldNotRun as error:  # the master is gone
