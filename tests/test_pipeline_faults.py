@@ -23,13 +23,22 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from pydory.cli import main
-from pydory.pipeline.faults import fault_line
-from pydory.pipeline.landing.land import EXIT_COULD_NOT_RUN, LandSettings, run_landing
+from pydory.commands import pipeline as cli_pipeline
+from pydory.pipeline.faults import ExecutorsGone, fault_line
+from pydory.pipeline.landing import land
+from pydory.pipeline.landing.land import (
+    DEFAULT_EXECUTOR_WAIT_S,
+    EXIT_COULD_NOT_RUN,
+    LandSettings,
+    run_landing,
+)
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import identity, produce
@@ -280,3 +289,38 @@ def test_hdfs_down_stops_the_landing_and_the_audit_with_one_line_and_exit_2(
     (line,) = [line for line in err.splitlines() if line.startswith("pydory ")]
     assert line.startswith("pydory pipeline audit: could not run: "), line
     assert namenode in line, line
+
+
+def test_a_cluster_with_no_executor_for_the_wait_stops_the_landing_a_lost_worker_does_not() -> None:
+    """Spark waits forever for executors when every worker is gone; the landing's watch
+    (checked every half second while a query runs) stops it after its wait, exit 2."""
+    now, executors = [0.0], [2]
+    no_spark: Any = SimpleNamespace(sparkContext=None)
+    watch = land._ExecutorWatch(no_spark, "spark://m:7077", 5.0, clock=lambda: now[0])
+    watch.executors = lambda: executors[0]
+    watch.check()
+    executors[0], now[0] = 1, 100.0  # one worker lost: its tasks run on the other
+    watch.check()
+    executors[0], now[0] = 0, 101.0  # none: the wait starts
+    watch.check()
+    now[0] = 105.9
+    watch.check()
+    executors[0], now[0] = 1, 106.0  # a worker came back: the wait starts over
+    watch.check()
+    executors[0], now[0] = 0, 107.0
+    watch.check()
+    now[0] = 111.9
+    watch.check()
+    now[0] = 112.0
+    with pytest.raises(ExecutorsGone) as gone:
+        watch.check()
+    assert fault_line(gone.value) == (
+        "no Spark executor for 5 s on spark://m:7077: the cluster's workers are gone or have "
+        "no cores or memory left for the job; the batch in flight is redone by the next run"
+    )
+    local = land._ExecutorWatch(no_spark, "local[2]", 5.0, clock=lambda: now[0])
+    local.executors = lambda: 0  # local mode: the driver runs the tasks
+    now[0] = 1_000.0
+    local.check()
+    assert LandSettings("b:1", ("t",), "l", "c").executor_wait_s == DEFAULT_EXECUTOR_WAIT_S
+    assert cli_pipeline.DEFAULT_EXECUTOR_WAIT_S == DEFAULT_EXECUTOR_WAIT_S

@@ -30,6 +30,7 @@ from pydory.pipeline.errors import PipelineError
 __all__ = [
     "EXIT_COULD_NOT_RUN",
     "CouldNotRun",
+    "ExecutorsGone",
     "KafkaUnreachable",
     "SparkMasterUnreachable",
     "could_not_run",
@@ -80,6 +81,12 @@ class CouldNotRun(PipelineError):
 class KafkaUnreachable(CouldNotRun):
     """Kafka did not answer at the bootstrap servers given. Check that the brokers run
     and that the address is theirs; nothing was read or written."""
+
+
+class ExecutorsGone(CouldNotRun):
+    """A job on a cluster has had no executor for longer than it waits: the cluster's
+    workers are gone (or have no cores or memory for it). The batch in flight is redone
+    by the next run, from the checkpoint."""
 
 
 class SparkMasterUnreachable(CouldNotRun):

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from subprocess import Popen
@@ -46,7 +46,13 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
-from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, fault_line, require_kafka
+from pydory.pipeline.faults import (
+    EXIT_COULD_NOT_RUN,
+    CouldNotRun,
+    ExecutorsGone,
+    fault_line,
+    require_kafka,
+)
 from pydory.pipeline.lake_files import LakeFiles, LocalFiles, is_local, lake_files
 from pydory.pipeline.landing.dedup import (
     DEFAULT_WINDOW_S,
@@ -96,6 +102,7 @@ from pydory.wording import counted
 __all__ = [
     "DATA_COLUMNS",
     "DEFAULT_CONNECTOR",
+    "DEFAULT_EXECUTOR_WAIT_S",
     "EXIT_COULD_NOT_RUN",
     "EXIT_RECORDS_SKIPPED",
     "PARTITION_COLUMNS",
@@ -141,6 +148,8 @@ _LAST_REPORT_WAIT_S = 30.0
 QUERY_NAME = "pydory_land"
 # How often the driver, waiting for the query's end, checks that Spark's JVM still runs.
 _JVM_CHECK_S = 0.5
+#: How long a landing on a cluster waits with no executor before it stops (exit 2).
+DEFAULT_EXECUTOR_WAIT_S = 300.0
 # Bounds each request to the brokers when seeding a new checkpoint.
 _BROKER_TIMEOUT_S = 30.0
 # Spark (4.2) gives a Python worker it starts a fixed 10 s to connect back; a loaded host
@@ -176,6 +185,8 @@ class LandSettings:
     and what the lake holds is skipped (:mod:`pydory.pipeline.landing.lake_binding`).
     ``dedup_window_s``: a second copy of a message landing this long after its first is
     still dropped (:mod:`pydory.pipeline.landing.dedup`; default :data:`DEFAULT_WINDOW_S`).
+    ``executor_wait_s``: on a cluster (a master not ``local``), how long the job runs on
+    with no executor before it stops with exit status 2 (its workers are gone).
     """
 
     bootstrap_servers: str
@@ -191,6 +202,7 @@ class LandSettings:
     starting_offsets: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     dedup_window_s: float = DEFAULT_WINDOW_S
+    executor_wait_s: float = DEFAULT_EXECUTOR_WAIT_S
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -209,6 +221,8 @@ class LandSettings:
             parse_offset_spec(self.starting_offsets, "--starting-offsets", unlisted=EARLIEST)
         if not self.dedup_window_s > 0:
             raise ValueError(f"dedup_window_s must be positive, not {self.dedup_window_s}")
+        if not self.executor_wait_s > 0:
+            raise ValueError(f"executor_wait_s must be positive, not {self.executor_wait_s}")
 
     def source_options(self) -> dict[str, str]:
         """The source's options: the same for ``pydory-kafka`` and Spark's ``kafka``."""
@@ -326,7 +340,7 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     except (PySparkException, Py4JError) as error:
         _say(out, f"cannot start Spark: {_cause(error)}")
         return 1
-    jvm = _JvmWatch(spark)
+    jvm = _JvmWatch(spark, _ExecutorWatch(spark, settings.master, settings.executor_wait_s))
     try:
         # HDFS, S3...: compared through the session's Hadoop client, once it runs.
         files = progress.files = lake_files(spark, settings.lake, settings.checkpoint)
@@ -474,7 +488,11 @@ def _run_with_restarts(
             query = None
         if query is not None:
             progress.watch(query)
-            jvm.wait_for(progress.stop_requested)
+            try:
+                jvm.wait_for(progress.stop_requested)
+            except ExecutorsGone:
+                query.stop()  # its batch is redone by the next run
+                raise
             query.stop()
             progress.wait_for_last_report()
             if not (may_restart and not interrupted.is_set() and _worker_failed(query)):
@@ -621,17 +639,21 @@ class _JvmWatch:
     tells how it died); otherwise a request to it that fails says it is gone.
     """
 
-    def __init__(self, spark: SparkSession) -> None:
+    def __init__(self, spark: SparkSession, executors: _ExecutorWatch | None = None) -> None:
         self._spark = spark
         gateway = spark.sparkContext._gateway
         self._process: Popen[bytes] | None = getattr(gateway, "proc", None)
         self._death: str | None = None
+        self._executors = executors
 
     def wait_for(self, event: threading.Event) -> None:
-        """Wait until ``event`` is set; raise :class:`SparkJvmDied` if the JVM dies first."""
+        """Wait until ``event`` is set; raise :class:`SparkJvmDied` if the JVM dies first,
+        :class:`~pydory.pipeline.faults.ExecutorsGone` if a cluster keeps no executor."""
         while not event.wait(_JVM_CHECK_S):
             if self.death() is not None:
                 raise SparkJvmDied(f"{self.death()}; the batch in flight is redone by the next run")
+            if self._executors is not None:
+                self._executors.check()
 
     def death(self) -> str | None:
         """How the JVM died, or None while it lives."""
@@ -652,6 +674,52 @@ class _JvmWatch:
         except Py4JNetworkError as error:
             return f"Spark's JVM stopped answering ({error})"
         return None
+
+
+class _ExecutorWatch:
+    """Notices that a job on a cluster has had no executor for ``wait_s``.
+
+    Spark never fails a batch for want of executors: with every worker gone it waits for
+    one, forever (the standalone master only logs that the job has no resources). A
+    worker's loss alone is not a fault: its tasks run again on the others, or on a
+    worker that comes back within ``wait_s``.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        master: str,
+        wait_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._master = master
+        self._wait_s = wait_s
+        self._clock = clock
+        self._applies = not master.startswith("local")
+        self._since: float | None = None
+        context: Any = spark.sparkContext
+        # Block managers: the driver's and one per executor.
+        self.executors: Callable[[], int] = lambda: (
+            context._jsc.sc().getExecutorMemoryStatus().size() - 1
+        )
+
+    def check(self) -> None:
+        """Raise :class:`~pydory.pipeline.faults.ExecutorsGone` once no executor has run
+        for ``wait_s`` (counted from the first check that found none)."""
+        if not self._applies:
+            return
+        if self.executors() > 0:
+            self._since = None
+            return
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+        elif now - self._since >= self._wait_s:
+            raise ExecutorsGone(
+                f"no Spark executor for {self._wait_s:g} s on {self._master}: the cluster's "
+                "workers are gone or have no cores or memory left for the job; the batch in "
+                "flight is redone by the next run"
+            )
 
 
 # --- the lake's rows -----------------------------------------------------------------------
