@@ -184,6 +184,10 @@ def test_faults_are_named_from_python_and_from_jvm_errors() -> None:
         "no space left on the device (the disk is full) (file:/lake/x.parquet)"
     )
     assert fault_line(RuntimeError("a bug of ours")) is None
+    hdfs = "hdfs://nn:8020/lake: java.net.ConnectException: Call From h to nn:8020 failed on "
+    assert fault_line(OSError(hdfs + "connection exception: Connection refused")) == (
+        "connection refused (hdfs://nn:8020/lake)"
+    )
     assert os.strerror(30)  # the errno above is EROFS on this platform
 
 

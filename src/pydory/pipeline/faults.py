@@ -103,10 +103,12 @@ def fault_line(error: BaseException) -> str | None:
         return f"{_ERRNO[error.errno]}{where}"
     text = "\n".join(_texts(error))
     found = _FILE_IN_TEXT.search(text)
-    where = f" ({found.group(1)})" if found else ""
+    # A path ends before the colon or full stop that may follow it in the message.
+    path = found.group(1).rstrip(":.") if found else None
+    where = f" ({path})" if path else ""
     if _CANNOT_CREATE in text or _MKDIR_FAILED.search(text):
         # Hadoop's local file system says only that it failed: look at the path.
-        return _why_not_writable(found.group(1) if found else None) + where
+        return _why_not_writable(path) + where
     for needle, said in _JVM_FAULTS:
         if needle in text:
             return said + where
