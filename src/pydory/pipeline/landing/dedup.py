@@ -235,8 +235,11 @@ def drop_lake_copies(
     since_s = time.time() - window_s - _CLOCK_MARGIN_S
     until_s = seeded_s + _CLOCK_MARGIN_S
     modified = F.col("_metadata.file_modification_time")
+    # The column named, not inferred from one file: a file landed before the lake had
+    # identities has none (null here), and may be the one Spark would infer from.
     landed = (
-        spark.read.parquet(lake)
+        spark.read.schema(f"{IDENTITY_COLUMN} string")
+        .parquet(lake)
         .where(modified.between(_timestamp(since_s), _timestamp(until_s)))
         .where(F.col(IDENTITY_COLUMN).isNotNull())
         .select(F.col(IDENTITY_COLUMN).alias(_LAKE_IDENTITY))

@@ -310,7 +310,8 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     checkpoint that do not belong together: :mod:`pydory.pipeline.landing.lake_binding`), was
     interrupted before landing everything available, or Spark's JVM died;
     :data:`EXIT_COULD_NOT_RUN` (2) when a fault of its surroundings stopped it (the lake
-    or checkpoint not writable, the disk full, Kafka not answering: its last line names
+    or checkpoint not writable, the disk full, Kafka, a ``spark://`` master or HDFS not
+    answering, a cluster with no executor for ``executor_wait_s``: its last line names
     it, :mod:`pydory.pipeline.faults`); :data:`EXIT_RECORDS_SKIPPED` when it finished
     but, with ``fail_on_data_loss`` false, skipped records no longer in Kafka (listed per
     partition). A session this call starts
