@@ -326,5 +326,16 @@ def test_a_cluster_with_no_executor_for_the_wait_stops_the_landing_a_lost_worker
     local.executors = lambda: 0  # local mode: the driver runs the tasks
     now[0] = 1_000.0
     local.check()
+    # Dynamic allocation may release every executor of an idle job: no fault either.
+    dynamic: Any = SimpleNamespace(
+        sparkContext=SimpleNamespace(
+            getConf=lambda: {"spark.dynamicAllocation.enabled": "true"}, _jsc=None
+        )
+    )
+    elastic = land._ExecutorWatch(dynamic, "spark://m:7077", 5.0, clock=lambda: now[0])
+    elastic.executors = lambda: 0
+    elastic.check()
+    now[0] = 2_000.0
+    elastic.check()
     assert LandSettings("b:1", ("t",), "l", "c").executor_wait_s == DEFAULT_EXECUTOR_WAIT_S
     assert cli_pipeline.DEFAULT_EXECUTOR_WAIT_S == DEFAULT_EXECUTOR_WAIT_S

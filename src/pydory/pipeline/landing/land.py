@@ -683,7 +683,9 @@ class _ExecutorWatch:
     Spark never fails a batch for want of executors: with every worker gone it waits for
     one, forever (the standalone master only logs that the job has no resources). A
     worker's loss alone is not a fault: its tasks run again on the others, or on a
-    worker that comes back within ``wait_s``.
+    worker that comes back within ``wait_s``. Not applied in local mode (the driver runs
+    the tasks) nor with dynamic allocation, which may release every executor of an idle
+    job on purpose.
     """
 
     def __init__(
@@ -696,9 +698,10 @@ class _ExecutorWatch:
         self._master = master
         self._wait_s = wait_s
         self._clock = clock
-        self._applies = not master.startswith("local")
-        self._since: float | None = None
         context: Any = spark.sparkContext
+        dynamic = context is not None and context.getConf().get(_DYNAMIC_ALLOCATION) == "true"
+        self._applies = not master.startswith("local") and not dynamic
+        self._since: float | None = None
         # Block managers: the driver's and one per executor.
         self.executors: Callable[[], int] = lambda: (
             context._jsc.sc().getExecutorMemoryStatus().size() - 1
@@ -721,6 +724,9 @@ class _ExecutorWatch:
                 "workers are gone or have no cores or memory left for the job; the batch in "
                 "flight is redone by the next run"
             )
+
+
+_DYNAMIC_ALLOCATION = "spark.dynamicAllocation.enabled"
 
 
 # --- the lake's rows -----------------------------------------------------------------------
