@@ -322,5 +322,6 @@ def test_the_session_the_job_starts_spills_its_shuffle_at_a_third_of_the_heap_un
     )
 
     assert run_landing(settings, io.StringIO()) == 1
-    assert started == [{**SESSION_CONF, **given}]
+    assert started == [{**SESSION_CONF, **land.SINK_CONF, **given}]
+    assert started[0]["spark.sql.streaming.fileSink.log.cleanupDelay"] == "10m"
     assert started[0]["spark.memory.fraction"] == fraction

@@ -20,15 +20,25 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from pydory.cli import main
-from pydory.pipeline.faults import fault_line
-from pydory.pipeline.landing.land import EXIT_COULD_NOT_RUN, LandSettings, run_landing
+from pydory.commands import pipeline as cli_pipeline
+from pydory.pipeline.faults import ExecutorsGone, fault_line
+from pydory.pipeline.landing import land
+from pydory.pipeline.landing.land import (
+    DEFAULT_EXECUTOR_WAIT_S,
+    EXIT_COULD_NOT_RUN,
+    LandSettings,
+    run_landing,
+)
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import identity, produce
@@ -44,7 +54,9 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-def landing(bootstrap: str, topic: str, lake: Path, checkpoint: Path) -> tuple[int, str]:
+def landing(
+    bootstrap: str, topic: str, lake: Path | str, checkpoint: Path | str
+) -> tuple[int, str]:
     out = io.StringIO()
     settings = LandSettings(
         bootstrap_servers=bootstrap,
@@ -172,6 +184,10 @@ def test_faults_are_named_from_python_and_from_jvm_errors() -> None:
         "no space left on the device (the disk is full) (file:/lake/x.parquet)"
     )
     assert fault_line(RuntimeError("a bug of ours")) is None
+    hdfs = "hdfs://nn:8020/lake: java.net.ConnectException: Call From h to nn:8020 failed on "
+    assert fault_line(OSError(hdfs + "connection exception: Connection refused")) == (
+        "connection refused (hdfs://nn:8020/lake)"
+    )
     assert os.strerror(30)  # the errno above is EROFS on this platform
 
 
@@ -209,3 +225,117 @@ def test_kafka_down_stops_both_audits_with_one_line_and_exit_2(
     assert single == 2, err
     (line,) = [line for line in err.splitlines() if line.startswith("pydory ")]
     assert line.startswith(f"pydory pipeline audit: could not run: Kafka at {kafka} did not")
+
+
+def test_a_spark_master_that_is_gone_is_one_line_and_exit_2_before_a_jvm_starts(
+    tmp_path: Path,
+) -> None:
+    """The landing and both audits, each a process of its own (no session to reuse): a
+    ``spark://`` master nothing answers at is said at once, not after Spark's three 20 s
+    registration attempts and a batch waiting for executors."""
+    master = f"spark://127.0.0.1:{closed_port()}"
+    books = tmp_path / "books.json"
+    books.write_text(json.dumps({"topics": [], "received": {}}))
+    lake, checkpoint = str(tmp_path / "lake"), str(tmp_path / "checkpoint")
+    (tmp_path / "landed" / "_spark_metadata").mkdir(parents=True)  # a lake to audit
+    landed = str(tmp_path / "landed")
+    commands = {
+        "land": [
+            *("--bootstrap-servers", "127.0.0.1:9", "--topics", "t", "--lake", lake),
+            *("--checkpoint", checkpoint, "--available-now"),
+        ],
+        "audit": ["--lake", landed, "--books", str(books)],
+        "fleet-audit": ["--lake", landed, "--bootstrap-servers", "127.0.0.1:9"],
+    }
+    for command, options in commands.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "pydory", "pipeline", command, "--master", master, *options],
+            capture_output=True,
+            text=True,
+            timeout=120,  # not a deadline: a safety net; it ends in seconds
+            check=False,
+        )
+
+        said = done.stdout + done.stderr
+        assert done.returncode == EXIT_COULD_NOT_RUN, said
+        (line,) = [line for line in said.splitlines() if line.startswith("pydory ")]
+        assert line.startswith(f"pydory pipeline {command}: could not run: "), said
+        assert f"no Spark master answered at {master}" in line, said
+        assert "Connection refused" in line
+        assert "Traceback" not in said
+    assert not (tmp_path / "lake").exists()
+
+
+def test_hdfs_down_stops_the_landing_and_the_audit_with_one_line_and_exit_2(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A namenode nothing answers at: Hadoop's client retries a refused connection 10
+    times a second apart by default; ``ipc.client.connect.max.retries=0`` (Hadoop's own
+    setting, ``--conf spark.hadoop.ipc.client.connect.max.retries=0`` for a job) says it
+    at once."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    hadoop.set("ipc.client.connect.max.retries", "0")
+    namenode = f"hdfs://127.0.0.1:{closed_port()}"
+    try:
+        status, out = landing("127.0.0.1:9", "t", namenode + "/lake", namenode + "/checkpoint")
+        books = tmp_path / "books.json"
+        books.write_text(json.dumps({"topics": [], "received": {}}))
+        audited = main(["pipeline", "audit", "--lake", f"{namenode}/lake", "--books", str(books)])
+    finally:
+        hadoop.unset("ipc.client.connect.max.retries")
+
+    assert status == EXIT_COULD_NOT_RUN, out
+    assert last_line(out).startswith("pydory pipeline land: could not run: "), out
+    assert "Connection refused" in last_line(out) or "connection refused" in last_line(out), out
+    assert namenode in last_line(out)
+    err = capsys.readouterr().err
+    assert audited == EXIT_COULD_NOT_RUN, err
+    (line,) = [line for line in err.splitlines() if line.startswith("pydory ")]
+    assert line.startswith("pydory pipeline audit: could not run: "), line
+    assert namenode in line, line
+
+
+def test_a_cluster_with_no_executor_for_the_wait_stops_the_landing_a_lost_worker_does_not() -> None:
+    """Spark waits forever for executors when every worker is gone; the landing's watch
+    (checked every half second while a query runs) stops it after its wait, exit 2."""
+    now, executors = [0.0], [2]
+    no_spark: Any = SimpleNamespace(sparkContext=None)
+    watch = land._ExecutorWatch(no_spark, "spark://m:7077", 5.0, clock=lambda: now[0])
+    watch.executors = lambda: executors[0]
+    watch.check()
+    executors[0], now[0] = 1, 100.0  # one worker lost: its tasks run on the other
+    watch.check()
+    executors[0], now[0] = 0, 101.0  # none: the wait starts
+    watch.check()
+    now[0] = 105.9
+    watch.check()
+    executors[0], now[0] = 1, 106.0  # a worker came back: the wait starts over
+    watch.check()
+    executors[0], now[0] = 0, 107.0
+    watch.check()
+    now[0] = 111.9
+    watch.check()
+    now[0] = 112.0
+    with pytest.raises(ExecutorsGone) as gone:
+        watch.check()
+    assert fault_line(gone.value) == (
+        "no Spark executor for 5 s on spark://m:7077: the cluster's workers are gone or have "
+        "no cores or memory left for the job; the batch in flight is redone by the next run"
+    )
+    local = land._ExecutorWatch(no_spark, "local[2]", 5.0, clock=lambda: now[0])
+    local.executors = lambda: 0  # local mode: the driver runs the tasks
+    now[0] = 1_000.0
+    local.check()
+    # Dynamic allocation may release every executor of an idle job: no fault either.
+    dynamic: Any = SimpleNamespace(
+        sparkContext=SimpleNamespace(
+            getConf=lambda: {"spark.dynamicAllocation.enabled": "true"}, _jsc=None
+        )
+    )
+    elastic = land._ExecutorWatch(dynamic, "spark://m:7077", 5.0, clock=lambda: now[0])
+    elastic.executors = lambda: 0
+    elastic.check()
+    now[0] = 2_000.0
+    elastic.check()
+    assert LandSettings("b:1", ("t",), "l", "c").executor_wait_s == DEFAULT_EXECUTOR_WAIT_S
+    assert cli_pipeline.DEFAULT_EXECUTOR_WAIT_S == DEFAULT_EXECUTOR_WAIT_S

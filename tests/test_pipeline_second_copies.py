@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -154,3 +155,63 @@ def file_sink_lake(spark: SparkSession, root: Path, rows: list[tuple[str, int, i
     )
     query.awaitTermination()
     return root / "lake"
+
+
+def test_a_lake_continued_with_a_new_checkpoint_keeps_dropping_second_copies(
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """Issue 31, point 7: the old checkpoint's state holds the lake's identities, not the
+    new one's. Land 40 messages; the daemon replays 20 of them (some into the other
+    partition) between 10 new ones; a new checkpoint re-lands the topic from the earliest
+    offsets into the same lake: the replay is dropped, the new messages land, the audit
+    balances. A second run of that checkpoint drops a replay of both what the old
+    checkpoint landed and what the new one did."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = unique_topic("continued")
+    kafka_broker.create_topic(topic, 2)
+    lake = tmp_path / "lake"
+
+    def land(checkpoint: str, starting_offsets: str | None = None) -> str:
+        out = io.StringIO()
+        settings = LandSettings(
+            bootstrap_servers=bootstrap,
+            topics=(topic,),
+            lake=str(lake),
+            checkpoint=str(tmp_path / checkpoint),
+            available_now=True,
+            starting_offsets=starting_offsets,
+        )
+        assert run_landing(settings, out) == 0, out.getvalue()
+        return out.getvalue()
+
+    produce(bootstrap, topic, [(i % 2, b"m%d" % i, identity(i)) for i in range(40)])
+    assert "; 0 second copies dropped" in land("old")
+
+    replay = [((i + 1) % 2, b"m%d" % i, identity(i)) for i in range(10, 30)]
+    new = [(i % 2, b"m%d" % i, identity(i)) for i in range(40, 50)]
+    produce(bootstrap, topic, [*replay[:10], *new[:5], *replay[10:], *new[5:]])
+    continued = land("new", starting_offsets="earliest")
+
+    assert "continues the lake after its batch 0" in continued
+    assert "20 second copies dropped" in continued
+    assert "not dropped" not in continued
+    assert landed_identities(spark, lake) == Counter(identity(i).decode() for i in range(50))
+
+    # Its next run: a replay of what the old checkpoint landed and of what it landed.
+    again = [(0, b"m%d" % i, identity(i)) for i in [*range(5), *range(45, 50)]]
+    produce(bootstrap, topic, [*again, (0, b"m50", identity(50))])  # a gap, not a tail
+    assert "10 second copies dropped" in land("new")
+    assert landed_identities(spark, lake) == Counter(identity(i).decode() for i in range(51))
+
+    report = audit(spark, lake, delivered(topic, 51), bootstrap_servers=bootstrap)
+    assert report.balanced, report.render()
+    (row,) = report.topics
+    assert (row.landed, row.missing, row.second_copies) == (51, 0, 30)
+
+
+def landed_identities(spark: SparkSession, lake: Path) -> Counter[str]:
+    rows = spark.read.parquet(str(lake)).select(IDENTITY_COLUMN).collect()
+    return Counter(row[IDENTITY_COLUMN] for row in rows)

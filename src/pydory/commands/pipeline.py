@@ -29,6 +29,8 @@ from pydory.errors import BadTopic
 
 #: pydory.pipeline.landing.dedup.DEFAULT_WINDOW_S, spelt here so that --help needs no PySpark.
 DEFAULT_DEDUP_WINDOW_S = 600.0
+#: land.DEFAULT_EXECUTOR_WAIT_S, likewise.
+DEFAULT_EXECUTOR_WAIT_S = 300.0
 
 PipelineSubcommand = Callable[[Subparsers], None]
 
@@ -130,6 +132,15 @@ def register_land(subparsers: Subparsers) -> None:
         f"window (default: {DEFAULT_DEDUP_WINDOW_S:g})",
     )
     parser.add_argument(
+        "--executor-wait",
+        type=positive_float,
+        default=DEFAULT_EXECUTOR_WAIT_S,
+        metavar="S",
+        help="on a cluster, stop with exit status 2 when the job has had no executor for S "
+        "seconds (its workers are gone); Spark itself would wait forever "
+        f"(default: {DEFAULT_EXECUTOR_WAIT_S:g})",
+    )
+    parser.add_argument(
         "--conf",
         action="append",
         default=[],
@@ -157,6 +168,7 @@ def run_land(args: argparse.Namespace) -> int:
         starting_offsets=args.starting_offsets,
         spark_conf=dict(args.conf),
         dedup_window_s=args.dedup_window,
+        executor_wait_s=args.executor_wait,
     )
     return run_landing(settings)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,11 +30,14 @@ from pydory.pipeline.errors import PipelineError
 __all__ = [
     "EXIT_COULD_NOT_RUN",
     "CouldNotRun",
+    "ExecutorsGone",
     "KafkaUnreachable",
+    "SparkMasterUnreachable",
     "could_not_run",
     "fault_line",
     "first_line",
     "require_kafka",
+    "require_spark_master",
 ]
 
 #: Every pipeline command's exit status for "could not run" (docs/pipeline.md).
@@ -79,6 +83,17 @@ class KafkaUnreachable(CouldNotRun):
     and that the address is theirs; nothing was read or written."""
 
 
+class ExecutorsGone(CouldNotRun):
+    """A job on a cluster has had no executor for longer than it waits: the cluster's
+    workers are gone (or have no cores or memory for it). The batch in flight is redone
+    by the next run, from the checkpoint."""
+
+
+class SparkMasterUnreachable(CouldNotRun):
+    """No Spark standalone master answered at the ``spark://`` URL given. Check that the
+    master runs and that the URL is its; no session was started."""
+
+
 def fault_line(error: BaseException) -> str | None:
     """One line naming the environmental fault in ``error``, or None if it is not one."""
     if isinstance(error, CouldNotRun):
@@ -88,10 +103,12 @@ def fault_line(error: BaseException) -> str | None:
         return f"{_ERRNO[error.errno]}{where}"
     text = "\n".join(_texts(error))
     found = _FILE_IN_TEXT.search(text)
-    where = f" ({found.group(1)})" if found else ""
+    # A path ends before the colon or full stop that may follow it in the message.
+    path = found.group(1).rstrip(":.") if found else None
+    where = f" ({path})" if path else ""
     if _CANNOT_CREATE in text or _MKDIR_FAILED.search(text):
         # Hadoop's local file system says only that it failed: look at the path.
-        return _why_not_writable(found.group(1) if found else None) + where
+        return _why_not_writable(path) + where
     for needle, said in _JVM_FAULTS:
         if needle in text:
             return said + where
@@ -164,6 +181,31 @@ def require_kafka(bootstrap_servers: str, timeout_s: float = 30.0) -> None:
             f"Kafka at {bootstrap_servers} did not answer within {timeout_s:g} s "
             f"({error.args[0].str()}): check that the brokers run and the address is theirs"
         ) from None
+
+
+def require_spark_master(master: str, timeout_s: float = 10.0) -> None:
+    """Raise :class:`SparkMasterUnreachable` unless a master of a ``spark://`` URL (one or
+    more ``host:port``, comma-separated for standby masters) accepts a connection within
+    ``timeout_s``; other masters are not checked.
+
+    Without it a session on a master that is gone starts all the same, and Spark's
+    standalone client gives up registering only after three fixed 20 s attempts, while a
+    job's first batch waits for executors that never come.
+    """
+    if not master.startswith("spark://"):
+        return
+    causes = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as error:
+            causes.append(f"{address}: {getattr(error, 'strerror', None) or error}")
+    raise SparkMasterUnreachable(
+        f"no Spark master answered at {master} within {timeout_s:g} s ({'; '.join(causes)}): "
+        "check that the master runs and that the URL is its"
+    )
 
 
 @contextmanager

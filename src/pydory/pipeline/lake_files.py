@@ -70,6 +70,10 @@ class LakeFiles(Protocol):
         """Replace ``path`` with ``text`` whole (its directory made if missing)."""
         ...
 
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data`` whole (its directory made if missing)."""
+        ...
+
 
 def is_local(path: str) -> bool:
     """Whether ``path`` is a local path or a ``file:`` URI."""
@@ -120,10 +124,13 @@ class LocalFiles:
             return None
 
     def write_text(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode("utf-8"))
+
+    def write_bytes(self, path: str, data: bytes) -> None:
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(_temporary_name(target.name))
-        temporary.write_text(text, encoding="utf-8")
+        temporary.write_bytes(data)
         os.replace(temporary, target)
 
     @staticmethod
@@ -166,6 +173,9 @@ class HadoopFiles:
         return text
 
     def write_text(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode("utf-8"))
+
+    def write_bytes(self, path: str, data: bytes) -> None:
         def write(fs: Any, target: Any) -> None:
             temporary = self._jvm.org.apache.hadoop.fs.Path(
                 target.getParent(), _temporary_name(target.getName())
@@ -173,7 +183,7 @@ class HadoopFiles:
             fs.mkdirs(target.getParent())
             stream = fs.create(temporary, True)
             try:
-                stream.write(bytearray(text.encode("utf-8")))
+                stream.write(bytearray(data))
             finally:
                 stream.close()
             # FileSystem.rename never replaces a file; FileContext's does, in one step.

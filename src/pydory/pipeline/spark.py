@@ -24,6 +24,7 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from pydory.pipeline.faults import require_spark_master
 from pydory.pipeline.source.kafka_source import KafkaDataSource
 
 __all__ = [
@@ -61,8 +62,11 @@ def spark_session(
     ``conf`` adds or overrides Spark settings; a ``spark.jars`` there is kept, with Spark's
     Kafka connector (:func:`find_spark_kafka_jars`) added to it. A session already running
     in this process is reused (Spark allows one per process); ``master``, ``app_name`` and
-    the jars then keep their first values.
+    the jars then keep their first values. A ``spark://`` master that does not answer
+    raises :class:`~pydory.pipeline.faults.SparkMasterUnreachable` before a JVM starts.
     """
+    if SparkContext._active_spark_context is None:
+        require_spark_master(master)
     _use_this_interpreter_for_workers()
     if master.startswith("local") or _master_on_loopback(master):
         # Only loopback networking here: bind the driver there (where a loopback cluster's

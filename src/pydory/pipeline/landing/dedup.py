@@ -54,15 +54,35 @@ A checkpoint that landed batches before this stage existed has no state, and Spa
 refuses to add a stateful operator to it (``STREAMING_STATEFUL_OPERATOR_MISSING_STATE_
 DIRECTORY``): :func:`drops_second_copies` tells, and such a checkpoint lands as before.
 
+A new checkpoint that continues a lake (``--starting-offsets`` on a lake that has batches,
+:mod:`pydory.pipeline.landing.lake_binding`) starts with batches committed and so would
+have no state either, and the identities the lake holds are in the old checkpoint's
+state, not in it. So its seeding (:func:`seed_state`) gives it an empty RocksDB snapshot
+at the version its first batch loads (one per shuffle partition: a snapshot whose
+metadata lists no files, which RocksDB opens as an empty database) and a record of when
+it was seeded (:data:`SEED_FILE`); from then on Spark keeps its state as for any other.
+What the lake held before the seed is then dropped by :func:`drop_lake_copies`: every
+run of such a checkpoint drops the rows whose identity is in a lake file written
+(the file's modification time, the file system's clock) within the window before the
+run started and before the seed. Bounded by the window as the state is: the identities
+landed within one window before the seed, read by every batch of a run that starts
+within a window of the seed, none after that. Only with the RocksDB provider (the
+default); a checkpoint seeded with another lands without dropping second copies, as
+one that predates them.
+
 Rule: how a second copy is recognised and dropped lives here alone (``drop_second_copies``).
 """
 
 from __future__ import annotations
 
+import io
+import json
+import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pydory.message_identity import HEADER_NAME
@@ -74,14 +94,18 @@ __all__ = [
     "LANDED_METRICS",
     "NO_DATA_BATCHES",
     "READ_METRICS",
+    "SEED_FILE",
     "SESSION_CONF",
     "STATE_MEMORY_MB",
     "STATE_STORE_CONF",
+    "drop_lake_copies",
     "drop_second_copies",
     "dropped_per_topic",
     "drops_second_copies",
     "identity_of",
     "observe_topics",
+    "prepare_session",
+    "seed_state",
 ]
 
 #: The lake's column holding each record's identity (null without the header).
@@ -118,7 +142,15 @@ STATE_STORE_CONF = {
 #: (BENCHMARKS.md, "Landing a backlog").
 SESSION_CONF = {"spark.memory.fraction": "0.3"}
 
+#: In the root of a checkpoint seeded to continue a lake: when, after which lake batch.
+SEED_FILE = "pydory_seed.json"
+_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+_SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+# File modification times are the file system's clock, the run's start the driver's.
+_CLOCK_MARGIN_S = 60.0
+
 _LANDED_AT = "_pydory_landed_at"
+_LAKE_IDENTITY = "_pydory_lake_id"
 _NO_IDENTITY = "_pydory_no_identity"
 
 
@@ -144,6 +176,81 @@ def drop_second_copies(rows: DataFrame, window_s: float) -> DataFrame:
         .dropDuplicatesWithinWatermark([IDENTITY_COLUMN, _NO_IDENTITY])
         .drop(_LANDED_AT, _NO_IDENTITY)
     )
+
+
+def prepare_session(spark: SparkSession, overrides: Mapping[str, str]) -> None:
+    """Set ``spark`` up for a query that drops second copies: no batches without data, and
+    the state store of :data:`STATE_STORE_CONF` (each unless ``overrides`` names it)."""
+    spark.conf.set(NO_DATA_BATCHES, "false")
+    for key, value in STATE_STORE_CONF.items():
+        if key not in overrides:
+            spark.conf.set(key, value)
+
+
+def seed_state(checkpoint: str, lake_batch: int, conf: Mapping[str, str], files: LakeFiles) -> bool:
+    """Give a checkpoint seeded after ``lake_batch`` an empty state for its first batch.
+
+    ``conf``: the settings the seed records for the checkpoint (its state store provider
+    and shuffle partitions). Returns False, writing nothing, when the provider is not
+    RocksDB: the checkpoint then lands without dropping second copies.
+    """
+    if conf.get(_PROVIDER) != STATE_STORE_CONF[_PROVIDER]:
+        return False
+    snapshot = _empty_rocksdb_snapshot()
+    # Operator 0 (the only stateful one); its first batch loads version lake_batch + 1.
+    for partition in range(int(conf[_SHUFFLE_PARTITIONS])):
+        path = join(checkpoint, "state", "0", str(partition), f"{lake_batch + 1}.zip")
+        files.write_bytes(path, snapshot)
+    seed = {"lake_batch": lake_batch, "seeded_at_ms": round(time.time() * 1000)}
+    files.write_text(join(checkpoint, SEED_FILE), json.dumps(seed))
+    return True
+
+
+def _empty_rocksdb_snapshot() -> bytes:
+    """A RocksDB state snapshot holding nothing: its metadata alone, listing no files."""
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as snapshot:
+        snapshot.writestr("metadata", 'v1\n{"sstFiles":[],"logFiles":[],"numKeys":0}')
+    return data.getvalue()
+
+
+def drop_lake_copies(
+    rows: DataFrame,
+    spark: SparkSession,
+    lake: str,
+    checkpoint: str,
+    window_s: float,
+    files: LakeFiles,
+) -> DataFrame:
+    """``rows`` without a row whose identity the lake held when ``checkpoint`` was seeded,
+    in a file written within ``window_s`` before now; ``rows`` itself when it was not.
+
+    The lake is read as Spark lists it when the query starts (a stream-static join): a
+    batch's own rows and those of this run's earlier batches are dropped by the state.
+    """
+    text = files.read_text(join(checkpoint, SEED_FILE))
+    if text is None:
+        return rows
+    seeded_s = json.loads(text)["seeded_at_ms"] / 1000
+    since_s = time.time() - window_s - _CLOCK_MARGIN_S
+    until_s = seeded_s + _CLOCK_MARGIN_S
+    modified = F.col("_metadata.file_modification_time")
+    # The column named, not inferred from one file: a file landed before the lake had
+    # identities has none (null here), and may be the one Spark would infer from.
+    landed = (
+        spark.read.schema(f"{IDENTITY_COLUMN} string")
+        .parquet(lake)
+        .where(modified.between(_timestamp(since_s), _timestamp(until_s)))
+        .where(F.col(IDENTITY_COLUMN).isNotNull())
+        .select(F.col(IDENTITY_COLUMN).alias(_LAKE_IDENTITY))
+    )
+    # A condition, not a column name: a join on a name would move the column first.
+    held = F.col(IDENTITY_COLUMN) == F.col(_LAKE_IDENTITY)
+    return rows.join(landed, held, "left_anti")
+
+
+def _timestamp(seconds: float) -> Column:
+    return F.timestamp_micros(F.lit(round(seconds * 1_000_000)))
 
 
 def observe_topics(rows: DataFrame, name: str, topics: Sequence[str]) -> DataFrame:

@@ -175,12 +175,21 @@ def record_landed_batch(
 
 
 def seed_checkpoint(
-    checkpoint: str, lake_batch: int, start: Offsets, files: LakeFiles | None = None
+    checkpoint: str,
+    lake_batch: int,
+    start: Offsets,
+    files: LakeFiles | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> None:
     """Make the new ``checkpoint`` continue the lake: batch ``lake_batch`` planned and
-    committed with end offsets ``start``, so its first batch is ``lake_batch + 1``."""
+    committed with end offsets ``start``, so its first batch is ``lake_batch + 1``.
+
+    ``conf``: the session settings Spark records with a batch and keeps for the
+    checkpoint's life (its shuffle partitions, state store provider...); Spark's own
+    defaults for a checkpoint that lacks them when None.
+    """
     files = files or lake_files(None, checkpoint)
-    metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+    metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": dict(conf or {})}
     offsets = json.dumps(offsets_to_json(start), separators=(",", ":"))
     files.write_text(
         join(checkpoint, "offsets", str(lake_batch)),

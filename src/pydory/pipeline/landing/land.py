@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from subprocess import Popen
@@ -46,21 +46,28 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from pydory.pipeline.errors import ConnectorUnavailable, PipelineError
-from pydory.pipeline.faults import EXIT_COULD_NOT_RUN, CouldNotRun, fault_line, require_kafka
+from pydory.pipeline.faults import (
+    EXIT_COULD_NOT_RUN,
+    CouldNotRun,
+    ExecutorsGone,
+    fault_line,
+    require_kafka,
+)
 from pydory.pipeline.lake_files import LakeFiles, LocalFiles, is_local, lake_files
 from pydory.pipeline.landing.dedup import (
     DEFAULT_WINDOW_S,
     IDENTITY_COLUMN,
     LANDED_METRICS,
-    NO_DATA_BATCHES,
     READ_METRICS,
     SESSION_CONF,
-    STATE_STORE_CONF,
+    drop_lake_copies,
     drop_second_copies,
     dropped_per_topic,
     drops_second_copies,
     identity_of,
     observe_topics,
+    prepare_session,
+    seed_state,
 )
 from pydory.pipeline.landing.lake_binding import (
     LakeCheckpointMismatch,
@@ -95,9 +102,11 @@ from pydory.wording import counted
 __all__ = [
     "DATA_COLUMNS",
     "DEFAULT_CONNECTOR",
+    "DEFAULT_EXECUTOR_WAIT_S",
     "EXIT_COULD_NOT_RUN",
     "EXIT_RECORDS_SKIPPED",
     "PARTITION_COLUMNS",
+    "SINK_CONF",
     "LandSettings",
     "LandSummary",
     "SparkJvmDied",
@@ -119,12 +128,28 @@ DATA_COLUMNS = (
     IDENTITY_COLUMN,
 )
 
+#: What the landing keeps of its history, stated rather than left to Spark's defaults
+#: (the same values): the checkpoint keeps the offsets, commits and state of its last 100
+#: batches; the sink's commit log is compacted every 10 batches and the log files a
+#: compaction replaces are deleted 10 minutes later (a reader listing the lake meanwhile
+#: still finds them). The compacted log lists every file of the lake, as readers need:
+#: the sink's ``retention`` option, which would bound it, is not set (docs/pipeline.md).
+#: ``--conf`` overrides each.
+SINK_CONF = {
+    "spark.sql.streaming.minBatchesToRetain": "100",
+    "spark.sql.streaming.fileSink.log.deletion": "true",
+    "spark.sql.streaming.fileSink.log.compactInterval": "10",
+    "spark.sql.streaming.fileSink.log.cleanupDelay": "10m",
+}
+
 DEFAULT_TRIGGER_INTERVAL_S = 5.0
 # How long a stopped query's final events may take to reach the progress printer.
 _LAST_REPORT_WAIT_S = 30.0
 QUERY_NAME = "pydory_land"
 # How often the driver, waiting for the query's end, checks that Spark's JVM still runs.
 _JVM_CHECK_S = 0.5
+#: How long a landing on a cluster waits with no executor before it stops (exit 2).
+DEFAULT_EXECUTOR_WAIT_S = 300.0
 # Bounds each request to the brokers when seeding a new checkpoint.
 _BROKER_TIMEOUT_S = 30.0
 # Spark (4.2) gives a Python worker it starts a fixed 10 s to connect back; a loaded host
@@ -160,6 +185,8 @@ class LandSettings:
     and what the lake holds is skipped (:mod:`pydory.pipeline.landing.lake_binding`).
     ``dedup_window_s``: a second copy of a message landing this long after its first is
     still dropped (:mod:`pydory.pipeline.landing.dedup`; default :data:`DEFAULT_WINDOW_S`).
+    ``executor_wait_s``: on a cluster (a master not ``local``), how long the job runs on
+    with no executor before it stops with exit status 2 (its workers are gone).
     """
 
     bootstrap_servers: str
@@ -175,6 +202,7 @@ class LandSettings:
     starting_offsets: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     dedup_window_s: float = DEFAULT_WINDOW_S
+    executor_wait_s: float = DEFAULT_EXECUTOR_WAIT_S
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -193,6 +221,8 @@ class LandSettings:
             parse_offset_spec(self.starting_offsets, "--starting-offsets", unlisted=EARLIEST)
         if not self.dedup_window_s > 0:
             raise ValueError(f"dedup_window_s must be positive, not {self.dedup_window_s}")
+        if not self.executor_wait_s > 0:
+            raise ValueError(f"executor_wait_s must be positive, not {self.executor_wait_s}")
 
     def source_options(self) -> dict[str, str]:
         """The source's options: the same for ``pydory-kafka`` and Spark's ``kafka``."""
@@ -240,12 +270,14 @@ def landing_writer(spark: SparkSession, settings: LandSettings) -> DataStreamWri
         .load()
     )
     rows = _lake_rows(records)
-    if drops_second_copies(settings.checkpoint, lake_files(spark, settings.checkpoint)):
-        spark.conf.set(NO_DATA_BATCHES, "false")
-        for key, value in STATE_STORE_CONF.items():
-            if key not in settings.spark_conf:
-                spark.conf.set(key, value)
+    files = lake_files(spark, settings.lake, settings.checkpoint)
+    if drops_second_copies(settings.checkpoint, files):
+        prepare_session(spark, settings.spark_conf)
         rows = observe_topics(rows, READ_METRICS, settings.topics)
+        # A checkpoint seeded to continue the lake: what the lake held is not in its state.
+        rows = drop_lake_copies(
+            rows, spark, settings.lake, settings.checkpoint, settings.dedup_window_s, files
+        )
         rows = drop_second_copies(rows, settings.dedup_window_s)
         rows = observe_topics(rows, LANDED_METRICS, settings.topics)
     writer = (
@@ -278,7 +310,8 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     checkpoint that do not belong together: :mod:`pydory.pipeline.landing.lake_binding`), was
     interrupted before landing everything available, or Spark's JVM died;
     :data:`EXIT_COULD_NOT_RUN` (2) when a fault of its surroundings stopped it (the lake
-    or checkpoint not writable, the disk full, Kafka not answering: its last line names
+    or checkpoint not writable, the disk full, Kafka, a ``spark://`` master or HDFS not
+    answering, a cluster with no executor for ``executor_wait_s``: its last line names
     it, :mod:`pydory.pipeline.faults`); :data:`EXIT_RECORDS_SKIPPED` when it finished
     but, with ``fail_on_data_loss`` false, skipped records no longer in Kafka (listed per
     partition). A session this call starts
@@ -300,13 +333,15 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
-        conf = {**SESSION_CONF, **settings.spark_conf}
+        conf = {**SESSION_CONF, **SINK_CONF, **settings.spark_conf}
         spark = spark_session(settings.master, app_name="pydory-land", conf=conf)
         spark.streams.addListener(progress)
+    except CouldNotRun as error:  # the master is gone
+        return _could_not_run(out, error)
     except (PySparkException, Py4JError) as error:
         _say(out, f"cannot start Spark: {_cause(error)}")
         return 1
-    jvm = _JvmWatch(spark)
+    jvm = _JvmWatch(spark, _ExecutorWatch(spark, settings.master, settings.executor_wait_s))
     try:
         # HDFS, S3...: compared through the session's Hadoop client, once it runs.
         files = progress.files = lake_files(spark, settings.lake, settings.checkpoint)
@@ -383,8 +418,9 @@ def _land(
                 out,
                 f"second copies are not dropped: the checkpoint {settings.checkpoint} holds "
                 "batches landed without their state (before pydory dropped them, or seeded "
-                "to continue a lake), and Spark cannot add state to it. To drop them, land "
-                "into a new lake with a new checkpoint (docs/pipeline.md, 'Second copies')",
+                "to continue a lake with a state store other than RocksDB), and Spark cannot "
+                "add state to it. To drop them, land into a new lake with a new checkpoint "
+                "(docs/pipeline.md, 'Second copies')",
             )
         checkpoint_id = ensure_checkpoint_id(settings.checkpoint, files)
         if pairing.kind is not PairingKind.FRESH:  # the lake exists: record the pair first
@@ -453,7 +489,11 @@ def _run_with_restarts(
             query = None
         if query is not None:
             progress.watch(query)
-            jvm.wait_for(progress.stop_requested)
+            try:
+                jvm.wait_for(progress.stop_requested)
+            except ExecutorsGone:
+                query.stop()  # its batch is redone by the next run
+                raise
             query.stop()
             progress.wait_for_last_report()
             if not (may_restart and not interrupted.is_set() and _worker_failed(query)):
@@ -548,7 +588,20 @@ def _seed_checkpoint(
         partition_id: max(offset, landed.get(partition_id, offset))
         for partition_id, offset in chosen.items()
     }
-    seed_checkpoint(settings.checkpoint, pairing.lake_batch, start, files)
+    # What Spark records with a batch and keeps for the checkpoint's life, as it would.
+    prepare_session(spark, settings.spark_conf)
+    jvm: Any = spark.sparkContext._jvm
+    metadata = jvm.org.apache.spark.sql.execution.streaming.checkpointing.OffsetSeqMetadata
+    recorded = json.loads(metadata.apply(0, 0, spark._jsparkSession.conf()).json())["conf"]
+    # It leaves out (null) a setting the session holds at its default: the shuffle's.
+    conf: dict[str, str] = {}
+    for key, value in recorded.items():
+        setting = value or spark.conf.get(key, None)
+        if setting is not None:
+            conf[key] = setting
+    # The state first: a crash before the commit leaves a new checkpoint, seeded again.
+    seed_state(settings.checkpoint, pairing.lake_batch, conf, files)
+    seed_checkpoint(settings.checkpoint, pairing.lake_batch, start, files, conf)
     skipped = sum(start[partition_id] - chosen[partition_id] for partition_id in start)
     _say(
         out,
@@ -587,17 +640,21 @@ class _JvmWatch:
     tells how it died); otherwise a request to it that fails says it is gone.
     """
 
-    def __init__(self, spark: SparkSession) -> None:
+    def __init__(self, spark: SparkSession, executors: _ExecutorWatch | None = None) -> None:
         self._spark = spark
         gateway = spark.sparkContext._gateway
         self._process: Popen[bytes] | None = getattr(gateway, "proc", None)
         self._death: str | None = None
+        self._executors = executors
 
     def wait_for(self, event: threading.Event) -> None:
-        """Wait until ``event`` is set; raise :class:`SparkJvmDied` if the JVM dies first."""
+        """Wait until ``event`` is set; raise :class:`SparkJvmDied` if the JVM dies first,
+        :class:`~pydory.pipeline.faults.ExecutorsGone` if a cluster keeps no executor."""
         while not event.wait(_JVM_CHECK_S):
             if self.death() is not None:
                 raise SparkJvmDied(f"{self.death()}; the batch in flight is redone by the next run")
+            if self._executors is not None:
+                self._executors.check()
 
     def death(self) -> str | None:
         """How the JVM died, or None while it lives."""
@@ -618,6 +675,58 @@ class _JvmWatch:
         except Py4JNetworkError as error:
             return f"Spark's JVM stopped answering ({error})"
         return None
+
+
+class _ExecutorWatch:
+    """Notices that a job on a cluster has had no executor for ``wait_s``.
+
+    Spark never fails a batch for want of executors: with every worker gone it waits for
+    one, forever (the standalone master only logs that the job has no resources). A
+    worker's loss alone is not a fault: its tasks run again on the others, or on a
+    worker that comes back within ``wait_s``. Not applied in local mode (the driver runs
+    the tasks) nor with dynamic allocation, which may release every executor of an idle
+    job on purpose.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        master: str,
+        wait_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._master = master
+        self._wait_s = wait_s
+        self._clock = clock
+        context: Any = spark.sparkContext
+        dynamic = context is not None and context.getConf().get(_DYNAMIC_ALLOCATION) == "true"
+        self._applies = not master.startswith("local") and not dynamic
+        self._since: float | None = None
+        # Block managers: the driver's and one per executor.
+        self.executors: Callable[[], int] = lambda: (
+            context._jsc.sc().getExecutorMemoryStatus().size() - 1
+        )
+
+    def check(self) -> None:
+        """Raise :class:`~pydory.pipeline.faults.ExecutorsGone` once no executor has run
+        for ``wait_s`` (counted from the first check that found none)."""
+        if not self._applies:
+            return
+        if self.executors() > 0:
+            self._since = None
+            return
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+        elif now - self._since >= self._wait_s:
+            raise ExecutorsGone(
+                f"no Spark executor for {self._wait_s:g} s on {self._master}: the cluster's "
+                "workers are gone or have no cores or memory left for the job; the batch in "
+                "flight is redone by the next run"
+            )
+
+
+_DYNAMIC_ALLOCATION = "spark.dynamicAllocation.enabled"
 
 
 # --- the lake's rows -----------------------------------------------------------------------
