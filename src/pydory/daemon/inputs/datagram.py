@@ -13,7 +13,7 @@ uid's quota is handed to the intake's ``over_quota`` at the end of its burst
 charged to their sender's uid's share of the pool, the same share as that uid's stream
 connections (books/shares.py): handed on as runs of one uid, in the order read. Without a
 quota the senders are not named and share one client, :data:`DATAGRAM_CLIENT` (what
-naming them would cost: docs/operations.md, "Shares of the pool").
+naming them would cost: docs/operations.md, "Datagram senders").
 
 With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 datagrams
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
