@@ -9,7 +9,11 @@ With a rate quota on the datagram socket (``<quotas><unixDatagram>``), the socke
 SO_PASSCRED and each datagram is read with ``recvmsg`` to learn its sender's uid
 (SCM_CREDENTIALS; about 0.6 µs more per datagram, so only then); a datagram over its
 uid's quota is handed to the intake's ``over_quota`` at the end of its burst
-(pydory.daemon.inputs.quotas says why it is discarded, not held).
+(pydory.daemon.inputs.quotas says why it is discarded, not held). The others are then
+charged to their sender's uid's share of the pool, the same share as that uid's stream
+connections (books/shares.py): handed on as runs of one uid, in the order read. Without a
+quota the senders are not named and share one client, :data:`DATAGRAM_CLIENT` (what
+naming them would cost: docs/operations.md, "Datagram senders").
 
 With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 datagrams
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
@@ -48,7 +52,7 @@ from pydory.daemon.inputs.datagram_drain import SocketDrain
 from pydory.daemon.inputs.handover import HeldSocket, set_socket_mode
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.marks import DatagramMark, Pending
-from pydory.daemon.inputs.peers import CREDENTIALS_SPACE, credentials_uid
+from pydory.daemon.inputs.peers import CREDENTIALS_SPACE, credentials_uid, uid_client
 from pydory.daemon.inputs.quotas import DatagramQuota
 from pydory.daemon.inputs.sockets import (
     bind_unix_datagram,
@@ -67,10 +71,10 @@ _PEEK_SIZE = socket.MSG_PEEK | socket.MSG_TRUNC
 # SO_RCVBUF is a C int.
 _MAX_SOCKET_BUFFER = 2**31 - 1
 
-#: Who the datagrams' messages are charged to in the pool's shares (books/shares.py): the
-#: socket's senders as one client. The kernel names a datagram's sender only with
-#: SO_PASSCRED, which would cost the compiled reader its recvmmsg batches; so every
-#: datagram sender shares one share, apart from every stream client's.
+#: Who the datagrams' messages are charged to in the pool's shares (books/shares.py) when
+#: their senders' uids are not read: the socket's senders as one client. Credentials are
+#: read (SO_PASSCRED) only with a datagram quota; then each datagram is charged to its
+#: sender's uid's share (:func:`sender_client`), the one its stream connections have.
 DATAGRAM_CLIENT = ("unix_dgram", "senders")
 #: No rate quota on the datagram socket (the default).
 NO_CLIENT_RATE = ClientRate()
@@ -371,29 +375,26 @@ class DatagramInput:
     def _hand_on_drained(
         self, items: list[bytes | tuple[int, bytes]], oversized: bool, uids: list[int | None] | None
     ) -> None:
-        """A drain thread's burst: as the loop's reads hand theirs on, each datagram judged
-        against the quota by its sender's uid (the thread kept it) when there is one."""
-        quota = self.quota
-        if quota is None or uids is None:
+        """A drain thread's burst: as the loop's reads hand theirs on; with each datagram's
+        sender's uid (the thread kept it), judged against the quota if one is set and
+        charged to that uid's share, in runs (:class:`_SenderRuns`)."""
+        if uids is None:
             self._hand_on(items, oversized)
             return
-        intake, now = self._intake, self._clock()
-        burst: list[bytes] = []
+        quota, intake, now = self.quota, self._intake, self._clock()
+        runs = _SenderRuns(intake)
         over: list[bytes] = []
         try:
             for item, uid in zip(items, uids, strict=True):
                 if not isinstance(item, bytes):
-                    if burst:  # the ones before it first, in order
-                        intake.datagrams(burst, DATAGRAM_CLIENT)
-                        burst = []
+                    runs.flush()  # the ones before it first, in order
                     intake.datagram_too_large(*item)
-                elif uid is None or quota.admits(uid, now, len(item)):
-                    burst.append(item)
+                elif quota is None or uid is None or quota.admits(uid, now, len(item)):
+                    runs.add(item, uid)
                 else:
                     over.append(item)
         finally:
-            if burst:
-                intake.datagrams(burst, DATAGRAM_CLIENT)
+            runs.flush()
             if over:
                 intake.over_quota(over)
             self.datagrams_read += len(items)
@@ -422,12 +423,13 @@ class DatagramInput:
             self.datagrams_read += len(items)
 
     def _read_metered(self, sock: socket.socket, limit: int, quota: DatagramQuota) -> None:
-        """:meth:`_read` with each sender's uid judged against ``quota``: the datagrams
-        over it are handed to the intake's ``over_quota`` after the burst."""
+        """:meth:`_read` with each sender's uid judged against ``quota`` and the datagrams
+        within it charged to that uid's share, in runs (:class:`_SenderRuns`); those over
+        it are handed to the intake's ``over_quota`` after the burst."""
         recvmsg_into = sock.recvmsg_into
         buffers, view, max_size = [self._buffer], self._view, self._max
         intake, now = self._intake, self._clock()
-        burst: list[bytes] = []
+        runs = _SenderRuns(intake)
         over: list[bytes] = []
         read = 0
         try:
@@ -448,19 +450,16 @@ class DatagramInput:
                     break
                 read += 1
                 if len(data) != size:
-                    if burst:
-                        intake.datagrams(burst, DATAGRAM_CLIENT)
-                        burst = []
+                    runs.flush()  # the ones before it first, in order
                     intake.datagram_too_large(size, data)
                     continue
                 uid = credentials_uid(ancdata)
                 if uid is None or quota.admits(uid, now, size):
-                    burst.append(data)
+                    runs.add(data, uid)
                 else:
                     over.append(data)
         finally:
-            if burst:
-                intake.datagrams(burst, DATAGRAM_CLIENT)
+            runs.flush()
             if over:
                 intake.over_quota(over)
             self.datagrams_read += read
@@ -503,6 +502,38 @@ class DatagramInput:
                 )
         finally:
             sock.close()
+
+
+def sender_client(uid: int | None) -> object:
+    """The share a datagram is charged to: its sender's uid's (the one a stream client of
+    that uid has), or, the uid unknown, every unnamed sender's (:data:`DATAGRAM_CLIENT`)."""
+    return DATAGRAM_CLIENT if uid is None else uid_client(uid)
+
+
+class _SenderRuns:
+    """Whole datagrams handed to the intake as runs of one sender: consecutive datagrams
+    of one uid go as one burst, charged to its share; a burst is handed on when the next
+    datagram's uid differs (or at :meth:`flush`), so the intake meets them in the order
+    read. Interleaved senders cost a burst each run (the intake books once per burst)."""
+
+    __slots__ = ("_burst", "_intake", "_uid")
+
+    def __init__(self, intake: Intake) -> None:
+        self._intake = intake
+        self._burst: list[bytes] = []
+        self._uid: int | None = None
+
+    def add(self, data: bytes, uid: int | None) -> None:
+        if uid != self._uid and self._burst:
+            self.flush()
+        self._uid = uid
+        self._burst.append(data)
+
+    def flush(self) -> None:
+        burst = self._burst
+        if burst:
+            self._burst = []
+            self._intake.datagrams(burst, sender_client(self._uid))
 
 
 def _new_reader(fd: int, max_msg_size: int) -> object | None:

@@ -47,6 +47,7 @@ __all__ = [
     "loopback_tcp_owner",
     "parse_proc_net_tcp",
     "peer_uid",
+    "uid_client",
 ]
 
 #: struct ucred (SO_PEERCRED, SCM_CREDENTIALS): pid, uid, gid.
@@ -92,6 +93,13 @@ def peer_uid(sock: socket.socket) -> int | None:
         return None
     uid: int = UCRED.unpack(cred)[1]
     return uid
+
+
+def uid_client(uid: int) -> tuple[str, int]:
+    """The key naming a uid's client, on every transport: of its rate quota on a listener
+    and of its share of the memory pool (pydory.daemon.books.shares), so that a uid's
+    stream and datagram messages are charged to one share."""
+    return ("uid", uid)
 
 
 def credentials_uid(ancdata: list[tuple[int, int, bytes]]) -> int | None:

@@ -62,7 +62,7 @@ from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import Transport
 from pydory.daemon.books.pool import PARTIAL_FRAME_FREE_BYTES, MemoryPool, partial_frame_cost
 from pydory.daemon.inputs.intake_port import Intake
-from pydory.daemon.inputs.peers import loopback_tcp_owner, peer_uid
+from pydory.daemon.inputs.peers import loopback_tcp_owner, peer_uid, uid_client
 from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota
 from pydory.daemon.inputs.sockets import dup_socket, read_buffered
 from pydory.daemon.inputs.turns import READ_BYTES, loop_turns
@@ -352,7 +352,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             return self
         sock = self._transport.get_extra_info("socket")
         uid = peer_uid(sock) if self._kind is Transport.UNIX_STREAM else loopback_tcp_owner(sock)
-        key = self._client_key = self if uid is None else ("uid", uid)
+        key = self._client_key = self if uid is None else uid_client(uid)
         return key
 
     def attach_quota(self) -> None:

@@ -1,0 +1,146 @@
+"""What reading each datagram's sender's credentials would cost the plain datagram read
+(issue 33, point 1: naming every datagram sender as a client of the pool's shares without
+a datagram quota), in instructions per datagram, not time: the machine is shared.
+
+Not a test. One process sends bursts of 256 100-byte messages on a UNIX datagram
+socketpair and reads each burst with VARIANT; INTAKE is ``null`` (the read path alone) or
+``real`` (tests/test_client_charges.py's intake, every message accepted and delivered).
+Run it under callgrind with two round counts; the difference over 40 x 256 datagrams is
+the cost per datagram (start-up cancels)::
+
+    for v in send pure pure_creds compiled drain drain_creds drain_creds_c; do
+      for r in 10 50; do
+        valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$v.$r \
+          .venv/bin/python benchmarks/datagram_credentials_cost.py $v null $r
+        grep ^summary: /tmp/cg.$v.$r
+      done
+    done
+
+VARIANT: ``send`` (the sends only), ``pure`` (recv_into), ``pure_creds`` (recvmsg_into
+with SCM_CREDENTIALS, runs of one uid: what the pure path would do), ``compiled``
+(recvmmsg on the loop), ``drain`` (the C drain thread), ``drain_creds`` (the thread
+reading credentials, the loop cutting runs of one uid: what the compiled path would do),
+``drain_creds_c`` (credentials read by the thread, not used).
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import sys
+import time
+
+sys.path.insert(0, "tests")
+
+from pydory import hotpath
+from pydory.daemon.inputs import datagram as dg
+from pydory.daemon.inputs.peers import CREDENTIALS_SPACE, credentials_uid
+from pydory.wire import encode_any_partition
+
+K = 256
+variant, intake_kind, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+
+class Null:
+    def datagrams(self, burst, client=None):
+        pass
+
+    def datagram_too_large(self, size, prefix):
+        pass
+
+    def over_quota(self, burst):
+        pass
+
+
+if intake_kind == "real":
+    import test_client_charges as tcc
+
+    d = tcc.daemon()
+    intake = d.intake
+
+    def settle():
+        tcc.deliver_all(d)
+else:
+    intake = Null()
+
+    def settle():
+        pass
+
+
+message = encode_any_partition("known", b"v" * 100)
+creds = "creds" in variant
+
+
+def pair():
+    receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    receiver.setblocking(False)
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, creds)
+    return receiver, sender
+
+
+receiver, sender = pair()
+inp = dg.DatagramInput.__new__(dg.DatagramInput)
+# The fields _read and _hand_on use.
+inp._intake = intake
+inp.datagrams_read = 0
+inp._times_drained = 0
+inp._drain = None
+inp._sock = None
+inp._set_max(1000)
+inp.quota = None
+inp._clock = time.monotonic
+if variant == "pure":
+    dg.DatagramReader = None
+
+
+def pure_creds(sock: socket.socket, limit: int) -> None:
+    """The plain path reading credentials: recvmsg_into, each sender's uid, runs."""
+    recvmsg_into = sock.recvmsg_into
+    buffers, view = [inp._buffer], inp._view
+    runs = dg._SenderRuns(intake)
+    read = 0
+    while read < limit:
+        try:
+            size, ancdata, _, _ = recvmsg_into(buffers, CREDENTIALS_SPACE, socket.MSG_TRUNC)
+        except BlockingIOError:
+            break
+        read += 1
+        runs.add(bytes(view[:size]), credentials_uid(ancdata))
+    runs.flush()
+
+
+drain = None
+if variant.startswith("drain"):
+    drain = hotpath.DatagramDrain(receiver.fileno(), 1000, 512, creds)
+    drain.start()
+
+for _ in range(rounds):
+    if variant == "send":
+        receiver.close()
+        sender.close()
+        receiver, sender = pair()
+    for _ in range(K):
+        sender.send(message)
+    if variant == "send":
+        continue
+    if variant in ("pure", "compiled"):
+        inp._read(receiver, K + 1)
+    elif variant == "pure_creds":
+        pure_creds(receiver, K + 1)
+    else:
+        got = 0
+        while got < K:
+            select.select([drain.wake_fd], [], [])
+            items, oversized, _, uids = drain.take()
+            got += len(items)
+            if items and variant == "drain_creds_c":
+                inp._hand_on(items, oversized)  # uids read by C, not grouped
+            elif items:
+                inp._hand_on_drained(items, oversized, uids)
+    settle()
+if drain is not None:
+    drain.stop()
+if intake_kind == "real" and variant != "send":
+    assert d.books.per_topic()["known"].delivered == rounds * K, d.books.per_topic()["known"]

@@ -1,0 +1,223 @@
+"""Datagrams charged to their sender's uid's share of the pool (issue 33, point 1).
+
+Where the sender's uid is read (a datagram quota configured: the loop's ``recvmsg``, or
+the drain thread's credentials), each datagram goes to the intake with its uid's key, the
+key a stream connection of that uid has (``peers.uid_client``): consecutive datagrams of
+one uid as one burst, the bursts in the order read. Real sockets, two real uids (a forked
+sender drops to ``nobody`` after connecting: the kernel names the sender at each send);
+then, on the real intake, a datagram flooder at its share meets ``no_memory`` while
+another uid's datagrams are all accepted, and the flooder's stream messages share its one
+share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import socket
+from collections.abc import Sequence
+
+import pytest
+import uvloop
+
+from hotpaths import datagram_fixture
+from pydory.config.model import ClientRate
+from pydory.daemon.books import counters as counter_names
+from pydory.daemon.books.events import DiscardReason, Transport
+from pydory.daemon.books.pool import message_cost
+from pydory.daemon.inputs.datagram import DATAGRAM_CLIENT, DatagramInput, sender_client
+from pydory.daemon.inputs.peers import uid_client
+from pydory.errors import ClientProtocolError
+from pydory.wire import encode_any_partition
+from test_client_charges import BUDGET, daemon, deliver_all
+
+datagram_implementation = datagram_fixture()
+
+#: Far above what the test sends: every datagram within its sender's quota.
+GENEROUS = ClientRate(msgs_per_sec=1_000_000, window_ms=1000)
+
+
+class Recording:
+    """The inputs' Intake, datagrams only: each burst with the client it is charged to."""
+
+    def __init__(self) -> None:
+        self.bursts: list[tuple[list[bytes], object]] = []
+        self.changed = asyncio.Event()
+
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
+        self.bursts.append((list(burst), client))
+        self.changed.set()
+
+    def datagram_too_large(self, size: int, prefix: bytes) -> None:
+        self.bursts.append(([prefix], "too large"))
+        self.changed.set()
+
+    def over_quota(self, burst: Sequence[bytes]) -> None:
+        raise AssertionError("every sender is within its quota here")
+
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
+        raise AssertionError("no stream here")
+
+    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def connection_opened(self, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
+        raise AssertionError("no stream here")
+
+    def count(self) -> int:
+        return sum(len(burst) for burst, _ in self.bursts)
+
+    async def until(self, count: int) -> None:
+        async with asyncio.timeout(60):  # a safety net only
+            while self.count() < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def other_sender(path: str, uid: int) -> tuple[int, int, int]:
+    """A forked sender connected to ``path`` as root, then running as ``uid``: sends one
+    datagram per line it reads from its pipe, and answers each line once sent. Returns
+    (its pid, the pipe to it, the pipe from it)."""
+    from_parent, to_child = os.pipe()
+    from_child, to_parent = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(to_child)
+            os.close(from_child)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.connect(path)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            with os.fdopen(from_parent, "rb") as lines:
+                for line in lines:
+                    sock.send(line.rstrip(b"\n"))
+                    os.write(to_parent, b".")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(from_parent)
+    os.close(to_parent)
+    return pid, to_child, from_child
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
+def test_datagrams_go_to_their_senders_uid_share_in_runs_in_the_order_read(
+    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    ours = os.geteuid()
+
+    async def scenario() -> None:
+        intake = Recording()
+        datagram_input = DatagramInput(path, None, 100, False, intake, GENEROUS)
+        datagram_input.start(asyncio.get_running_loop())
+        pid, to_child, from_child = other_sender(path, nobody)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as mine:
+                mine.connect(path)
+
+                def theirs(*datagrams: bytes) -> None:
+                    for data in datagrams:  # one at a time: answered once sent
+                        os.write(to_child, data + b"\n")
+                        assert os.read(from_child, 1) == b"."
+
+                # Sent before the loop reads any (its queue holds 10): runs of one uid.
+                mine.send(b"a0")
+                mine.send(b"a1")
+                theirs(b"b0", b"b1", b"b2")
+                mine.send(b"a2")
+                await intake.until(6)
+                theirs(b"b3")
+                await intake.until(7)
+                mine.send(b"x" * 101)  # too large: after the ones before it
+                mine.send(b"a3")
+                await intake.until(9)
+        finally:
+            os.close(to_child)
+            os.close(from_child)
+            assert os.waitpid(pid, 0)[1] == 0
+            datagram_input.close()
+        # The drain thread may have read the first six in more than one burst: runs of one
+        # uid may be split at a burst's end, never merged across uids nor reordered.
+        runs: list[tuple[list[bytes], object]] = []
+        for burst, client in intake.bursts:
+            if runs and runs[-1][1] == client:
+                runs[-1][0].extend(burst)
+            else:
+                runs.append((list(burst), client))
+        assert runs == [
+            ([b"a0", b"a1"], uid_client(ours)),
+            ([b"b0", b"b1", b"b2"], uid_client(nobody)),
+            ([b"a2"], uid_client(ours)),
+            ([b"b3"], uid_client(nobody)),
+            ([b"x" * 64], "too large"),
+            ([b"a3"], uid_client(ours)),
+        ]
+
+    uvloop.run(scenario())
+
+
+def test_without_a_quota_the_senders_are_one_client(
+    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No quota: no credentials read, every sender charged to DATAGRAM_CLIENT."""
+    path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
+
+    async def scenario() -> None:
+        intake = Recording()
+        datagram_input = DatagramInput(path, None, 100, False, intake)
+        datagram_input.start(asyncio.get_running_loop())
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as mine:
+                mine.connect(path)
+                for n in range(5):
+                    mine.send(b"m%d" % n)
+                await intake.until(5)
+        finally:
+            datagram_input.close()
+        assert {client for _, client in intake.bursts} == {DATAGRAM_CLIENT}
+        assert [d for burst, _ in intake.bursts for d in burst] == [b"m%d" % n for n in range(5)]
+
+    uvloop.run(scenario())
+
+
+def test_a_datagram_flooder_at_its_share_costs_another_uids_datagrams_nothing() -> None:
+    """On the real intake, with the keys the datagram input hands on: the flooder uid's
+    datagrams wait (a topic creation never answered) until its share is full, then meet
+    ``no_memory``, its stream messages too (one share on every transport); another uid's
+    datagrams are all accepted meanwhile."""
+    d = daemon()
+    flooder, other = sender_client(65534), sender_client(1000)
+    assert flooder == uid_client(65534)  # the key its stream connections have
+    held = encode_any_partition("being-created", b"h" * 1000)
+    for _ in range(BUDGET // 1000 // 64):
+        d.intake.datagrams([held] * 64, flooder)
+    shares = d.pool.shares
+    assert BUDGET // 2 <= shares.held(flooder) < BUDGET // 2 + message_cost("x", 1000) * 64
+    refused = d.books.lifetime_discards_by_reason()[DiscardReason.NO_MEMORY]
+    assert refused > 0
+    assert d.books.counters.get(counter_names.NO_MEMORY_CLIENT_SHARE) == refused
+    assert not d.pool.is_depleted
+    # Its stream messages: the same share, full.
+    d.intake.frames([held] * 8, Transport.UNIX_STREAM, uid_client(65534))
+    assert d.books.lifetime_discards_by_reason()[DiscardReason.NO_MEMORY] == refused + 8
+    # Another uid's datagrams: every one accepted and delivered.
+    good = [encode_any_partition("known", b"g%05d" % i) for i in range(512)]
+    for _ in range(20):
+        d.intake.datagrams(good, other)
+        assert shares.held(other) > 0
+        deliver_all(d)
+        assert shares.held(other) == 0
+    assert d.books.per_topic()["known"].delivered == 20 * 512
+    assert d.books.lifetime_discards_by_reason()[DiscardReason.NO_MEMORY] == refused + 8
