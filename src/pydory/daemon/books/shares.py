@@ -156,7 +156,9 @@ class ClientShares:
         """Charge ``nbytes`` (> 0, read already) to ``client`` and to the pool; False if
         the client was at or over its share before it, or the pool refused them (charged
         all the same): the caller then stops reading for this client."""
-        within = self._add(client, nbytes) < self._share
+        before = self._held.get(client, 0)
+        self.hold(client, nbytes)  # (the rarer path: partial frames above 16 KiB)
+        within = before < self._share
         pool = self._pool
         if not pool.try_allocate(nbytes):
             pool.force_allocate(nbytes)
@@ -166,7 +168,18 @@ class ClientShares:
     def charge_anyway(self, client: object, nbytes: int) -> bool:
         """:meth:`charge` where the pool's refusal is not the caller's concern (bytes
         within a connection's allowance); False only if the client is over its share."""
-        within = self._add(client, nbytes) < self._share
+        # hold's books, written out: a call more per read costs more than they do.
+        held = self._held
+        before = held.get(client)
+        self._total += nbytes
+        if before is None:
+            held[client] = nbytes
+            self._reshare()  # one holder more: every share shrinks
+            before = 0
+        else:
+            held[client] = before + nbytes
+            self.room_for_any -= nbytes
+        within = before < self._share
         pool = self._pool
         if not pool.try_allocate(nbytes):
             pool.force_allocate(nbytes)
@@ -187,7 +200,15 @@ class ClientShares:
         """Charge ``client`` with ``nbytes`` (> 0) of messages it got accepted, which the
         intake charged to the pool already (``books/charges.py``): they count in its share
         until :meth:`let_go` gives them back with their pool bytes."""
-        self._add(client, nbytes)
+        held = self._held
+        before = held.get(client)
+        self._total += nbytes
+        if before is None:
+            held[client] = nbytes
+            self._reshare()  # one holder more: every share shrinks
+        else:
+            held[client] = before + nbytes
+            self.room_for_any -= nbytes
 
     def let_go(self, client: object, nbytes: int) -> None:
         """:meth:`release` of bytes charged by :meth:`hold` (the pool's are released by
@@ -197,19 +218,6 @@ class ClientShares:
         if left < 0:
             raise ValueError(f"client let go of {nbytes} bytes but held {held[client]}")
         self._left(client, left, nbytes)
-
-    def _add(self, client: object, nbytes: int) -> int:
-        """``client`` holds ``nbytes`` more; the bytes it held before."""
-        held = self._held
-        before = held.get(client)
-        self._total += nbytes
-        if before is None:
-            held[client] = nbytes
-            self._reshare()  # one holder more: every share shrinks
-            return 0
-        held[client] = before + nbytes
-        self.room_for_any -= nbytes
-        return before
 
     def _left(self, client: object, left: int, given_back: int) -> None:
         """``client`` holds ``left`` bytes now, ``given_back`` fewer: wake whom that
