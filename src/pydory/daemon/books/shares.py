@@ -194,6 +194,11 @@ class ClientShares:
         if left < 0:
             raise ValueError(f"client released {nbytes} bytes but held {held[client]}")
         self._pool.release(nbytes)
+        if left and not self._waiters:  # _left's common case, written out (per read)
+            held[client] = left
+            self._total -= nbytes
+            self.room_for_any += nbytes
+            return
         self._left(client, left, nbytes)
 
     def hold(self, client: object, nbytes: int) -> None:
@@ -217,6 +222,11 @@ class ClientShares:
         left = held[client] - nbytes
         if left < 0:
             raise ValueError(f"client let go of {nbytes} bytes but held {held[client]}")
+        if left and not self._waiters:  # _left's common case, written out (per token)
+            held[client] = left
+            self._total -= nbytes
+            self.room_for_any += nbytes
+            return
         self._left(client, left, nbytes)
 
     def _left(self, client: object, left: int, given_back: int) -> None:
