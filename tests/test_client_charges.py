@@ -155,6 +155,28 @@ def test_tokens_keep_the_order_and_the_spool_segment_of_those_they_wrap() -> Non
     assert tokens.charged == 0
 
 
+def test_the_share_questions_per_message_and_per_burst_answer_as_the_room_does() -> None:
+    """``admits`` (per message) and ``has_room`` (per burst) ask every client's least room
+    first (issue 30's trim): far from a share and near it, they answer as ``room()``."""
+    pool = MemoryPool(BUDGET)
+    tokens = ClientTokens(CommitPoint(schedule=lambda delay, callback: True), pool.shares)
+    assert tokens.admits()
+    assert tokens.has_room(BUDGET)
+    for client in ["a", "b"]:
+        tokens.client = client
+        while tokens.admits():
+            room = tokens.room()
+            for nbytes in (0, 1, room // 2, room - 1, room, room + 1):
+                assert tokens.has_room(nbytes) == (room > nbytes)
+            tokens.open(1, max(1, room // 3))
+        assert tokens.room() <= 0
+        assert not tokens.has_room(0)
+    tokens.client = "c"  # holding nothing: a newcomer's share
+    assert tokens.admits()
+    assert tokens.has_room(tokens.room() - 1)
+    assert not tokens.has_room(tokens.room())
+
+
 def test_a_client_whose_messages_wait_stops_at_its_share_and_another_loses_nothing() -> None:
     d = daemon()
     held = encode_any_partition("being-created", b"h" * 1000)

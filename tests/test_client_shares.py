@@ -114,14 +114,21 @@ def test_a_withdrawn_waiter_is_never_told() -> None:
 
 
 class SharesMachine(RuleBasedStateMachine):
-    """Any sequence of charges and releases by any clients: the pool's books equal the sum
-    of what the clients hold, and a client that was under its share is never refused by
-    its share (only by a pool that has no room)."""
+    """Any sequence of charges and releases by any clients, of accepted messages held and
+    let go, of budgets and floors changed: the pool's books equal the sum of what the
+    clients' partial frames hold, a client that was under its share is never refused by
+    its share (only by a pool that has no room), every room is the module's formula, and
+    ``room_for_any`` (kept as the charges come and go) is never more than any room."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pool = MemoryPool(1024 * 1024)
-        self.held: dict[int, int] = {}
+        self.floor = SHARE_FLOOR_BYTES
+        self.held: dict[int, int] = {}  # partial frames' bytes, charged to the pool too
+        self.kept: dict[int, int] = {}  # accepted messages' (hold): the pool's elsewhere
+
+    def holders(self) -> int:
+        return len(set(self.held) | set(self.kept))
 
     @rule(client=st.integers(0, 4), nbytes=st.integers(1, 200_000))
     def charge(self, client: int, nbytes: int) -> None:
@@ -129,10 +136,10 @@ class SharesMachine(RuleBasedStateMachine):
         before = shares.held(client)
         room = not self.pool.is_depleted
         holders_after = shares.holders + (0 if before else 1)
-        share = max(SHARE_FLOOR_BYTES, self.pool.budget // (holders_after + 1))
+        share = max(self.floor, self.pool.budget // (holders_after + 1))
         granted = shares.charge(client, nbytes)
         assert granted == (before < share and room)
-        self.held[client] = before + nbytes
+        self.held[client] = self.held.get(client, 0) + nbytes
 
     @precondition(lambda self: bool(self.held))
     @rule(data=st.data())
@@ -144,12 +151,49 @@ class SharesMachine(RuleBasedStateMachine):
         if not self.held[client]:
             del self.held[client]
 
+    @rule(client=st.integers(0, 4), nbytes=st.integers(1, 200_000))
+    def hold(self, client: int, nbytes: int) -> None:
+        self.pool.shares.hold(client, nbytes)
+        self.kept[client] = self.kept.get(client, 0) + nbytes
+
+    @precondition(lambda self: bool(self.kept))
+    @rule(data=st.data())
+    def let_go(self, data: st.DataObject) -> None:
+        client = data.draw(st.sampled_from(sorted(self.kept)))
+        nbytes = data.draw(st.integers(1, self.kept[client]))
+        self.pool.shares.let_go(client, nbytes)
+        self.kept[client] -= nbytes
+        if not self.kept[client]:
+            del self.kept[client]
+
+    @rule(budget=st.integers(128 * 1024, 4 * 1024 * 1024))
+    def resize(self, budget: int) -> None:
+        self.pool.resize(budget)
+
+    @rule(frame_bytes=st.integers(0, 600_000))
+    def admit_frames_up_to(self, frame_bytes: int) -> None:
+        self.pool.shares.admit_frames_up_to(frame_bytes)
+        self.floor = max(SHARE_FLOOR_BYTES, frame_bytes)
+
     @invariant()
     def books_are_exact(self) -> None:
         assert self.pool.used == sum(self.held.values())
-        assert self.pool.shares.holders == len(self.held)
-        for client, nbytes in self.held.items():
-            assert self.pool.shares.held(client) == nbytes
+        assert self.pool.shares.holders == self.holders()
+        for client in set(self.held) | set(self.kept):
+            assert self.pool.shares.held(client) == self.held.get(client, 0) + self.kept.get(
+                client, 0
+            )
+
+    @invariant()
+    def rooms_are_the_formula(self) -> None:
+        shares, budget, holders = self.pool.shares, self.pool.budget, self.holders()
+        assert shares.share() == max(self.floor, budget // (holders + 1))
+        for client in range(6):  # 5: never a holder
+            held = shares.held(client)
+            others = holders + (0 if held else 1)
+            room = shares.room(client)
+            assert room == max(self.floor, budget // (others + 1)) - held
+            assert shares.room_for_any <= room
 
 
 TestShares = SharesMachine.TestCase

@@ -98,7 +98,7 @@ class BurstPath:
         # A message costs at most its frame and the overhead: with room for all of that,
         # the reference would grant every message, whatever the order.
         bound = sum(map(len, burst)) + POOL_OVERHEAD_BYTES * len(burst)
-        if pool.used + bound >= pool.budget or self._tokens.room() <= bound:
+        if pool.used + bound >= pool.budget or not self._tokens.has_room(bound):
             return nothing  # the client's share too: none of its messages may meet it
         counts = self._burst_topics(parsed, max_data)
         if not counts:

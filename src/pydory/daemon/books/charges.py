@@ -28,7 +28,8 @@ beyond that the others share the last slot (one share between them).
 Cost on the hot path: a share check and a charge (a few dict lookups) per message on
 the reference path, per topic of a burst on the burst path (which takes a burst only if
 the client's share has room for all of it, as the reference would), and a give-back per
-token of a batch of acknowledgements; a token costs nothing more to carry.
+token of a batch of acknowledgements; a token costs nothing more to carry. The share
+checks ask ``ClientShares.room_for_any`` first (no lookup while every client has room).
 
 Rule: which client an accepted message's bytes are charged to, and when they are given
 back, is decided by :class:`ClientTokens` alone, from the slot in its token.
@@ -95,8 +96,14 @@ class ClientTokens:
         self._free = list(range(SLOT_MASK, 0, -1))  # the smallest slot taken first
 
     def admits(self) -> bool:
-        """Whether the current client is under its share (no client: always)."""
-        return self.room() > 0
+        """Whether the current client is under its share (no client: always): asked per
+        message on the reference path, so every client's least room is asked first."""
+        return self.client is None or self._shares.room_for_any > 0 or self.room() > 0
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether the current client may hold more than ``nbytes`` more (``room() >
+        nbytes``; no client: always), every client's least room asked first (per burst)."""
+        return self.client is None or self._shares.room_for_any > nbytes or self.room() > nbytes
 
     def room(self) -> int:
         """Bytes the current client may still hold (no client: any number)."""
@@ -168,7 +175,8 @@ class ClientTokens:
         return (token & _SEGMENT_BITS) | ((token & _GENERATION_MASK) >> SLOT_BITS)
 
     def close(self, token: int, n: int = 1) -> None:
-        self._inner.close(self.inner(token), n)
+        # inner(token), written out: a close per token of every batch of reports.
+        self._inner.close((token & _SEGMENT_BITS) | ((token & _GENERATION_MASK) >> SLOT_BITS), n)
 
     def keep(self, token: int, n: int = 1) -> None:
         self._inner.keep(self.inner(token), n)

@@ -230,6 +230,7 @@ class MemoryPool:
         if budget_bytes <= 0:
             raise ValueError(f"memory pool budget must be positive, got {budget_bytes}")
         self._budget = budget_bytes
+        self.shares.resized()  # the shares are the budget divided
         self._note_depletion_state()
 
     def watch(self, on_depleted: Callable[[], None], on_room: Callable[[], None]) -> None:

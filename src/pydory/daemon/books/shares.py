@@ -38,6 +38,10 @@ Dory config with ``maxStreamMsgSize`` above half ``maxBuffer`` runs as it did).
 
 Cost on the hot path: one dict lookup and a comparison per read that leaves a partial
 frame, and the wake-ups only while someone waits (accepted messages: ``books/charges.py``).
+The shares are recomputed only when the number of holders, the floor or the budget
+changes, and :attr:`ClientShares.room_for_any` (the least room any client has) is kept
+as the charges come and go, so a read while every client has room asks no client's entry
+(BENCHMARKS.md, issue 30, "The read's share work trimmed").
 
 Rule: whether a client may hold more of the pool (:meth:`ClientShares.charge`) is decided
 here alone, by its fair share.
@@ -73,7 +77,16 @@ class ClientShares:
     """The bytes each client holds in the pool through the inputs, and its fair share
     (event loop thread only)."""
 
-    __slots__ = ("_floor", "_held", "_pool", "_waiters")
+    __slots__ = (
+        "_floor",
+        "_held",
+        "_newcomer_share",
+        "_pool",
+        "_share",
+        "_total",
+        "_waiters",
+        "room_for_any",
+    )
 
     def __init__(self, pool: SharedPool) -> None:
         self._pool = pool
@@ -81,8 +94,30 @@ class ClientShares:
         self._floor = SHARE_FLOOR_BYTES
         #: Bytes held now, by client (a client holding nothing has no entry).
         self._held: dict[object, int] = {}
+        #: Their sum.
+        self._total = 0
         #: Paused connections' callbacks, by client, oldest first.
         self._waiters: dict[object, dict[Callable[[], None], None]] = {}
+        #: The share of a client holding memory, and of one not holding any yet (one
+        #: holder more): the module's formula, recomputed by :meth:`_reshare` whenever the
+        #: holders, the floor or the budget change.
+        self._share = self._newcomer_share = 0
+        #: Bytes every client may still take at least (<= each one's :meth:`room`): the
+        #: newcomer's share less all that is held. Read on every stream read: while it is
+        #: a read's size or more, the read needs no client's entry.
+        self.room_for_any = 0
+        self._reshare()
+
+    def _reshare(self) -> None:
+        """The holders, the floor or the budget changed: the shares with them."""
+        floor, budget, holders = self._floor, self._pool.budget, len(self._held)
+        self._share = max(floor, budget // (holders + 1))
+        self._newcomer_share = newcomer = max(floor, budget // (holders + 2))
+        self.room_for_any = newcomer - self._total
+
+    def resized(self) -> None:
+        """The pool's budget changed (``MemoryPool.resize``)."""
+        self._reshare()
 
     @property
     def holders(self) -> int:
@@ -97,10 +132,11 @@ class ClientShares:
         """Let every client's share hold at least one frame of ``frame_bytes`` (the
         largest a stream input accepts), so that such a frame can always complete."""
         self._floor = max(SHARE_FLOOR_BYTES, frame_bytes)
+        self._reshare()
 
     def share(self) -> int:
         """The most bytes a client may hold before it is paused (the module's formula)."""
-        return max(self._floor, self._pool.budget // (len(self._held) + 1))
+        return self._share
 
     def largest_share(self) -> int:
         """The share a client holding memory alone has: more than this it can never hold
@@ -111,20 +147,18 @@ class ClientShares:
         """Bytes ``client`` may still take before it is at its share (<= 0: none); the
         inputs read no more than this for it (one byte when none is left, so a connection
         of a client at its share learns it with its next read and pauses)."""
-        held = self._held
-        before = held.get(client)
-        holders = len(held) + (1 if before is None else 0)
-        share = max(self._floor, self._pool.budget // (holders + 1))
-        return share - (before or 0)
+        before = self._held.get(client)
+        if before is None:
+            return self._newcomer_share
+        return self._share - before
 
     def charge(self, client: object, nbytes: int) -> bool:
         """Charge ``nbytes`` (> 0, read already) to ``client`` and to the pool; False if
         the client was at or over its share before it, or the pool refused them (charged
         all the same): the caller then stops reading for this client."""
-        held = self._held
-        before = held.get(client, 0)
-        held[client] = before + nbytes
-        within = before < max(self._floor, self._pool.budget // (len(held) + 1))
+        before = self._held.get(client, 0)
+        self.hold(client, nbytes)  # (the rarer path: partial frames above 16 KiB)
+        within = before < self._share
         pool = self._pool
         if not pool.try_allocate(nbytes):
             pool.force_allocate(nbytes)
@@ -134,10 +168,18 @@ class ClientShares:
     def charge_anyway(self, client: object, nbytes: int) -> bool:
         """:meth:`charge` where the pool's refusal is not the caller's concern (bytes
         within a connection's allowance); False only if the client is over its share."""
+        # hold's books, written out: a call more per read costs more than they do.
         held = self._held
-        before = held.get(client, 0)
-        held[client] = before + nbytes
-        within = before < max(self._floor, self._pool.budget // (len(held) + 1))
+        before = held.get(client)
+        self._total += nbytes
+        if before is None:
+            held[client] = nbytes
+            self._reshare()  # one holder more: every share shrinks
+            before = 0
+        else:
+            held[client] = before + nbytes
+            self.room_for_any -= nbytes
+        within = before < self._share
         pool = self._pool
         if not pool.try_allocate(nbytes):
             pool.force_allocate(nbytes)
@@ -152,13 +194,26 @@ class ClientShares:
         if left < 0:
             raise ValueError(f"client released {nbytes} bytes but held {held[client]}")
         self._pool.release(nbytes)
-        self._left(client, left)
+        if left and not self._waiters:  # _left's common case, written out (per read)
+            held[client] = left
+            self._total -= nbytes
+            self.room_for_any += nbytes
+            return
+        self._left(client, left, nbytes)
 
     def hold(self, client: object, nbytes: int) -> None:
         """Charge ``client`` with ``nbytes`` (> 0) of messages it got accepted, which the
         intake charged to the pool already (``books/charges.py``): they count in its share
         until :meth:`let_go` gives them back with their pool bytes."""
-        self._held[client] = self._held.get(client, 0) + nbytes
+        held = self._held
+        before = held.get(client)
+        self._total += nbytes
+        if before is None:
+            held[client] = nbytes
+            self._reshare()  # one holder more: every share shrinks
+        else:
+            held[client] = before + nbytes
+            self.room_for_any -= nbytes
 
     def let_go(self, client: object, nbytes: int) -> None:
         """:meth:`release` of bytes charged by :meth:`hold` (the pool's are released by
@@ -167,24 +222,33 @@ class ClientShares:
         left = held[client] - nbytes
         if left < 0:
             raise ValueError(f"client let go of {nbytes} bytes but held {held[client]}")
-        self._left(client, left)
+        if left and not self._waiters:  # _left's common case, written out (per token)
+            held[client] = left
+            self._total -= nbytes
+            self.room_for_any += nbytes
+            return
+        self._left(client, left, nbytes)
 
-    def _left(self, client: object, left: int) -> None:
-        """``client`` holds ``left`` bytes now: wake whom that concerns."""
+    def _left(self, client: object, left: int, given_back: int) -> None:
+        """``client`` holds ``left`` bytes now, ``given_back`` fewer: wake whom that
+        concerns."""
         held = self._held
+        self._total -= given_back
         if left:
             held[client] = left
-            if self._waiters and client in self._waiters and left < self.share():
+            self.room_for_any += given_back
+            if self._waiters and client in self._waiters and left < self._share:
                 self._wake(client)
         else:
             del held[client]
+            self._reshare()  # one holder fewer: every share grows
             if self._waiters:
                 self._wake_all()
 
     def when_room(self, client: object, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, when ``client`` is under its share and the pool has
         room (at once if both hold now); :meth:`cancel_when_room` withdraws it."""
-        if self.held(client) < self.share():
+        if self.held(client) < self._share:
             self._pool.when_room(callback)
         else:
             self._waiters.setdefault(client, {})[callback] = None

@@ -275,6 +275,8 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         self._reader = FrameReader(kind, max_msg_size, intake, connections.pool, self.client_key)
         self._transport: asyncio.Transport | None = None
         self._connections = connections
+        # Its client's share of the pool (read per read: get_buffer).
+        self._shares = connections.pool.shares
         # For the commit point's marks (see pydory.daemon.inputs.marks.ConnectionMark).
         self.fd = -1  # the connection's socket, once connection_made has run
         self.bytes_read = 0
@@ -449,7 +451,10 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         buffer = self._connections.read_buffer
-        room = self._reader.room()
+        reader = self._reader
+        if self._shares.room_for_any >= READ_BYTES and reader.client is not None:
+            return buffer  # every client has a read's room: no need to look up this one's
+        room = reader.room()  # (the first read's asks who the client is)
         if room >= READ_BYTES:
             return buffer
         # Its client is near its share of the pool: read no more than the share allows
