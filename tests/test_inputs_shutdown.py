@@ -76,7 +76,7 @@ class RecordingIntake:
         self.closed += 1
 
     async def until(self, condition: Callable[[], bool]) -> None:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(60):  # a safety net only
             while not condition():
                 self.changed.clear()
                 await self.changed.wait()

@@ -31,8 +31,9 @@ from pyspark.sql import SparkSession
 
 from pydory.cli import main
 from pydory.commands import pipeline as cli_pipeline
+from pydory.pipeline import faults
 from pydory.pipeline.faults import ExecutorsGone, fault_line
-from pydory.pipeline.landing import land
+from pydory.pipeline.landing import land, nothing_new
 from pydory.pipeline.landing.land import (
     DEFAULT_EXECUTOR_WAIT_S,
     EXIT_COULD_NOT_RUN,
@@ -52,6 +53,15 @@ def spark() -> Iterator[SparkSession]:
     session = spark_session(master="local[2]", app_name="pydory-test-faults")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def kafka_answer_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs' waits for Kafka's answer, short: where Kafka is down the answer never comes,
+    so the jobs' own 30 s (10 s before a landing starts Spark) would only be waited out."""
+    # not a deadline: nothing listens, each wait ends at its timeout on any machine
+    monkeypatch.setattr(faults, "KAFKA_ANSWER_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(nothing_new, "_BROKER_TIMEOUT_S", 2.0)  # not a deadline: as above
 
 
 def landing(
@@ -141,7 +151,12 @@ def test_a_read_only_or_full_lake_is_one_line_and_exit_2(
 
 
 @pytest.mark.kafka
-def test_kafka_down_is_one_line_and_exit_2_before_any_file_is_written(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("kafka_answer_timeout")
+def test_kafka_down_is_one_line_and_exit_2_before_any_file_is_written(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # The module's session (the landing uses the one running, as a notebook's would): the
+    # fault is found on Kafka, not in a Spark start of its own.
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
@@ -198,6 +213,7 @@ def closed_port() -> int:
         return int(unused.getsockname()[1])
 
 
+@pytest.mark.usefixtures("kafka_answer_timeout")
 def test_kafka_down_stops_both_audits_with_one_line_and_exit_2(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -160,7 +160,12 @@ def test_connections_above_the_cap_are_refused_and_counted(
 
             wait_until(free_again_with_every_refusal_counted, timeout_s=CLIENT_PATIENCE_S)
             assert all(closed_by_daemon(hog) for hog in hogs)
-            assert counters(port)[counter_names.STATUS_HEADER_TIMEOUTS] == CAP
+            # Waited for, not read once: a page read a moment after the last close could
+            # be one rendered before it (PAGE_REUSE_S); seen at load 20 as 1 of 8.
+            wait_until(
+                lambda: counters(port)[counter_names.STATUS_HEADER_TIMEOUTS] == CAP,
+                what=f"{CAP} header timeouts counted",
+            )
         finally:
             for hog in hogs:
                 hog.close()

@@ -13,7 +13,8 @@ What counts as a fixed deadline, read from the source (an AST scan of ``tests/``
   in milliseconds), except in calls to ``consume``/``poll``, whose timeout is one poll of
   a loop that goes on, not a deadline;
 - a number as the deadline argument of ``wait_for(x, N)``, ``wait_until(x, N)``,
-  ``x.wait(N)`` (an Event, Condition or process wait) and ``x.join(N)``;
+  ``x.wait(N)`` (an Event, Condition or process wait), ``x.join(N)`` and ``timeout(N)``
+  (``asyncio.timeout``, and pytest-timeout's ``pytest.mark.timeout``: a whole test's net);
 - a parameter named ``timeout``, ``timeout_s``, ``deadline_s`` or ``budget_s`` whose default
   is a number;
 - ``time.monotonic() + N``, a deadline computed in place;
@@ -36,7 +37,14 @@ FLOOR_S = 60.0
 MARKER = "# not a deadline"
 TIMEOUT_KEYWORDS = {"timeout": 1.0, "timeout_s": 1.0, "timeout_ms": 0.001}
 POLLS = {"consume", "poll"}
-POSITIONAL_DEADLINE = {"wait_for": 1, "wait_until": 1, "wait": 0, "join": 0, "settimeout": 0}
+POSITIONAL_DEADLINE = {
+    "wait_for": 1,
+    "wait_until": 1,
+    "wait": 0,
+    "join": 0,
+    "settimeout": 0,
+    "timeout": 0,
+}
 DEFAULT_NAMES = {"timeout", "timeout_s", "deadline_s", "budget_s"}
 CONSTANT_SUFFIXES = {"TIMEOUT_S": 1.0, "TIMEOUT_MS": 0.001}
 
@@ -143,10 +151,13 @@ def test_the_scan_finds_each_kind_of_fixed_deadline() -> None:
             "deadline = time.monotonic() + 30",
             "def loop(budget_s: float = 20.0): ...",
             "start = time.monotonic() + 0.05  # not a deadline: the first send's moment",
+            "scope = asyncio.timeout(10)",
+            "pytestmark = pytest.mark.timeout(30)",
+            "pytestmark = pytest.mark.timeout(120)",
         ]
     )
 
     found = sorted(fixed_deadlines(source))
 
-    assert [line for line, _ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 16, 17]
-    assert found[-4:] == [(13, 20.0), (14, 10.0), (16, 30.0), (17, 20.0)]
+    assert [line for line, _ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 16, 17, 19, 20]
+    assert found[-6:] == [(13, 20.0), (14, 10.0), (16, 30.0), (17, 20.0), (19, 10.0), (20, 30.0)]

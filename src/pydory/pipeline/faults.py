@@ -29,6 +29,7 @@ from pydory.pipeline.errors import PipelineError
 
 __all__ = [
     "EXIT_COULD_NOT_RUN",
+    "KAFKA_ANSWER_TIMEOUT_S",
     "CouldNotRun",
     "ExecutorsGone",
     "KafkaUnreachable",
@@ -42,6 +43,11 @@ __all__ = [
 
 #: Every pipeline command's exit status for "could not run" (docs/pipeline.md).
 EXIT_COULD_NOT_RUN = 2
+
+#: How long the driver waits for a Kafka broker to answer a metadata request before it
+#: says Kafka does not answer. Read at each call, so that a test of that fault sets it
+#: short instead of waiting out 30 s per request.
+KAFKA_ANSWER_TIMEOUT_S = 30.0
 
 #: OSError numbers -> what to say (the path is added).
 _ERRNO = {
@@ -167,12 +173,15 @@ def first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def require_kafka(bootstrap_servers: str, timeout_s: float = 30.0) -> None:
+def require_kafka(bootstrap_servers: str, timeout_s: float | None = None) -> None:
     """Raise :class:`KafkaUnreachable` unless a broker at ``bootstrap_servers`` answers a
-    metadata request within ``timeout_s`` (librdkafka, on the driver; nothing created)."""
+    metadata request within ``timeout_s`` (default :data:`KAFKA_ANSWER_TIMEOUT_S`;
+    librdkafka, on the driver; nothing created)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    if timeout_s is None:
+        timeout_s = KAFKA_ANSWER_TIMEOUT_S
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "allow.auto.create.topics": False})
     try:
         admin.list_topics(timeout=timeout_s)

@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from pydory.message_identity import INCARNATION_PATTERN, SEPARATOR, parse_identity
+from pydory.pipeline import faults
 from pydory.pipeline.audits.audit import COMMIT_LOG_DIR, NotALake
 from pydory.pipeline.audits.fleet_reconcile import (
     FleetReport,
@@ -356,7 +357,7 @@ def _books_partitions(bootstrap: str, topic: str, options: Mapping[str, str]) ->
         {**properties, "bootstrap.servers": bootstrap, "allow.auto.create.topics": False}
     )
     try:
-        metadata = admin.list_topics(topic, timeout=30).topics.get(topic)
+        metadata = admin.list_topics(topic, timeout=faults.KAFKA_ANSWER_TIMEOUT_S).topics.get(topic)
     except KafkaException as error:
         raise BooksTopicUnavailable(
             f"cannot read books topic {topic}: {error.args[0].str()}"

@@ -409,7 +409,7 @@ def _land(
         if settings.connector == "native":
             _require_native_kafka(spark)  # its own words first: a connector missing
         # Before any file is written: a Kafka that does not answer is said at once.
-        require_kafka(settings.bootstrap_servers, _BROKER_TIMEOUT_S)
+        require_kafka(settings.bootstrap_servers)  # faults.KAFKA_ANSWER_TIMEOUT_S
         if pairing.kind is PairingKind.SEED:
             _seed_checkpoint(spark, settings, pairing, files, out)
         deduplicating = drops_second_copies(settings.checkpoint, files)
