@@ -215,15 +215,17 @@ class Recording:
                 await self.changed.wait()
 
 
-def test_the_choice_is_off_by_default() -> None:
-    environment = {k: v for k, v in os.environ.items() if k != datagram_drain.DRAIN_VARIABLE}
+def test_the_choice_is_on_by_default_and_off_when_named() -> None:
     with pytest.MonkeyPatch.context() as patch:
-        for name in list(os.environ):
-            if name not in environment:
-                patch.delenv(name)
+        patch.delenv(datagram_drain.DRAIN_VARIABLE, raising=False)
+        assert datagram_drain._choose() == (cwire.DatagramDrain, "on by default")
+        patch.setenv(datagram_drain.DRAIN_VARIABLE, "0")
         assert datagram_drain._choose()[0] is None
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "1")
         assert datagram_drain._choose()[0] is cwire.DatagramDrain
+        patch.delenv(datagram_drain.DRAIN_VARIABLE)
+        patch.setattr(datagram_drain.hotpath, "DatagramDrain", None)  # the pure hot path
+        assert datagram_drain._choose()[0] is None
 
 
 def test_the_input_drained_hands_on_in_order_through_pause_reload_quota_and_close(

@@ -95,10 +95,8 @@ def daemon_on(implementation: str, config: DaemonConfig, where: Path) -> Iterato
             patch.setenv("PYDORY_PURE_PYTHON", "1")
         else:
             patch.delenv("PYDORY_PURE_PYTHON", raising=False)
-        if implementation == "drain":
-            patch.setenv("PYDORY_DATAGRAM_DRAIN", "1")
-        else:
-            patch.delenv("PYDORY_DATAGRAM_DRAIN", raising=False)
+        # "compiled" is the loop's reader; "drain" (the default) is named, not assumed.
+        patch.setenv("PYDORY_DATAGRAM_DRAIN", "1" if implementation == "drain" else "0")
         daemon = DaemonProcess(config, where / "pydory.xml", where / "pydory.log")
     try:
         yield daemon

@@ -19,9 +19,11 @@ still queues (order kept, nothing dropped).
 It runs only where it fits: the compiled hot path and a ``maxDatagramMsgSize`` below 256
 KiB (larger ones are read one at a time, peeked first). With a datagram rate quota the
 thread keeps each datagram's sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside
-it, and the loop judges the quota as it hands the burst on. It is OFF by default:
-``PYDORY_DATAGRAM_DRAIN=1`` in the daemon's environment turns it on (read once, at import),
-until the benchmarks on a quiet machine (BENCHMARKS.md) decide. Tests run the datagram
+it, and the loop judges the quota as it hands the burst on. It is ON by default where it
+fits, since the benchmarks decided (BENCHMARKS.md, "Issue 34, lever 1": 1.1-1.5x the
+datagrams per second at 0.83-0.91x the CPU per message on a quiet machine, 2.4x the rate
+beside four CPU hogs per core); ``PYDORY_DATAGRAM_DRAIN=0`` in the daemon's environment
+turns it off (read once, at import). Tests run the datagram
 suites on it by setting :data:`DRAIN` (tests/hotpaths.py's ``"drain"``), a benchmark
 through :func:`use` (benchmarks/datagram_drain.py).
 
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DRAIN", "DRAIN_VARIABLE", "WHY", "SocketDrain", "use"]
 
-#: The environment variable that turns the drain thread on (``1``); off by default.
+#: The environment variable that turns the drain thread off (``0``); on by default.
 DRAIN_VARIABLE: Final = "PYDORY_DATAGRAM_DRAIN"
 #: Datagrams per burst the loop takes in one turn (as the loop reader's ``DATAGRAM_BURST``).
 DRAIN_BURST_DATAGRAMS: Final = 512
@@ -60,11 +62,11 @@ Uids = list[int | None] | None
 
 def _choose() -> tuple[DrainType | None, str]:
     named = os.environ.get(DRAIN_VARIABLE, "")
-    if named in ("", "0"):
-        return None, f"off by default ({DRAIN_VARIABLE}=1 turns it on)"
+    if named == "0":
+        return None, f"off ({DRAIN_VARIABLE}=0)"
     if hotpath.DatagramDrain is None:
-        return None, f"{DRAIN_VARIABLE}={named}, but the compiled hot path is not here"
-    return hotpath.DatagramDrain, f"{DRAIN_VARIABLE}={named}"
+        return None, "the compiled hot path is not here (the drain thread is part of it)"
+    return hotpath.DatagramDrain, "on by default" if named == "" else f"{DRAIN_VARIABLE}={named}"
 
 
 DRAIN: DrainType | None
