@@ -359,22 +359,24 @@ def test_a_flooder_is_slowed_loses_nothing_and_leaves_the_polite_client_unaffect
 
 
 @needs_a_second_uid
-def test_control_without_the_quota_the_flooder_is_read_as_fast_as_it_writes(
-    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+def test_control_without_the_quota_the_flooder_is_never_throttled(
+    monkeypatch: pytest.MonkeyPatch,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
 ) -> None:
+    reads = record_quota_reads(monkeypatch)
     alone, beside, flood, books, counters = run_flood_scenario(
         mock_cluster, unique_topic, socket_dir, quota=False
     )
     print(f"polite alone:  {alone}\npolite beside: {beside}\nflooder: {flood}")
-    assert books["accepted"] == books["delivered"] == flood["messages"]
-    # Without the quota the flooder is read as fast as it writes, far past what the quota
-    # lets through: the throttling the quota test sees is the quota's. (Whether the flood
-    # also delays the polite client past the bound depends on the daemon's speed: since
-    # issue 25's burst path it keeps up with this flooder here, and the read turns keep
-    # the polite client within the bound; the quota test holds the bound either way.)
+    assert books["accepted"] == books["delivered"] == flood["messages"] > 0
+    # Without the quota no read is charged to one and none is throttled: the throttling
+    # the quota test sees is the quota's. (How much faster the flooder is read then
+    # depends on the machine's speed, so it is printed, not asserted: issue 32.)
+    assert reads == {}
     assert counters.get("quota_throttles_tcp", 0) == 0
-    assert flood["bytes"] > 5 * FLOOD_QUOTA_BPS * FLOOD_S
-    assert flood["drained_s"] < flood["bytes"] / FLOOD_QUOTA_BPS / 5
+    assert counters.get("quota_throttled_ms_tcp", 0) == 0
 
 
 # --- the connection quota -------------------------------------------------------------------
