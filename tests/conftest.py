@@ -7,12 +7,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from receivers import RECEIVE_TIMEOUT_S
 
 # The Kafka fixtures, from the tools' distribution (pydory-tools), which registers no pytest
 # plugin of its own: loaded here only.
 pytest_plugins = ["pydory_tools.testing.pytest_plugin"]
+
+# Hypothesis's per-example deadline (200 ms by default) is a timing assertion: beside a CPU
+# hog per core one example of a parser took longer and failed the test. A property test
+# asserts the property; each test keeps its own max_examples. Loaded here, before any test
+# module is imported, so every @settings(...) inherits it.
+settings.register_profile("pydory", deadline=None)
+settings.load_profile("pydory")
 
 
 @pytest.fixture

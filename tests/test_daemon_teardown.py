@@ -16,7 +16,9 @@ from pathlib import Path
 from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
 from pydory_tools.testing.mock_cluster import MockCluster
 
-QUIET_FOR_S = 4.0  # librdkafka reconnects within 0.1-1 s at first (reconnect.backoff.ms)
+# The wait is meant to end unanswered; librdkafka reconnects within 0.1-1 s at first
+# (reconnect.backoff.ms), so a live client would connect well before it ends.
+QUIET_FOR_S = 4.0  # not a deadline: nothing may connect meanwhile
 
 
 def test_no_client_of_a_stopped_daemon_reconnects_to_its_brokers(

@@ -257,7 +257,17 @@ def test_the_job_restarts_its_query_when_a_python_worker_did_not_connect_back(
 
     assert "did not connect back within Spark's fixed 10 s" in output
     assert "restarting it from its checkpoint (restart 1 of at most 3)" in output
-    assert len(calls) == 2
+    # The injected failure is restarted once. A loaded host may need more: a real Python
+    # worker of the restarted query can itself take longer than Spark's fixed 10 s to
+    # connect back (seen beside a CPU hog per core: 3 starts), which the job restarts the
+    # same way. So: at least the one restart, each start after the first one the job said
+    # was a restart (none unexplained), and never more than its limit. The records land
+    # exactly once however many restarts it took.
+    restarts = len(calls) - 1
+    assert 1 <= restarts <= land._WORKER_RESTARTS
+    for restart in range(1, restarts + 1):
+        assert f"(restart {restart} of at most 3)" in output, output
+    assert f"(restart {restarts + 1} of" not in output, output
     assert sorted(row.value for row in lake(spark, tmp_path)) == sorted(
         b"v%d" % i for i in range(20)
     )

@@ -2,27 +2,30 @@
 
 A flooding TCP client and a polite one at once: with ``<clientRate>`` on the TCP listener
 the flooder is slowed to its quota and loses nothing (every message it sent accepted and
-delivered, nothing discarded), while the polite client's latency (the time from its send
-to the daemon's read, both on CLOCK_MONOTONIC) and throughput stay within the bound
-below of what they are when it is alone. The clients are processes of their own, so that
-they never take the daemon's GIL; the daemon's read time of each polite message is taken
-by a thin wrapper around the intake (one ``in`` test per read burst). A client is a uid,
-so the flooder runs as another user (nobody) than the polite client.
+delivered, nothing discarded), its reads paused for the throttle time its quota computed
+and never read ahead of it, while the polite client is never throttled and every one of
+its messages is delivered. Each client's quota reads are seen by a thin wrapper around
+``ClientQuota.on_read`` (the time, the bytes, the throttle returned). No assertion is on
+latency or throughput: they depend on the machine's load (issue 32); the polite client's
+latency (the time from its send to the daemon's read, both on CLOCK_MONOTONIC, taken by a
+thin wrapper around the intake) is printed for the figures in docs/operations.md. The
+clients are processes of their own, so that they never take the daemon's GIL. A client
+is a uid, so the flooder runs as another user (nobody) than the polite client.
 
 Then the connection quota on the UNIX stream listener: the N+1th connection is closed at
 once and counted, the first N are still delivered. Last, a client is a uid: eight TCP
 connections of one uid are one client, and datagrams over their sender's quota are
 discarded as ``rate_limit``.
 
-The bound is checked against a control, so that it cannot pass for want of a flood: the
-same scenario without the quota must break it (by how much depends on the machine;
-docs/operations.md has the figures).
+A control runs the same scenario without the quota: nothing is throttled there, so the
+throttling the quota test sees is the quota's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -40,6 +43,8 @@ import pytest
 
 from helpers import SchedulingDelay, assert_balanced, settled, wait_until
 from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.peers import uid_client
+from pydory.daemon.inputs.quotas import ClientQuota
 from pydory.wire import encode_any_partition
 from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
 from pydory_tools.testing.mock_cluster import MockCluster
@@ -58,15 +63,9 @@ FLOOD_S = 4.0
 #: The polite client: 400 messages a second, 1,200 of them (3 s, all inside the flood).
 POLITE_RATE = 400
 POLITE_COUNT = 1200
-#: The bound: next to the flooder, the polite client's median latency (send to the
-#: daemon's read) at most its median alone + 2 ms, its 90th percentile at most its 90th
-#: alone + 10 ms, its 99th at most its 99th alone + 50 ms (a throttled flooder's read is
-#: still up to 256 KiB handled in one go), and its throughput at least 95% of the rate
-#: it sends at.
-MEDIAN_SLACK_S = 0.002
-P90_SLACK_S = 0.010
-P99_SLACK_S = 0.050
-THROUGHPUT_SHARE = 0.95
+#: A timer may fire up to the loop's clock resolution early, and a throttle is counted
+#: in whole milliseconds.
+ROUNDING_S = 0.001
 
 # --- the clients, each a process of its own -------------------------------------------------
 
@@ -294,60 +293,90 @@ def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("qd", numbered=True))
 
 
-def within_bound(alone: PoliteFigures, beside: PoliteFigures) -> list[str]:
-    """The ways ``beside`` breaks the bound (none: within it)."""
-    broken = []
-    if beside.median_s > alone.median_s + MEDIAN_SLACK_S:
-        broken.append(f"median {beside.median_s:.4f} s > {alone.median_s:.4f} + {MEDIAN_SLACK_S}")
-    if beside.p90_s > alone.p90_s + P90_SLACK_S:
-        broken.append(f"p90 {beside.p90_s:.4f} s > {alone.p90_s:.4f} + {P90_SLACK_S}")
-    if beside.p99_s > alone.p99_s + P99_SLACK_S:
-        broken.append(f"p99 {beside.p99_s:.4f} s > {alone.p99_s:.4f} + {P99_SLACK_S}")
-    if beside.throughput < THROUGHPUT_SHARE * beside.offered:
-        broken.append(f"throughput {beside.throughput:.0f}/s < 95% of {beside.offered:.0f}/s")
-    return broken
+@dataclass(frozen=True)
+class QuotaRead:
+    """One read charged to a client's rate quota, as ``ClientQuota.on_read`` saw it."""
+
+    at: float  # the daemon's clock (time.monotonic)
+    nbytes: int
+    wait_s: float  # the throttle it returned (0.0: read on)
+
+
+def record_quota_reads(monkeypatch: pytest.MonkeyPatch) -> dict[object, list[QuotaRead]]:
+    """Each client's reads charged to its rate quota, by client key (a uid's key)."""
+    reads: dict[object, list[QuotaRead]] = {}
+    on_read = ClientQuota.on_read
+
+    def recording(quota: ClientQuota, now: float, nbytes: int, messages: int) -> float:
+        wait = on_read(quota, now, nbytes, messages)
+        reads.setdefault(quota.key, []).append(QuotaRead(now, nbytes, wait))
+        return wait
+
+    monkeypatch.setattr(ClientQuota, "on_read", recording)
+    return reads
 
 
 @needs_a_second_uid
 def test_a_flooder_is_slowed_loses_nothing_and_leaves_the_polite_client_unaffected(
-    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+    monkeypatch: pytest.MonkeyPatch,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
 ) -> None:
-    with SchedulingDelay() as lateness:
-        alone, beside, flood, books, counters = run_flood_scenario(
-            mock_cluster, unique_topic, socket_dir, quota=True
-        )
+    reads = record_quota_reads(monkeypatch)
+    alone, beside, flood, books, counters = run_flood_scenario(
+        mock_cluster, unique_topic, socket_dir, quota=True
+    )
     print(f"polite alone:  {alone}\npolite beside: {beside}\nflooder: {flood}")
-    assert within_bound(alone, beside) == []
-    # The flooder lost nothing: every message it wrote was read, accepted and delivered.
+    # The flooder lost nothing: every message it wrote was read, accepted and delivered
+    # (and the polite client's 2 x POLITE_COUNT were: run_flood_scenario waits for them).
     assert books["accepted"] == books["delivered"] == flood["messages"] > 0
     assert books["discarded"] == {reason: 0 for reason in books["discarded"]}
-    # ... and was slowed to its quota: the daemon took no less time to read it all than
-    # the quota allows (its window's credit and one read of 256 KiB aside), and no more
-    # than it needs.
-    assert counters["quota_throttles_tcp"] > 0
-    assert counters["quota_throttled_ms_tcp"] > 1000
+    flooder, polite = reads[uid_client(FLOODER_UID)], reads[uid_client(os.getuid())]
+    assert sum(read.nbytes for read in flooder) == flood["bytes"]
+    # The polite client, under its quota, is never throttled: its reads are not paused,
+    # whatever the flooder does beside it. (What is left of its latency is the machine's.)
+    assert len(polite) > 0
+    assert [read for read in polite if read.wait_s > 0] == []
+    # The flooder was throttled, and each throttle held: its next read came no earlier
+    # than the throttle time the quota computed (its reads paused for it). At any load, a
+    # late read only comes later.
+    throttles = [read for read in flooder if read.wait_s > 0]
+    assert len(throttles) > 0
+    for read, after in itertools.pairwise(flooder):
+        assert after.at >= read.at + read.wait_s - ROUNDING_S, (read, after)
+    # ... so the daemon took no less time to read it all than the quota allows (its
+    # window's credit and one read of 256 KiB aside); and it paused the flooder no longer
+    # than its bytes take at the quota (the pauses are disjoint and end by when the last
+    # byte is paid for): no more than it needs.
     credit = FLOOD_QUOTA_BPS * FLOOD_WINDOW_MS / 1000 + 256 * 1024
     assert (flood["bytes"] - credit) / FLOOD_QUOTA_BPS < flood["drained_s"]
-    assert flood["drained_s"] < flood["bytes"] / FLOOD_QUOTA_BPS + lateness.margin_s(3.0)
+    throttled_s = sum(read.wait_s for read in throttles)
+    assert throttled_s <= flood["bytes"] / FLOOD_QUOTA_BPS
+    # Every throttle counted was the flooder's: the counters tell the same story.
+    assert counters["quota_throttles_tcp"] == len(throttles)
+    assert abs(counters["quota_throttled_ms_tcp"] - throttled_s * 1000) <= len(throttles)
 
 
 @needs_a_second_uid
-def test_control_without_the_quota_the_flooder_is_read_as_fast_as_it_writes(
-    mock_cluster: MockCluster, unique_topic: Callable[[str], str], socket_dir: str
+def test_control_without_the_quota_the_flooder_is_never_throttled(
+    monkeypatch: pytest.MonkeyPatch,
+    mock_cluster: MockCluster,
+    unique_topic: Callable[[str], str],
+    socket_dir: str,
 ) -> None:
+    reads = record_quota_reads(monkeypatch)
     alone, beside, flood, books, counters = run_flood_scenario(
         mock_cluster, unique_topic, socket_dir, quota=False
     )
     print(f"polite alone:  {alone}\npolite beside: {beside}\nflooder: {flood}")
-    assert books["accepted"] == books["delivered"] == flood["messages"]
-    # Without the quota the flooder is read as fast as it writes, far past what the quota
-    # lets through: the throttling the quota test sees is the quota's. (Whether the flood
-    # also delays the polite client past the bound depends on the daemon's speed: since
-    # issue 25's burst path it keeps up with this flooder here, and the read turns keep
-    # the polite client within the bound; the quota test holds the bound either way.)
+    assert books["accepted"] == books["delivered"] == flood["messages"] > 0
+    # Without the quota no read is charged to one and none is throttled: the throttling
+    # the quota test sees is the quota's. (How much faster the flooder is read then
+    # depends on the machine's speed, so it is printed, not asserted: issue 32.)
+    assert reads == {}
     assert counters.get("quota_throttles_tcp", 0) == 0
-    assert flood["bytes"] > 5 * FLOOD_QUOTA_BPS * FLOOD_S
-    assert flood["drained_s"] < flood["bytes"] / FLOOD_QUOTA_BPS / 5
+    assert counters.get("quota_throttled_ms_tcp", 0) == 0
 
 
 # --- the connection quota -------------------------------------------------------------------

@@ -18,7 +18,11 @@ What counts as a fixed deadline, read from the source (an AST scan of ``tests/``
 - a parameter named ``timeout``, ``timeout_s``, ``deadline_s`` or ``budget_s`` whose default
   is a number;
 - ``time.monotonic() + N``, a deadline computed in place;
-- a name ending in ``TIMEOUT_S`` or ``TIMEOUT_MS`` assigned a number (a module's constant).
+- a name ending in ``TIMEOUT_S`` or ``TIMEOUT_MS`` assigned a number (a module's constant);
+- a module's constant, whatever its name (``CLIENT_PATIENCE_S = 10``), given where a number
+  counts above: a timeout keyword, a deadline argument, a parameter's default or
+  ``time.monotonic() + NAME`` (reported at each use; a marker on the constant's own line
+  lets every use through).
 
 A wait that is meant to end at its timeout (the test checks that something does *not*
 happen meanwhile, or a timeout is the thing under test) says so on its line with
@@ -28,7 +32,7 @@ happen meanwhile, or a timeout is the thing under test) says so on its line with
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,11 +53,29 @@ DEFAULT_NAMES = {"timeout", "timeout_s", "deadline_s", "budget_s"}
 CONSTANT_SUFFIXES = {"TIMEOUT_S": 1.0, "TIMEOUT_MS": 0.001}
 
 
-def _number(node: ast.AST) -> float | None:
+def _literal(node: ast.AST) -> float | None:
     is_number = isinstance(node, ast.Constant) and isinstance(node.value, int | float)
     if is_number and not isinstance(node.value, bool):
         return float(node.value)
     return None
+
+
+def _module_constants(tree: ast.Module, lines: list[str]) -> dict[str, float]:
+    """The module's top-level names assigned a number: a deadline may hide behind one.
+
+    A constant marked ``# not a deadline`` where it is assigned is let through at every use.
+    """
+    constants: dict[str, float] = {}
+    for statement in tree.body:
+        if not isinstance(statement, ast.Assign | ast.AnnAssign):
+            continue
+        if statement.value is not None and MARKER not in lines[statement.lineno - 1]:
+            value = _literal(statement.value)
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and value is not None:
+                    constants[target.id] = value
+    return constants
 
 
 def _name(call: ast.Call) -> str:
@@ -67,13 +89,23 @@ def _name(call: ast.Call) -> str:
 def fixed_deadlines(source: str) -> Iterator[tuple[int, float]]:
     """(line, seconds) of every fixed deadline in ``source`` below the floor."""
     lines = source.splitlines()
-    for node in ast.walk(ast.parse(source)):
-        for line, seconds in _deadlines_of(node):
+    tree = ast.parse(source)
+    constants = _module_constants(tree, lines)
+
+    def number(node: ast.AST) -> float | None:
+        if isinstance(node, ast.Name):
+            return constants.get(node.id)
+        return _literal(node)
+
+    for node in ast.walk(tree):
+        for line, seconds in _deadlines_of(node, number):
             if seconds < FLOOR_S and MARKER not in lines[line - 1]:
                 yield line, seconds
 
 
-def _deadlines_of(node: ast.AST) -> Iterator[tuple[int, float]]:
+def _deadlines_of(
+    node: ast.AST, _number: Callable[[ast.AST], float | None]
+) -> Iterator[tuple[int, float]]:
     if isinstance(node, ast.Call):
         name = _name(node)
         for keyword in node.keywords:
@@ -103,7 +135,7 @@ def _deadlines_of(node: ast.AST) -> Iterator[tuple[int, float]]:
         if now and value is not None:
             yield node.right.lineno, value
     elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-        value = _number(node.value)
+        value = _literal(node.value)
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for target in targets:
             for suffix, scale in CONSTANT_SUFFIXES.items():
@@ -154,10 +186,20 @@ def test_the_scan_finds_each_kind_of_fixed_deadline() -> None:
             "scope = asyncio.timeout(10)",
             "pytestmark = pytest.mark.timeout(30)",
             "pytestmark = pytest.mark.timeout(120)",
+            "CLIENT_PATIENCE_S = 10.0",
+            "sock.settimeout(CLIENT_PATIENCE_S)",
+            "QUIET_S = 4.0  # not a deadline: nothing may arrive",
+            "listener.settimeout(QUIET_S)",
+            "wait_until(check, timeout_s=CLIENT_PATIENCE_S)",
+            "NET_S = 120.0",
+            "sock.settimeout(NET_S)",
         ]
     )
 
     found = sorted(fixed_deadlines(source))
 
-    assert [line for line, _ in found] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 16, 17, 19, 20]
-    assert found[-6:] == [(13, 20.0), (14, 10.0), (16, 30.0), (17, 20.0), (19, 10.0), (20, 30.0)]
+    lines = [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 16, 17, 19, 20, 23, 26]
+    assert [line for line, _ in found] == lines
+    assert found[-8:-2] == [(13, 20.0), (14, 10.0), (16, 30.0), (17, 20.0), (19, 10.0), (20, 30.0)]
+    # A constant's number is the deadline at each use, whatever the constant is named.
+    assert found[-2:] == [(23, 10.0), (26, 10.0)]
