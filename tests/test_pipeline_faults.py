@@ -1,6 +1,7 @@
 """Faults are messages (issue 31, item 5): a lake that cannot be written, a full disk, a
-corrupt committed Parquet file, Kafka down: each job ends with one line naming the cause
-and exit status 2 ("could not run"), never a traceback, never 1 ("does not balance").
+corrupt committed Parquet file, Kafka down, HDFS down, a Spark master or every worker
+gone: each job ends with one line naming the cause and exit status 2 ("could not run"),
+never a traceback, never 1 ("does not balance").
 
 How each fault is made, as root too (where ``chmod`` stops no write):
 
@@ -9,7 +10,9 @@ How each fault is made, as root too (where ``chmod`` stops no write):
   also a read-only tmpfs (``EROFS``);
 - a full disk: a tmpfs of 256 KiB, where this process may mount (skipped otherwise);
 - a corrupt Parquet file: a committed lake file overwritten with other bytes;
-- Kafka down: a loopback port nothing listens on.
+- Kafka down: a loopback port nothing listens on;
+- every worker gone: the one worker of a Spark standalone cluster of the test's own (never
+  the session's, whose other tests would lose it) SIGKILLed while the landing runs on it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pydory.pipeline.landing.land import (
 )
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.spark_cluster import SparkCluster
 from test_pipeline_dedup import identity, produce
 from test_pipeline_second_copies import file_sink_lake
 
@@ -355,3 +359,79 @@ def test_a_cluster_with_no_executor_for_the_wait_stops_the_landing_a_lost_worker
     elastic.check()
     assert LandSettings("b:1", ("t",), "l", "c").executor_wait_s == DEFAULT_EXECUTOR_WAIT_S
     assert cli_pipeline.DEFAULT_EXECUTOR_WAIT_S == DEFAULT_EXECUTOR_WAIT_S
+
+
+# The CLI's landing in a process of its own (no session of this one to reuse), then whether
+# it left its Spark session running: the one state the exit code does not tell.
+_LAND_THEN_TELL_SESSION = """
+import sys
+from pyspark import SparkContext
+from pydory.cli import main
+status = main(sys.argv[1:])
+print("spark session left active:", SparkContext._active_spark_context is not None)
+sys.exit(status)
+"""
+
+
+@pytest.mark.kafka
+@pytest.mark.spark_cluster
+def test_every_worker_gone_while_the_landing_runs_is_one_line_and_exit_2(
+    kafka_broker: KafkaCluster, unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The one worker of a cluster SIGKILLed after the landing's first batch: its executor
+    goes with it, Spark would wait for another forever; the landing says so after its
+    ``--executor-wait`` and stops its session."""
+    topic = unique_topic("workergone")
+    kafka_broker.create_topic(topic, 1)
+    produce(kafka_broker.bootstrap_servers, topic, [(0, b"v", identity(i)) for i in range(20)])
+    lake = tmp_path / "lake"
+    with SparkCluster(1, base_dir=tmp_path / "spark") as cluster:
+        command = [
+            *("pipeline", "land", "--bootstrap-servers", kafka_broker.bootstrap_servers),
+            *("--topics", topic, "--lake", str(lake), "--checkpoint", str(tmp_path / "cp")),
+            *("--master", cluster.master_url, "--trigger-interval", "1", "--executor-wait", "5"),
+            *("--conf", "spark.executor.memory=512m", "--conf", "spark.sql.shuffle.partitions=2"),
+        ]
+        with (tmp_path / "stderr").open("w+") as stderr:
+            landing = subprocess.Popen(
+                [sys.executable, "-c", _LAND_THEN_TELL_SESSION, *command],
+                stdout=subprocess.PIPE,
+                stderr=stderr,  # a file: Spark's log cannot fill a pipe no one reads
+                text=True,
+            )
+            try:
+                said = _until_a_batch_landed(landing)
+                assert cluster.worker_executors(1) == 1, said
+                cluster.kill_worker(1)  # SIGKILL, by its PID
+                # not a deadline: a safety net; it ends seconds after the wait of 5 s
+                out, _ = landing.communicate(timeout=600)
+            finally:
+                if landing.poll() is None:
+                    landing.kill()
+                    landing.wait()
+            stderr.seek(0)
+            err = stderr.read()
+        said += out
+
+    assert landing.returncode == EXIT_COULD_NOT_RUN, said + err[-3000:]
+    (line,) = [line for line in (said + err).splitlines() if line.startswith("pydory ")]
+    assert line == (
+        f"pydory pipeline land: could not run: no Spark executor for 5 s on "
+        f"{cluster.master_url}: the cluster's workers are gone or have no cores or memory "
+        "left for the job; the batch in flight is redone by the next run"
+    ), said
+    assert "spark session left active: False" in said.splitlines(), said
+    assert "Traceback" not in said + err, err[-3000:]
+    assert any(lake.glob("topic=*/date=*/*.parquet"))
+
+
+def _until_a_batch_landed(landing: subprocess.Popen[str]) -> str:
+    """The landing's output up to its first progress line (``batch N: ...``), which it
+    prints once the sink has committed the batch."""
+    assert landing.stdout is not None
+    said = ""
+    for line in landing.stdout:
+        said += line
+        if line.startswith("batch "):
+            return said
+    raise AssertionError(f"the landing ended before a batch landed:\n{said}")
