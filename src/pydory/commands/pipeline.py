@@ -63,8 +63,10 @@ def register_land(subparsers: Subparsers) -> None:
             "commit log: exactly once across restarts. Progress goes to standard output. "
             "Exit status: 0 when the query finished (--available-now) or was stopped by "
             "SIGINT/SIGTERM (--trigger-interval), 1 when it failed or was refused (a lake "
-            "and checkpoint that do not belong together), 3 when --fail-on-data-loss false "
-            "skipped records no longer in Kafka (listed per partition)."
+            "and checkpoint that do not belong together), 2 when it could not run (a fault of "
+            "its surroundings: Kafka, the lake, Spark; one line names it), 3 when "
+            "--fail-on-data-loss false skipped records no longer in Kafka (listed per "
+            "partition)."
         ),
         handler=run_land,
     )
