@@ -22,8 +22,9 @@ issue 30). Other first-try refusals by a broker stay discards, and so do librdka
 own errors that come before any send (outcomes.POSSIBLY_PERSISTED holds the ones that
 may follow a sent request).
 
-Rule: a `ConfluentBackend`'s delivery, statistics or error callback only
-records what it is given (into ``DeliveryReports`` or a ``PollSinks`` call).
+Rule: a `ConfluentBackend`'s delivery, statistics, error or log callback only
+records what it is given (into ``DeliveryReports``, a ``PollSinks`` call, the logger,
+or the time of in-flight trouble).
 """
 
 from __future__ import annotations
@@ -172,6 +173,8 @@ class ConfluentBackend:
             self.in_flight_trouble()
         if self._sinks.on_broker_error is not None:
             self._sinks.on_broker_error(error)
+        else:  # as librdkafka does with an error when no error_cb is set
+            self._sinks.logger.error("%s", error.str())
 
     def in_flight_trouble(self) -> None:
         """librdkafka told of a request timeout or a broken connection just now."""
