@@ -8,8 +8,8 @@ timestamp). librdkafka calls them from ``poll()`` or ``flush()``, once per messa
 serving thread: they only append to ``DeliveryReports``.
 
 A failed report's "possibly persisted" (librdkafka's rd_kafka_message_status, which
-confluent-kafka 2.16 does not expose: its Message has no status, no retry count, and its
-KafkaError's retriable() is not set in a delivery report) is inferred, erring to
+confluent-kafka 2.16 does not expose: its Message has no status and no retry count, and
+a report's KafkaError says nothing of earlier attempts) is inferred, erring to
 "possibly" (``ConfluentBackend._possibly_persisted``). A broker's error (code > 0) is
 possibly persisted if the message was produced at least a request timeout before its
 report (its own request may have timed out in flight, then been retried), or before, or
