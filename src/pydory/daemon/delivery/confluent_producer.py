@@ -7,14 +7,31 @@ first-attempt AnyPartition messages without headers (the hot path) are cached pe
 timestamp). librdkafka calls them from ``poll()`` or ``flush()``, once per message, on the
 serving thread: they only append to ``DeliveryReports``.
 
-Rule: a `ConfluentBackend`'s delivery, statistics or error callback only
-records what it is given (into ``DeliveryReports`` or a ``PollSinks`` call).
+A failed report's "possibly persisted" (librdkafka's rd_kafka_message_status, which
+confluent-kafka 2.16 does not expose: its Message has no status and no retry count, and
+a report's KafkaError says nothing of earlier attempts) is inferred, erring to
+"possibly" (``ConfluentBackend._possibly_persisted``). A broker's error (code > 0) is
+possibly persisted if the message was produced at least a request timeout before its
+report (its own request may have timed out in flight, then been retried), or before, or
+less than ``SUPPRESSED_FOR_S`` after, the last in-flight trouble librdkafka told of: a
+request timeout (its ``REQTMOUT`` log line; the disconnect that follows it is logged
+only at debug level) or a broken connection (error_cb ``_TRANSPORT``/``_TIMED_OUT``).
+A request in flight then fails at once whatever its messages' age, and may have been
+written: retried and refused, its messages are in Kafka (the case a loaded machine hit,
+issue 30). Other first-try refusals by a broker stay discards, and so do librdkafka's
+own errors that come before any send (outcomes.POSSIBLY_PERSISTED holds the ones that
+may follow a sent request).
+
+Rule: a `ConfluentBackend`'s delivery, statistics, error or log callback only
+records what it is given (into ``DeliveryReports``, a ``PollSinks`` call, the logger,
+or the time of in-flight trouble).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -32,6 +49,14 @@ CALLBACKS_KEPT = 1024
 #: librdkafka's defaults, where the properties set none.
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 DEFAULT_SOCKET_TIMEOUT_MS = 60_000
+#: librdkafka reports a broker's error through error_cb at most once per this many seconds
+#: when it repeats word for word (rd_kafka_broker_set_error: rkb_suppress.fail_error).
+SUPPRESSED_FOR_S = 30.0
+#: Broker errors after which requests in flight may have been written, then retried.
+IN_FLIGHT_TROUBLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT})
+#: The facility of librdkafka's log lines on timed-out requests (rd_kafka_broker_timeout_scan,
+#: at warning level, never suppressed).
+REQUEST_TIMEOUT_FACILITY = "REQTMOUT"
 
 
 class ConfluentBackend:
@@ -47,8 +72,11 @@ class ConfluentBackend:
         properties = dict(properties)
         if sinks.on_statistics is not None:
             properties["stats_cb"] = sinks.on_statistics
-        if sinks.on_broker_error is not None:
-            properties["error_cb"] = sinks.on_broker_error
+        # Always: a request timeout or broken connection marks what was in flight.
+        properties["error_cb"] = self._on_error
+        properties["logger"] = _TroubleWatch(self, properties.get("logger") or sinks.logger)
+        #: When librdkafka last told of in-flight trouble (time.monotonic()); none yet.
+        self._trouble_at = -float("inf")
         # A report later than this after produce() may follow a request that timed out
         # after it was sent, then a retry (see _on_delivery).
         self._request_timeout_s = (
@@ -140,18 +168,38 @@ class ConfluentBackend:
                 )
             )
 
+    def _on_error(self, error: Any) -> None:
+        if error.code() in IN_FLIGHT_TROUBLE:
+            self.in_flight_trouble()
+        if self._sinks.on_broker_error is not None:
+            self._sinks.on_broker_error(error)
+        else:  # as librdkafka does with an error when no error_cb is set
+            self._sinks.logger.error("%s", error.str())
+
+    def in_flight_trouble(self) -> None:
+        """librdkafka told of a request timeout or a broken connection just now."""
+        self._trouble_at = time.monotonic()
+
     def _possibly_persisted(self, err: Any, msg: Any) -> bool:
         """confluent-kafka's Message has no rd_kafka_message_status: a broker's error
-        (a code > 0: it answers a request) reported at least a request timeout after
-        produce() may answer a retry of a request holding the message that was sent and
-        timed out; the first copy may then be in the log, whatever the retry's error.
-        Erring to "possibly" keeps the books true: possibly delivered, never a false
-        discard. librdkafka's own errors (< 0) that may follow a sent request are
+        (a code > 0: it answers a request) may answer a retry of a request holding the
+        message that was written and then timed out or lost its connection; the first
+        copy may then be in the log, whatever the retry's error. So it is "possibly" if
+        the message was produced at least a request timeout ago (its own request may have
+        timed out), or before (or within librdkafka's suppression of repeated errors
+        after) the last request timeout or broken connection librdkafka told of: a
+        request in flight then fails early, whatever its messages' age (the failure seen
+        under load: written behind a late response, retried, refused). Erring to
+        "possibly" keeps the books true: possibly delivered, never a false discard.
+        librdkafka's own errors (< 0) that may follow a sent request are
         outcomes.POSSIBLY_PERSISTED already; the others were never sent."""
         if err.code() <= 0:
             return False
-        latency = msg.latency()
-        return latency is not None and latency >= self._request_timeout_s
+        latency: float | None = msg.latency()
+        if latency is None or latency >= self._request_timeout_s:
+            return True
+        produced_at = time.monotonic() - latency
+        return produced_at < self._trouble_at + SUPPRESSED_FOR_S
 
     def poll(self, timeout_s: float, each_ack: bool) -> None:
         # Reports always come one by one here: each_ack changes nothing.
@@ -187,3 +235,19 @@ class ConfluentBackend:
 
     def __len__(self) -> int:
         return len(self._producer) if self._producer is not None else 0
+
+
+class _TroubleWatch:
+    """The logger confluent-kafka calls with librdkafka's log lines (on the serving
+    thread, in order with the delivery reports): it passes each on, and tells the backend
+    of a request timeout, which librdkafka reports nowhere else."""
+
+    def __init__(self, backend: ConfluentBackend, logger: logging.Logger) -> None:
+        self._backend = backend
+        self._logger = logger
+
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        # confluent-kafka: log(level, "%s [%s] %s", facility, instance name, line)
+        if args and args[0] == REQUEST_TIMEOUT_FACILITY:
+            self._backend.in_flight_trouble()
+        self._logger.log(level, msg, *args, **kwargs)
