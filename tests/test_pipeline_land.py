@@ -31,6 +31,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from helpers import wait_until
 from pydory.cli import main as cli_main
+from pydory.pipeline.landing import land
 from pydory.pipeline.landing.land import (
     DATA_COLUMNS,
     EXIT_RECORDS_SKIPPED,
@@ -230,7 +231,11 @@ def test_stop_and_restart_mid_stream_lands_no_duplicate_and_no_gap(
         query.stop()  # usually in the middle of the next batch
     finally:
         spark.streams.removeListener(watcher)
-    assert query.exception() is None
+    # Spark gives a Python worker it starts a fixed 10 s to connect back; on a loaded host
+    # one can miss it mid-batch, failing the query as a stop would end it (the batch in
+    # flight uncommitted): the job restarts from its checkpoint (land.py), as run_landing
+    # below does here. Any other failure fails the test.
+    assert query.exception() is None or land._worker_failed(query), query.exception()
     first_run = sum(len(offsets) for offsets in landed_offsets(spark, lake_paths[0]).values())
     assert 0 < first_run < 2000
 
