@@ -210,7 +210,10 @@ class Server:
             )
         self.metadata.close()
         self.spool_life.close()  # what is still unsettled stays for the next start
-        await self.durable_books.close_clean()
+        # The final books record is on disk already; publishing it may take only what is
+        # left of shutdownMaxDelay (slow brokers must not stretch the stop past it).
+        started = self._stop_requested_at or time.monotonic()
+        await self.durable_books.close_clean(max(0.0, started + max_delay_s - time.monotonic()))
         self._log_totals()
         self.msg_debug.close()
         self.parts.discard_log.close()  # last, so the shutdown discards above are in the file

@@ -33,7 +33,7 @@ from pydory.daemon.books.durable import (
     replayed_per_topic,
     topic_books,
 )
-from pydory.daemon.books.publisher import BOOKS_PUBLISH_INTERVAL_S, BooksPublisher
+from pydory.daemon.books.publisher import BOOKS_FLUSH_S, BOOKS_PUBLISH_INTERVAL_S, BooksPublisher
 
 log = logging.getLogger(__name__)
 
@@ -137,16 +137,19 @@ class DurableBooks:
             await asyncio.sleep(BOOKS_PUBLISH_INTERVAL_S)
             self.write()
 
-    async def close_clean(self) -> None:
-        """A clean stop (the spool closed): the final record, written and published; then
-        the publisher's producer destroyed, whether this run got to start or not."""
+    async def close_clean(self, publish_within_s: float = BOOKS_FLUSH_S) -> None:
+        """A clean stop (the spool closed): the final record, written and published
+        (waiting at most ``publish_within_s``, and never more than ``BOOKS_FLUSH_S``, for
+        Kafka); then the publisher's producer destroyed, whether this run got to start or
+        not."""
         try:
             if not self.started:
                 return
             self.run.final, self.run.ended = True, CLEAN
             self.write()
             if self.publisher is not None:
-                left = await asyncio.to_thread(self.publisher.flush)
+                wait_s = min(publish_within_s, BOOKS_FLUSH_S)
+                left = await asyncio.to_thread(self.publisher.flush, wait_s)
                 if left:
                     log.warning("books: %d records not published at the stop", left)
         finally:
