@@ -215,15 +215,14 @@ class Recording:
                 await self.changed.wait()
 
 
-def test_the_choice_is_on_by_default_and_off_when_named() -> None:
+def test_the_choice_is_off_by_default_and_on_when_named() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(datagram_drain.DRAIN_VARIABLE, raising=False)
-        assert datagram_drain._choose() == (cwire.DatagramDrain, "on by default")
+        assert datagram_drain._choose()[0] is None
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "0")
         assert datagram_drain._choose()[0] is None
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "1")
         assert datagram_drain._choose()[0] is cwire.DatagramDrain
-        patch.delenv(datagram_drain.DRAIN_VARIABLE)
         patch.setattr(datagram_drain.hotpath, "DatagramDrain", None)  # the pure hot path
         assert datagram_drain._choose()[0] is None
 

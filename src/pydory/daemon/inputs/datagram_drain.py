@@ -19,11 +19,12 @@ still queues (order kept, nothing dropped).
 It runs only where it fits: the compiled hot path and a ``maxDatagramMsgSize`` below 256
 KiB (larger ones are read one at a time, peeked first). With a datagram rate quota the
 thread keeps each datagram's sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside
-it, and the loop judges the quota as it hands the burst on. It is ON by default where it
-fits, since the benchmarks decided (BENCHMARKS.md, "Issue 34, lever 1": 1.1-1.5x the
-datagrams per second at 0.83-0.91x the CPU per message on a quiet machine, 2.4x the rate
-beside four CPU hogs per core); ``PYDORY_DATAGRAM_DRAIN=0`` in the daemon's environment
-turns it off (read once, at import). Tests run the datagram
+it, and the loop judges the quota as it hands the burst on. It is OFF by default:
+``PYDORY_DATAGRAM_DRAIN=1`` turns it on (read once, at import). The benchmarks favour it
+(BENCHMARKS.md, "Issue 34, lever 1": 1.36x the loop reader's datagram rate at 0.91x its
+CPU quiet, 2.4x beside four CPU hogs per core), but a SIGKILL loses what its ring holds
+beyond the kernel's queue (up to 2,048 datagrams), which the kill loop's bound does not
+yet count: it goes on by default once that bound does. Tests run the datagram
 suites on it by setting :data:`DRAIN` (tests/hotpaths.py's ``"drain"``), a benchmark
 through :func:`use` (benchmarks/datagram_drain.py).
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DRAIN", "DRAIN_VARIABLE", "WHY", "SocketDrain", "use"]
 
-#: The environment variable that turns the drain thread off (``0``); on by default.
+#: The environment variable that turns the drain thread on (``1``); off by default.
 DRAIN_VARIABLE: Final = "PYDORY_DATAGRAM_DRAIN"
 #: Datagrams per burst the loop takes in one turn (as the loop reader's ``DATAGRAM_BURST``).
 DRAIN_BURST_DATAGRAMS: Final = 512
@@ -62,11 +63,11 @@ Uids = list[int | None] | None
 
 def _choose() -> tuple[DrainType | None, str]:
     named = os.environ.get(DRAIN_VARIABLE, "")
-    if named == "0":
-        return None, f"off ({DRAIN_VARIABLE}=0)"
+    if named in ("", "0"):
+        return None, f"off by default ({DRAIN_VARIABLE}=1 turns it on)"
     if hotpath.DatagramDrain is None:
         return None, "the compiled hot path is not here (the drain thread is part of it)"
-    return hotpath.DatagramDrain, "on by default" if named == "" else f"{DRAIN_VARIABLE}={named}"
+    return hotpath.DatagramDrain, f"{DRAIN_VARIABLE}={named}"
 
 
 DRAIN: DrainType | None
