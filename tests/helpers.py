@@ -1,8 +1,10 @@
 """Shared by the tests: waiting for and checking a running daemon's books, a
-dispatcher that records what the intake sends, and a stream intake for input tests."""
+dispatcher that records what the intake sends, and a stream intake and a datagram intake
+for input tests."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -191,3 +193,71 @@ class StreamIntake:
 
     def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
         self.closed += 1
+
+
+#: Where :class:`DatagramIntake` records a datagram too large among the bursts: as its
+#: prefix, charged to this client.
+TOO_LARGE = "too large"
+
+
+class DatagramIntake:
+    """The inputs' Intake for datagram input tests: what it is handed, in order (each
+    burst with the client it is charged to, a datagram too large as its prefix under
+    :data:`TOO_LARGE`), and apart: the sizes handed on whole, the datagrams too large
+    (size, prefix), those over quota. ``keep_bytes=False`` keeps the sizes only, so the
+    datagrams are free to go (a memory test). Any stream call fails the test."""
+
+    def __init__(self, keep_bytes: bool = True) -> None:
+        self.keep_bytes = keep_bytes
+        self.bursts: list[tuple[list[bytes], object]] = []
+        self.sizes: list[int] = []
+        self.too_large: list[tuple[int, bytes]] = []
+        self.over: list[bytes] = []
+        self.changed = asyncio.Event()
+
+    @property
+    def received(self) -> list[bytes]:
+        """The datagrams handed on whole, in order."""
+        return [data for burst, client in self.bursts if client != TOO_LARGE for data in burst]
+
+    def handed(self) -> int:
+        """How many datagrams were handed on: whole, too large or over quota."""
+        return len(self.sizes) + len(self.too_large) + len(self.over)
+
+    async def until(self, count: int) -> None:
+        """Wait until ``count`` datagrams were handed on."""
+        async with asyncio.timeout(60):  # a safety net only
+            while self.handed() < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
+        self.sizes += [len(data) for data in burst]
+        if self.keep_bytes:
+            self.bursts.append((list(burst), client))
+        self.changed.set()
+
+    def datagram_too_large(self, size: int, prefix: bytes) -> None:
+        self.too_large.append((size, prefix))
+        if self.keep_bytes:
+            self.bursts.append(([prefix], TOO_LARGE))
+        self.changed.set()
+
+    def over_quota(self, burst: Sequence[bytes]) -> None:
+        self.over += burst
+        self.changed.set()
+
+    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
+        raise AssertionError("no stream here")
+
+    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def connection_opened(self, transport: Transport) -> None:
+        raise AssertionError("no stream here")
+
+    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
+        raise AssertionError("no stream here")

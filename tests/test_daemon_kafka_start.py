@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+import producer_backends
 from daemon_process import DaemonProcess
 from helpers import assert_balanced, wait_until
 from pydory.client import DatagramSender, TcpSender, UnixStreamSender
@@ -32,6 +33,8 @@ from pydory_tools.testing.kafka_broker import KafkaCluster
 from pydory_tools.testing.kafka_util import consume_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
+# A fault test on Apache Kafka: on both producer backends (issue 30, point 1).
+producer_backend = producer_backends.module_fixture()
 
 PARTITIONS = 3
 PER_TRANSPORT = 150

@@ -13,7 +13,7 @@ import asyncio
 import os
 import select
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,12 +21,11 @@ import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import DatagramIntake as Recording
 from hotpaths import compiled_module, using
 from pydory.config.model import ClientRate
-from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs import datagram_drain
 from pydory.daemon.inputs.datagram import DatagramInput
-from pydory.errors import ClientProtocolError
 
 cwire = compiled_module()
 pytestmark = pytest.mark.skipif(cwire is None, reason="pydory._cwire is not built here")
@@ -170,49 +169,6 @@ def test_the_drain_refuses_a_size_it_has_no_slots_for() -> None:
 
 
 # --- the datagram input on the drain ------------------------------------------------------
-
-
-class Recording:
-    """The inputs' Intake, datagrams only."""
-
-    def __init__(self) -> None:
-        self.received: list[bytes] = []
-        self.too_large: list[tuple[int, bytes]] = []
-        self.over: list[bytes] = []
-        self.changed = asyncio.Event()
-
-    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
-        self.received += burst
-        self.changed.set()
-
-    def datagram_too_large(self, size: int, prefix: bytes) -> None:
-        self.too_large.append((size, prefix))
-        self.changed.set()
-
-    def over_quota(self, burst: Sequence[bytes]) -> None:
-        self.over += burst
-        self.changed.set()
-
-    def frames(self, burst: Sequence[bytes], transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def connection_opened(self, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
-        raise AssertionError("no stream here")
-
-    async def until(self, count: int) -> None:
-        async with asyncio.timeout(60):  # a safety net only
-            while len(self.received) + len(self.too_large) + len(self.over) < count:
-                self.changed.clear()
-                await self.changed.wait()
 
 
 def test_the_choice_is_off_by_default_and_on_when_named() -> None:

@@ -16,11 +16,11 @@ import asyncio
 import os
 import pwd
 import socket
-from collections.abc import Sequence
 
 import pytest
 import uvloop
 
+from helpers import DatagramIntake as Recording
 from hotpaths import datagram_fixture
 from pydory.config.model import ClientRate
 from pydory.daemon.books import counters as counter_names
@@ -28,7 +28,6 @@ from pydory.daemon.books.events import DiscardReason, Transport
 from pydory.daemon.books.pool import message_cost
 from pydory.daemon.inputs.datagram import DATAGRAM_CLIENT, DatagramInput, sender_client
 from pydory.daemon.inputs.peers import uid_client
-from pydory.errors import ClientProtocolError
 from pydory.wire import encode_any_partition
 from test_client_charges import BUDGET, daemon, deliver_all
 
@@ -36,49 +35,6 @@ datagram_implementation = datagram_fixture()
 
 #: Far above what the test sends: every datagram within its sender's quota.
 GENEROUS = ClientRate(msgs_per_sec=1_000_000, window_ms=1000)
-
-
-class Recording:
-    """The inputs' Intake, datagrams only: each burst with the client it is charged to."""
-
-    def __init__(self) -> None:
-        self.bursts: list[tuple[list[bytes], object]] = []
-        self.changed = asyncio.Event()
-
-    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
-        self.bursts.append((list(burst), client))
-        self.changed.set()
-
-    def datagram_too_large(self, size: int, prefix: bytes) -> None:
-        self.bursts.append(([prefix], "too large"))
-        self.changed.set()
-
-    def over_quota(self, burst: Sequence[bytes]) -> None:
-        raise AssertionError("every sender is within its quota here")
-
-    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
-        raise AssertionError("no stream here")
-
-    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def connection_opened(self, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
-        raise AssertionError("no stream here")
-
-    def count(self) -> int:
-        return sum(len(burst) for burst, _ in self.bursts)
-
-    async def until(self, count: int) -> None:
-        async with asyncio.timeout(60):  # a safety net only
-            while self.count() < count:
-                self.changed.clear()
-                await self.changed.wait()
 
 
 def other_sender(path: str, uid: int) -> tuple[int, int, int]:

@@ -15,19 +15,18 @@ import ctypes
 import gc
 import os
 import socket
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import pytest
 import uvloop
 
-from helpers import wait_until
+from helpers import DatagramIntake, wait_until
 from hotpaths import DATAGRAM_IMPLEMENTATIONS, module_fixture
 from pydory.client import DatagramSender
-from pydory.daemon.books.events import Transport
 from pydory.daemon.inputs import datagram
 from pydory.daemon.inputs.datagram import DatagramInput
-from pydory.errors import ClientProtocolError, ConfigError
+from pydory.errors import ConfigError
 from pydory_tools.testing.daemon import DaemonConfig, RunningDaemon
 from pydory_tools.testing.mock_cluster import MockCluster
 
@@ -48,44 +47,6 @@ QUEUED = 8
 #: 668 MB).
 IDLE_GROWTH_BOUND = 12 * MIB
 SO_SNDBUFFORCE = 32
-
-
-@dataclass
-class SizesIntake:
-    """Records the sizes it is handed, never the bytes (they must be free to go)."""
-
-    sizes: list[int] = field(default_factory=list)
-    too_large: list[tuple[int, bytes]] = field(default_factory=list)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
-        self.sizes += [len(data) for data in burst]
-        self.changed.set()
-
-    def datagram_too_large(self, size: int, prefix: bytes) -> None:
-        self.too_large.append((size, prefix))
-        self.changed.set()
-
-    def frames(self, burst: Sequence[bytes], transport: Transport, client: object = None) -> None:
-        raise AssertionError("no stream here")
-
-    def broken_stream(self, error: ClientProtocolError, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def unclean_disconnect(self, prefix: bytes, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def connection_opened(self, transport: Transport) -> None:
-        raise AssertionError("no stream here")
-
-    def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
-        raise AssertionError("no stream here")
-
-    async def until_handed(self, count: int) -> None:
-        async with asyncio.timeout(60):  # a safety net only
-            while len(self.sizes) + len(self.too_large) < count:
-                self.changed.clear()
-                await self.changed.wait()
 
 
 def resident_bytes() -> int:
@@ -126,7 +87,7 @@ def test_every_accepted_datagram_size_runs_reads_its_datagrams_and_holds_no_memo
 ) -> None:
     path = os.path.join(str(tmp_path_factory.mktemp("s", numbered=True)), "d")
     size = min(limit, LARGEST_SENT)
-    intake = SizesIntake()
+    intake = DatagramIntake(keep_bytes=False)
 
     async def scenario() -> int:
         before = resident_when_settled()
@@ -140,7 +101,7 @@ def test_every_accepted_datagram_size_runs_reads_its_datagrams_and_holds_no_memo
                     client.send(bytes([n]) * size)
                 if limit < LARGEST_SENT:
                     client.send(b"x" * (limit + 1))
-                await intake.until_handed(QUEUED + (limit < LARGEST_SENT))
+                await intake.until(QUEUED + (limit < LARGEST_SENT))
             return resident_when_settled() - before
         finally:
             datagram_input.close()
@@ -162,7 +123,7 @@ def test_a_datagram_too_large_for_a_large_limit_is_reported_with_its_size(
     handed on as too large (its size, its prefix), the ones around it whole, in order."""
     path = os.path.join(str(tmp_path_factory.mktemp("s", numbered=True)), "d")
     limit = datagram.LARGE_DATAGRAM_BYTES + 10
-    intake = SizesIntake()
+    intake = DatagramIntake(keep_bytes=False)
 
     async def scenario() -> None:
         datagram_input = DatagramInput(path, None, limit, True, intake)
@@ -172,7 +133,7 @@ def test_a_datagram_too_large_for_a_large_limit_is_reported_with_its_size(
                 client.connect(path)
                 for data in (b"a" * 5, b"b" * limit, b"c" * (limit + 1), b"", b"d" * 70_000):
                     client.send(data)
-                await intake.until_handed(5)
+                await intake.until(5)
         finally:
             datagram_input.close()
 

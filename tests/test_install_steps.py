@@ -1,5 +1,6 @@
 """docs/install.md's deploy steps, run as written: the wheel they name is the one the build
-makes, and it installs and runs in a fresh venv of the host's Python.
+makes, and it installs and runs in a fresh venv of the host's Python; so does the pure
+wheel, installed by the same steps in a venv of its own.
 
 The blocks are read from install.md (each follows a ``<!-- deploy: NAME ... -->`` line) and
 run line by line in a copy of the checkout (its tracked files, with the set-up's `.venv` and
@@ -162,3 +163,14 @@ def test_install_md_deploy_steps_build_install_and_run_the_wheel_they_name(
     assert pins(checkout / "requirements.txt") <= held
     (installed,) = (tmp_path / "opt").glob("lib/python3.11/site-packages/pydory/_cwire.*.so")
     assert installed.name.startswith("_cwire.cpython-311")  # the compiled wheel was installed
+
+    # "install that file instead": the server steps with the pure wheel, in a venv of its own.
+    (pure,) = [line.split()[1] for line in blocks["pure"] if line.startswith("ls ")]
+    (compiled,) = [line.split()[1] for line in blocks["build"] if line.startswith("ls ")]
+    server = [command.replace(compiled, pure) for command in blocks["server"]]
+    assert server != blocks["server"], "the server steps name the compiled wheel"
+    version = run_block(server, checkout, tmp_path / "opt-pure", env)
+    assert re.fullmatch(r"pydory \d+\.\d+\.\d+", version.splitlines()[-1]), version
+    site = tmp_path / "opt-pure" / "lib" / "python3.11" / "site-packages"
+    assert (site / "pydory" / "wire.py").is_file()
+    assert not list(site.glob("pydory/*.so")), "the pure wheel holds no compiled module"

@@ -9,6 +9,8 @@
   module defines at top level (a class, a function, a constant; ``Class.method`` counts
   by its class), or for a package's ``__init__.py`` one of the package's modules
   (``segments``), so that a rule cannot drift away from the code it rules;
+- every package's docstring names each of its modules (issue 30, point 4), so that the
+  list a reader starts from is whole;
 - no ``# fmt: skip`` in the package: a module is as long as its job needs, never packed to
   meet a number (the largest modules are printed, for the reader, not judged);
 - no import circle anywhere in the package, counting every import statement (also those
@@ -185,6 +187,48 @@ def test_a_rule_that_names_nothing_of_its_module_is_found(tmp_path: Path) -> Non
     assert rule_names_nothing_defined(module) == "Rule: the door opens here alone."
     module.write_text('"""A room.\n\nRule: ``Window`` opens here.\n"""\n\nclass Door: ...\n')
     assert rule_names_nothing_defined(module) is not None
+
+
+#: A module named in a docstring: ``name``, `name`, :mod:`.name`, ``pkg.name``, ``name/``.
+NAMED_MODULE = re.compile(r"`{1,2}~?\.?([A-Za-z_][\w.]*)/?`{1,2}")
+#: The packages whose docstrings list their modules. Not the top-level package (its
+#: modules are ARCHITECTURE.md's table) nor ``pipeline/``, whose sub-packages' modules its
+#: own docstring lists (the pipeline wing's to keep).
+LISTING_PACKAGES = [
+    "daemon/admission",
+    "daemon/books",
+    "daemon/delivery",
+    "daemon/inputs",
+    "daemon/spool",
+    "status",
+    "config",
+    "client",
+    "commands",
+]
+
+
+def modules_left_unnamed(package: Path) -> list[str]:
+    """The modules of ``package`` that its ``__init__.py`` docstring does not name."""
+    docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    named = {name.rsplit(".", 1)[-1] for name in NAMED_MODULE.findall(docstring)}
+    modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+    return sorted(modules - named)
+
+
+def test_every_package_docstring_names_its_modules() -> None:
+    unnamed = {
+        package: missing
+        for package in LISTING_PACKAGES
+        if (missing := modules_left_unnamed(PACKAGE_DIR / package))
+    }
+    assert unnamed == {}
+
+
+def test_a_module_a_package_docstring_leaves_out_is_found(tmp_path: Path) -> None:
+    (tmp_path / "__init__.py").write_text('"""Rooms: ``door`` and :mod:`.window`."""\n')
+    for name in ("door", "window", "roof"):
+        (tmp_path / f"{name}.py").write_text("")
+    assert modules_left_unnamed(tmp_path) == ["roof"]
 
 
 def test_no_formatting_is_skipped_in_the_package() -> None:

@@ -134,6 +134,11 @@ def test_partial_frames_are_charged_and_the_one_without_room_is_closed(
             assert big.recv(1) == b""  # closed by the daemon
         counters = daemon.counters()
         assert counters[UNCLEAN] == 1  # its frame, and nobody else's
+        # A line a client causes (issue 33 point 3): through log_limits.ClientLines.
+        log_path = tmp_path / "pydory.log"
+        wait_until(lambda: "found no room" in log_path.read_text(), what="the line logged")
+        (line,) = [line for line in log_path.read_text().splitlines() if "found no room" in line]
+        assert "(at most one line like it per 60 s)" in line, line
         wait_until(lambda: pool_used(daemon) == charged, what="its bytes released")
 
         # Nothing else lost: the twenty frames complete and are delivered, and so are

@@ -15,6 +15,7 @@ from helpers import settled, wait_until
 from pydory.cli import main
 from pydory.client import UnixStreamSender
 from pydory.commands.status import (
+    _received_and_pool,
     byte_size,
     discards_by_reason,
     duration,
@@ -121,6 +122,18 @@ def test_before_the_first_metadata_the_status_says_there_is_none_yet() -> None:
     page = {**sample("mock_nc_metadata_fetch_time_json.txt"), "last_updated": 0}
     page["last_modified"] = 0
     assert render_metadata(page).startswith("metadata: no metadata yet")
+
+
+def test_messages_held_for_metadata_are_counted_in_words() -> None:
+    """Issue 32 point 5: "1 message", never "1 messages"."""
+    books = {
+        "received": {"unix_stream": 2},
+        "pool": {"used": 0, "budget": 1024, "percent_time_depleted": 0.0},
+        "metadata_known": False,
+    }
+    for waiting, words in ((1, "1 message"), (2, "2 messages")):
+        text = _received_and_pool({**books, "waiting_for_metadata": waiting})
+        assert f"no metadata yet: {words} held in memory" in text, text
 
 
 # --- a real daemon -------------------------------------------------------------------------

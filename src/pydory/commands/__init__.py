@@ -15,9 +15,13 @@ from here, its description, its ``handler``: a function taking the parsed namesp
 returning an exit status); a command of subcommands (`config`, `pipeline`) with
 :func:`add_command_group`.
 
-Beside one module per command: ``arguments`` (the number types several commands take),
-``daemon_url`` (where a running daemon's status server is, for `status`, `wait` and
-`reload`) and ``lines`` (``send --lines`` input cut into messages).
+The modules, one per command: ``serve``, ``send``, ``wait``, ``status``, ``reload``,
+``config`` (with ``config_listing``, `config check`'s listing under the XML's names) and
+``pipeline`` (`land`; its `audit` and `fleet-audit` in ``pipeline_audit`` and
+``pipeline_fleet_audit``, the options all three share in ``pipeline_options``). Beside
+them: ``arguments`` (the number types several commands take), ``daemon_url`` (where a
+running daemon's status server is, for `status`, `wait` and `reload`) and ``lines``
+(``send --lines`` input cut into messages).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from pydory.status_client import (
     StatusHttp,
     StatusUrlError,
 )
+from pydory.wording import counted
 
 DEFAULT_TIMEOUT_S = 5.0
 EXIT_UNREACHABLE = 2
@@ -267,7 +268,8 @@ def _received_and_pool(books: Page) -> str:
     # .get: a daemon older than these fields still gets its summary.
     if not books.get("metadata_known", True):
         waiting = books.get("waiting_for_metadata", 0)
-        text += f"\nno metadata yet: {waiting} messages wait in memory until a broker answers"
+        held = counted(waiting, "message")
+        text += f"\nno metadata yet: {held} held in memory until a broker answers"
     return text
 
 

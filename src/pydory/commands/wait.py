@@ -33,6 +33,7 @@ from pydory.status_client import (
     StatusHttp,
     StatusUrlError,
 )
+from pydory.wording import counted
 
 #: The status server's longest long-poll (pydory.status.commit_point.LONG_POLL_MAX_S, which
 #: it clamps a longer one to; tests/test_cli_startup.py checks they agree). Not imported:
@@ -203,6 +204,6 @@ def _not_passed_message(answer: _Answer, timeout_s: float) -> str:
     )
     return (
         f"pydory wait: {why}: the commit point is at {_clock_time(answer.commit_point)}, "
-        f"{answer.lag_s:.3f} s behind, with {answer.open_messages} messages neither in "
+        f"{answer.lag_s:.3f} s behind, with {counted(answer.open_messages, 'message')} neither in "
         f"Kafka nor discarded yet"
     )

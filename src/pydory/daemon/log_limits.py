@@ -15,8 +15,14 @@ call names its kind (a fixed string: the class of error, never client text), and
 counters keep the exact numbers (the line says which). ``logsetup.RepeatedLines`` keys
 librdkafka's lines by their text.
 
-Rule: a log line a client's bytes can cause goes through :class:`ClientLines`, and every
-repeated line is limited by :class:`RepeatGate`.
+Two lines a client causes keep limits of their own, each also at most so many per
+interval with the count of the rest: Dory's ``<logDiscards>`` lines (its window of N
+lines, ``books/discard_log.py``) and the status port's malformed requests
+(``status/limits.py``'s ``QuietRequestErrors``: the count at the interval's end, on the
+loop's timers, as an HTTP client may never send again).
+
+Rule: every other log line a client's bytes can cause goes through :class:`ClientLines`,
+and every repeated line of the daemon's own is limited by :class:`RepeatGate`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@
 - ``counters``: every counter's name, and the counters;
 - ``discard_report``: Dory's discard report periods;
 - ``pool``: the memory pool, and what an accepted message costs;
+- ``shares``: each client's fair share of the pool (its partial frames and its accepted
+  messages charged to it); ``charges``: which client an accepted message's bytes are
+  charged to, carried in its token until its outcome;
 - ``commit_point``: the moment before which every message read is settled;
 - ``durable``, ``keeper``, ``publisher``: the run's books that survive the process (the
   record and its file, when it is written, the books topic);

@@ -81,8 +81,6 @@ GATHER_S = 0.001
 #: How long a connection whose partial frame found no room in the pool waits for room
 #: before it is closed (deliveries normally give memory back within milliseconds).
 PARTIAL_FRAME_WAIT_S = 10.0
-#: At most one WARNING per this many seconds for connections closed for want of room.
-NO_ROOM_LOG_INTERVAL_S = 60.0
 
 
 class FrameReader:
@@ -214,7 +212,6 @@ class Connections:
         self.throttles_counter = counter_names.QUOTA_THROTTLES[kind]
         self.throttled_ms_counter = counter_names.QUOTA_THROTTLED_MS[kind]
         self.no_room_counter = counter_names.STREAM_PARTIAL_FRAME_NO_ROOM[kind]
-        self.no_room_logged_at = -NO_ROOM_LOG_INTERVAL_S
         #: Partial frames are charged here (Dory's maxBuffer).
         self.pool = pool
         #: The read buffer of every connection of this input: a read is framed (copied
@@ -553,19 +550,18 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         self._end_room_wait()
         connections = self._connections
         connections.counters.inc(connections.no_room_counter)
-        now = connections.clock()
-        # Once a minute at most: a hostile client can have hundreds of such connections.
-        if now - connections.no_room_logged_at >= NO_ROOM_LOG_INTERVAL_S:
-            connections.no_room_logged_at = now
-            log.warning(
-                "%s input: closing a connection whose partial frame found no room in the "
-                "memory pool (maxBuffer %d) or in its client's share of it within %.0f s; "
-                "counted in %s",
-                self._kind,
-                connections.pool.budget,
-                PARTIAL_FRAME_WAIT_S,
-                connections.no_room_counter,
-            )
+        # A hostile client can have hundreds of such connections: a line a client causes.
+        _lines.log(
+            logging.WARNING,
+            ("no room", self._kind),
+            "%s input: closing a connection whose partial frame found no room in the "
+            "memory pool (maxBuffer %d) or in its client's share of it within %.0f s; "
+            "counted in %s",
+            self._kind,
+            connections.pool.budget,
+            PARTIAL_FRAME_WAIT_S,
+            connections.no_room_counter,
+        )
         if self._transport is not None:
             self._transport.close()
 

@@ -40,6 +40,7 @@ from pydory.daemon.spool.write_ahead import (
     replay_spool,
 )
 from pydory.errors import ConfigError
+from pydory.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def _log_report(report: RecoveryReport) -> None:
             report.segments,
             report.repaired_segments,
             report.truncated_bytes,
-            f"; {report.corrupt_messages} messages lost to damage (spool_corrupt)"
+            f"; {counted(report.corrupt_messages, 'message')} lost to damage (spool_corrupt)"
             if report.corrupt_messages
             else "",
             f"; {report.acknowledged} settled before the crash, not replayed"

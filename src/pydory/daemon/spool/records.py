@@ -60,7 +60,9 @@ hostile file yields a report, never an exception or a huge allocation.
 Rule: the byte layout of a segment file is defined here, and read only here. One other
 code writes it: ``_cwire.c``'s ``encode_payload_frames`` (``pydory.hotpath.payload_frames``)
 writes the frames of :func:`encode_payloads_reference` byte for byte, from the marker and
-the payload head given here (``tests/test_cwire.py`` holds the two equal).
+the payload head given here (``tests/test_cwire.py`` holds the two equal). A replayed
+frame's origin is ``ORIGIN_BYTES`` opaque here: what they hold, a message's first identity,
+is :mod:`pydory.daemon.spool.identity`'s (``pack_origin``, ``unpack_origin``).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ name, are on the disk.
 
 Rule: when this run's segment files and their directory are fsynced is decided by
 :class:`SegmentSync` alone; the syncs run here, or on the ``DiskWorker`` it hands an
-interval's syncs to. (A segment of an earlier run that recovery repaired is synced by
-``Spool``, under the same policy.)
+interval's syncs to. (Two syncs are ``Spool``'s, under the same policy: at its close,
+whatever waits, unless the policy is never; and a segment of an earlier run that recovery
+repaired.)
 """
 
 from __future__ import annotations

@@ -432,7 +432,7 @@ function renderMetadata(doc) {
   // Before the first fetch succeeds the daemon holds what it reads ("new"): say so.
   const lastUpdated = metadata.known
     ? [`${formatClock(metadata.last_updated)} (${ago(doc.now, metadata.last_updated)})`, ""]
-    : [`no metadata yet (${formatCount(doc.new)} messages waiting)`, "warn"];
+    : [`no metadata yet (${formatCount(doc.new)} ${doc.new === 1 ? "message" : "messages"} waiting)`, "warn"];
   facts("metadata-facts", [
     ["last updated", ...lastUpdated],
     ["last modified", `${formatClock(metadata.last_modified)} (${ago(doc.now, metadata.last_modified)})`],

@@ -25,11 +25,9 @@ Rule: `HdfsCluster` is the only code that starts, waits for and stops an HDFS pr
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,15 +40,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pydory.errors import PydoryError
-from pydory_tools.testing.lifecycle import StopsOnExit, terminate_then_kill
+from pydory_tools.testing.lifecycle import (
+    StopsOnExit,
+    die_with_parent,
+    find_java,
+    log_tail,
+    serve_until_signalled,
+    terminate_then_kill,
+)
 from pydory_tools.testing.ports import LOOPBACK, accepts_connections, free_loopback_ports
 
 __all__ = ["HdfsCluster", "HdfsError", "find_hadoop_jars", "main"]
 
 _JARS_ENV = "PYDORY_HADOOP_JARS"
 _MAIN_CLASS = "org.apache.hadoop.test.MiniDFSClusterManager"
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_LOG_TAIL_BYTES = 4000
 _POLL_INTERVAL_S = 0.1
 # A namenode and a datanode for tests fit a small heap; Serial GC keeps the footprint and
 # the background threads low beside Kafka and Spark on a 2-core machine.
@@ -105,7 +108,7 @@ class HdfsCluster(StopsOnExit):
         if datanodes < 1:
             raise ValueError("HDFS needs at least one datanode")
         self._jars = find_hadoop_jars()
-        self._java = _find_java()
+        self._java = find_java(HdfsError, "HDFS")
         self._owns_base_dir = base_dir is None
         self.base_dir = (
             Path(tempfile.mkdtemp(prefix="pydory-hdfs-")) if base_dir is None else base_dir
@@ -185,7 +188,7 @@ class HdfsCluster(StopsOnExit):
 
     def log_tail(self) -> str:
         """The last few kilobytes the process wrote, for error messages."""
-        return _tail(self.log_path)
+        return log_tail(self.log_path)
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -235,7 +238,7 @@ class HdfsCluster(StopsOnExit):
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     def _wait_until_active(self, timeout_s: float) -> None:
@@ -261,31 +264,6 @@ class HdfsCluster(StopsOnExit):
         return f"HDFS at {self.uri} {what}; log {self.log_path}:\n{self.log_tail()}"
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the thread that started it exits."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _find_java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    candidate = Path(java_home) / "bin" / "java" if java_home else None
-    if candidate is not None and candidate.is_file():
-        return str(candidate)
-    found = shutil.which("java")
-    if found is None:
-        raise HdfsError("no java on PATH: HDFS needs Java 17 (./dev installs it)")
-    return found
-
-
-def _tail(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return "(no log written)"
-    return data[-_LOG_TAIL_BYTES:].decode(errors="replace")
-
-
 # --- python -m pydory_tools.testing.hdfs_cluster -------------------------------------------------
 
 
@@ -297,19 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--datanodes", type=int, default=1, help="number of datanodes")
     parser.add_argument("--dir", type=Path, help="keep HDFS's data here")
     args = parser.parse_args(argv)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        cluster = HdfsCluster(args.datanodes, base_dir=args.dir)
-    except HdfsError as error:
-        print(f"hdfs_cluster: {error}", file=sys.stderr)
-        return 1
-    with cluster:
-        print(cluster.uri, flush=True)
-        print(f"{cluster.describe()}; started in {cluster.startup_s:.1f} s", file=sys.stderr)
-        stop.wait()
-    return 0
+    return serve_until_signalled(
+        "hdfs_cluster",
+        lambda: HdfsCluster(args.datanodes, base_dir=args.dir),
+        HdfsError,
+        lambda cluster: cluster.uri,
+    )
 
 
 if __name__ == "__main__":

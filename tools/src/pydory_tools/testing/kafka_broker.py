@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
 import os
 import re
 import shutil
@@ -47,7 +46,15 @@ from confluent_kafka.admin import AdminClient
 from pydory.errors import PydoryError
 from pydory_tools.testing import kafka_tls
 from pydory_tools.testing.kafka_util import admin_create_topic
-from pydory_tools.testing.lifecycle import StopsOnExit, terminate_then_kill
+from pydory_tools.testing.lifecycle import (
+    LOG_TAIL_BYTES,
+    StopsOnExit,
+    die_with_parent,
+    find_java,
+    log_tail,
+    serve_until_signalled,
+    terminate_then_kill,
+)
 from pydory_tools.testing.ports import LOOPBACK, accepts_connections, free_loopback_ports
 
 __all__ = [
@@ -60,8 +67,6 @@ __all__ = [
 ]
 
 _JARS_ENV = "PYDORY_KAFKA_JARS"
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_LOG_TAIL_BYTES = 4000
 _POLL_INTERVAL_S = 0.05
 # A broker on this 2-core machine serves the tests well in a small heap; Serial GC
 # keeps its footprint and its background threads low beside two other brokers.
@@ -188,7 +193,7 @@ class KafkaCluster(StopsOnExit):
             raise ValueError("a cluster needs at least one broker")
         self._jars = find_kafka_jars()
         self.version = kafka_version(self._jars)
-        self._java = _find_java()
+        self._java = find_java(KafkaBrokerError, "Kafka")
         self._owns_base_dir = base_dir is None
         self.base_dir = (
             Path(tempfile.mkdtemp(prefix="pydory-kafka-")) if base_dir is None else base_dir
@@ -420,7 +425,7 @@ class KafkaCluster(StopsOnExit):
 
     def log_tail(self, node_id: int) -> str:
         """The last few kilobytes node ``node_id`` logged, for error messages."""
-        return _tail(self._node(node_id).log_path)
+        return log_tail(self._node(node_id).log_path)
 
     # --- set-up ------------------------------------------------------------------------
 
@@ -515,7 +520,7 @@ class KafkaCluster(StopsOnExit):
         ]
         result = subprocess.run(command, capture_output=True, check=False, timeout=120)
         if result.returncode != 0:
-            output = (result.stdout + result.stderr).decode(errors="replace")[-_LOG_TAIL_BYTES:]
+            output = (result.stdout + result.stderr).decode(errors="replace")[-LOG_TAIL_BYTES:]
             raise KafkaBrokerError(f"formatting node {node.node_id} failed:\n{output}")
 
     def _java_command(self, node: _Node) -> list[str]:
@@ -538,7 +543,7 @@ class KafkaCluster(StopsOnExit):
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     def _wait_for_port(self, node: _Node, deadline: float) -> None:
@@ -557,10 +562,10 @@ class KafkaCluster(StopsOnExit):
                 )
 
     def _failure(self, node: _Node, what: str) -> str:
-        stdout = _tail(node.directory / "stdout.log")
+        stdout = log_tail(node.directory / "stdout.log")
         return (
             f"Kafka node {node.node_id} ({LOOPBACK}:{node.port}) {what}; log {node.log_path}:\n"
-            f"{_tail(node.log_path)}\nstdout:\n{stdout}"
+            f"{log_tail(node.log_path)}\nstdout:\n{stdout}"
         )
 
     def _node(self, node_id: int) -> _Node:
@@ -574,27 +579,6 @@ class KafkaCluster(StopsOnExit):
         if any(port is None for port in ports):
             raise KafkaBrokerError(f"this cluster was started without {needs}")
         return ",".join(f"{LOOPBACK}:{port}" for port in ports)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the thread that started it exits.
-
-    Linux's PR_SET_PDEATHSIG follows the creating *thread*, so clusters are started and
-    restarted from the thread that owns them (the main thread in tests and the demo).
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _find_java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    candidate = Path(java_home) / "bin" / "java" if java_home else None
-    if candidate is not None and candidate.is_file():
-        return str(candidate)
-    found = shutil.which("java")
-    if found is None:
-        raise KafkaBrokerError("no java on PATH: Kafka needs Java 17 (./dev installs it)")
-    return found
 
 
 def _log4j_config(log_path: Path) -> str:
@@ -614,14 +598,6 @@ def _log4j_config(log_path: Path) -> str:
             "",
         ]
     )
-
-
-def _tail(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return "(no log written)"
-    return data[-_LOG_TAIL_BYTES:].decode(errors="replace")
 
 
 def _in_parallel(function: object, nodes: Sequence[_Node]) -> None:
@@ -671,21 +647,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return kafka_topics.main(argv[1:])
     args = _parse_args(argv)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        cluster = KafkaCluster(args.brokers, base_dir=args.dir)
-    except KafkaBrokerError as error:
-        print(f"kafka_broker: {error}", file=sys.stderr)
-        return 1
-    with cluster:
+
+    def create_topics(cluster: KafkaCluster) -> None:
         for name, partitions, replication in args.topic:
             cluster.create_topic(name, partitions, replication)
-        print(cluster.bootstrap_servers, flush=True)
-        print(f"{cluster.describe()}; started in {cluster.startup_s:.1f} s", file=sys.stderr)
-        stop.wait()
-    return 0
+
+    return serve_until_signalled(
+        "kafka_broker",
+        lambda: KafkaCluster(args.brokers, base_dir=args.dir),
+        KafkaBrokerError,
+        lambda cluster: cluster.bootstrap_servers,
+        ready=create_topics,
+    )
 
 
 if __name__ == "__main__":

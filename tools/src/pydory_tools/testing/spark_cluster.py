@@ -23,11 +23,9 @@ daemons.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,15 +41,19 @@ from typing import Any
 import pyspark
 
 from pydory.errors import PydoryError
-from pydory_tools.testing.lifecycle import StopsOnExit, terminate_then_kill
+from pydory_tools.testing.lifecycle import (
+    StopsOnExit,
+    die_with_parent,
+    log_tail,
+    serve_until_signalled,
+    terminate_then_kill,
+)
 from pydory_tools.testing.ports import LOOPBACK, free_loopback_ports
 
 __all__ = ["SparkCluster", "SparkClusterError", "main"]
 
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_LOG_TAIL_BYTES = 4000
 _POLL_INTERVAL_S = 0.2
 # The daemons only schedule; the executors they start get the job's own memory setting.
 _DAEMON_MEMORY = "256m"
@@ -189,7 +191,7 @@ class SparkCluster(StopsOnExit):
 
     def log_tail(self, name: str = "master") -> str:
         """The last few kilobytes ``master`` or ``worker-N`` logged."""
-        return _tail(self.base_dir / f"{name}.log")
+        return log_tail(self.base_dir / f"{name}.log")
 
     # --- the processes ---------------------------------------------------------------------
 
@@ -254,7 +256,7 @@ class SparkCluster(StopsOnExit):
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     def _end(self, daemon: _Daemon, *, kill: bool, grace_s: float = 20.0) -> None:
@@ -279,23 +281,8 @@ class SparkCluster(StopsOnExit):
         return status if isinstance(status, dict) else {}
 
     def _failure(self, daemon: _Daemon, what: str) -> str:
-        return f"Spark {daemon.name} ({self.master_url}) {what}; log {daemon.log_path}:\n" + _tail(
-            daemon.log_path
-        )
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the thread that started it exits."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _tail(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return "(no log written)"
-    return data[-_LOG_TAIL_BYTES:].decode(errors="replace")
+        where = f"Spark {daemon.name} ({self.master_url}) {what}; log {daemon.log_path}"
+        return f"{where}:\n{log_tail(daemon.log_path)}"
 
 
 # --- python -m pydory_tools.testing.spark_cluster ------------------------------------------------
@@ -309,19 +296,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     parser.add_argument("--dir", type=Path, help="keep the logs and work directories here")
     args = parser.parse_args(argv)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        cluster = SparkCluster(args.workers, base_dir=args.dir)
-    except SparkClusterError as error:
-        print(f"spark_cluster: {error}", file=sys.stderr)
-        return 1
-    with cluster:
-        print(cluster.master_url, flush=True)
-        print(f"{cluster.describe()}; started in {cluster.startup_s:.1f} s", file=sys.stderr)
-        stop.wait()
-    return 0
+    return serve_until_signalled(
+        "spark_cluster",
+        lambda: SparkCluster(args.workers, base_dir=args.dir),
+        SparkClusterError,
+        lambda cluster: cluster.master_url,
+    )
 
 
 if __name__ == "__main__":
