@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+from pyspark import SparkContext
+
 from pydory.pipeline.lake_files import LocalFiles
+from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.landing.nothing_new import _committed_end, landed_all, nothing_to_land
 from pydory.pipeline.source.offsets import PartitionId, Watermarks
+from pydory_tools.testing.kafka_broker import KafkaCluster
 
 P0, P1 = PartitionId("t", 0), PartitionId("t", 1)
 METADATA = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
@@ -67,3 +74,29 @@ def test_a_new_checkpoint_starting_elsewhere_than_earliest_always_runs_spark(
 ) -> None:
     # Decided before any broker is asked (none listens at this address).
     assert not nothing_to_land("127.0.0.1:9", ("t",), str(tmp_path / "new"), "latest")
+
+
+@pytest.mark.kafka
+def test_a_one_shot_run_on_empty_partitions_ends_before_spark_starts(
+    kafka_broker: KafkaCluster, unique_topic: Callable[[str], str], tmp_path: Path
+) -> None:
+    topic = unique_topic("empty")
+    kafka_broker.create_topic(topic, 2)
+    session_before = SparkContext._active_spark_context
+    out = io.StringIO()
+    settings = LandSettings(
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+        topics=(topic,),
+        lake=f"file://{tmp_path}/lake",  # a file: URI is a local pair too
+        checkpoint=str(tmp_path / "checkpoint"),
+        available_now=True,
+    )
+
+    assert run_landing(settings, out) == 0, out.getvalue()
+
+    assert "nothing new to land: the checkpoint holds every offset; Spark not started" in (
+        out.getvalue()
+    )
+    assert SparkContext._active_spark_context is session_before
+    assert not (tmp_path / "lake").exists()
+    assert not (tmp_path / "checkpoint").exists()
