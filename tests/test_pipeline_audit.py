@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pydory.cli import main
+from pydory.cli import build_parser, main
 from pydory.pipeline.audits.audit import NotALake, audit, load_books, summarize_lake
 from pydory.pipeline.audits.reconcile import (
     BooksFormatError,
@@ -724,3 +724,22 @@ def test_load_books_reads_a_saved_page(tmp_path: Path) -> None:
     saved.write_text(json.dumps(books_page(topic_entry("a", 4))))
 
     assert load_books(books_file=str(saved)).topics["a"].delivered == 4
+
+
+@pytest.mark.parametrize("spelling", ["--bootstrap-servers", "--bootstrap"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["land", "--topics", "t", "--lake", "l", "--checkpoint", "c"],
+        ["audit", "--lake", "l"],
+        ["fleet-audit", "--lake", "l"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_the_three_commands_spell_kafka_s_address_alike(spelling: str, command: list[str]) -> None:
+    """Issue 31, item 7: ``--bootstrap-servers`` in each, its first spelling kept."""
+    argv = ["pipeline", command[0], spelling, "kafka1:9092,kafka2:9092", *command[1:]]
+
+    args = build_parser("pipeline").parse_args(argv)
+
+    assert args.bootstrap_servers == "kafka1:9092,kafka2:9092"

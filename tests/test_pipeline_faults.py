@@ -12,7 +12,10 @@ How each fault is made, as root too (where ``chmod`` stops no write):
 - a corrupt Parquet file: a committed lake file overwritten with other bytes;
 - Kafka down: a loopback port nothing listens on;
 - every worker gone: the one worker of a Spark standalone cluster of the test's own (never
-  the session's, whose other tests would lose it) SIGKILLed while the landing runs on it.
+  the session's, whose other tests would lose it) SIGKILLed while the landing runs on it;
+- HDFS gone mid-run: the namenode (and its datanode: one JVM) of an HDFS of the test's own
+  SIGKILLed by its PID once the landing's first batch is in, then started again on the
+  same data and ports, as an operator brings a namenode back.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from pydory.cli import main
 from pydory.commands import pipeline as cli_pipeline
@@ -44,6 +48,7 @@ from pydory.pipeline.landing.land import (
     run_landing,
 )
 from pydory.pipeline.spark import spark_session
+from pydory_tools.testing.hdfs_cluster import HdfsCluster
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from pydory_tools.testing.spark_cluster import SparkCluster
 from test_pipeline_dedup import identity, produce
@@ -361,6 +366,30 @@ def test_a_cluster_with_no_executor_for_the_wait_stops_the_landing_a_lost_worker
     assert cli_pipeline.DEFAULT_EXECUTOR_WAIT_S == DEFAULT_EXECUTOR_WAIT_S
 
 
+def test_an_audit_s_session_is_stopped_when_the_job_started_it_and_only_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both audits run in ``spark.job_session`` (commands/pipeline_audit.py,
+    pipeline_fleet_audit.py): it stops the session it started, also when the job fails,
+    and leaves running one it found (a test's, a notebook's)."""
+    from pydory.pipeline import spark as spark_module
+
+    stopped: list[str] = []
+    session = SimpleNamespace(stop=lambda: stopped.append("stopped"))
+    monkeypatch.setattr(spark_module, "spark_session", lambda *args: session)
+    monkeypatch.setattr(spark_module.SparkContext, "_active_spark_context", None)
+    with pytest.raises(RuntimeError), spark_module.job_session("local[1]", "audit"):
+        raise RuntimeError("the job failed")
+    assert stopped == ["stopped"]
+    monkeypatch.setattr(spark_module.SparkContext, "_active_spark_context", object())
+    with spark_module.job_session("local[1]", "audit") as found:
+        assert found is session
+    assert stopped == ["stopped"]
+    for command in ("pipeline_audit", "pipeline_fleet_audit"):
+        source = Path(cli_pipeline.__file__).with_name(f"{command}.py").read_text()
+        assert "job_session(master=args.master" in source, command
+
+
 # The CLI's landing in a process of its own (no session of this one to reuse), then whether
 # it left its Spark session running: the one state the exit code does not tell.
 _LAND_THEN_TELL_SESSION = """
@@ -435,3 +464,100 @@ def _until_a_batch_landed(landing: subprocess.Popen[str]) -> str:
         if line.startswith("batch "):
             return said
     raise AssertionError(f"the landing ended before a batch landed:\n{said}")
+
+
+@pytest.mark.hdfs
+@pytest.mark.kafka
+def test_the_namenode_dying_mid_run_is_one_line_and_exit_2_and_a_rerun_lands_the_rest(
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A landing into a lake on HDFS, in batches of 40, loses its namenode (SIGKILLed by
+    the PID its launcher started) once its first batch is in: it ends with one line naming
+    the cause, exit 2. HDFS started again on the same data and ports, a re-run lands what
+    was left: every record once, the audit balanced, each batch's files within the shuffle
+    partitions; a run after that has nothing new to land and starts no query."""
+    bootstrap, count = kafka_broker.bootstrap_servers, 600
+    topic = unique_topic("namenode")
+    kafka_broker.create_topic(topic, 2)
+    produce(bootstrap, topic, [(n % 2, b"v%d" % n, identity(n)) for n in range(count)])
+    with HdfsCluster(1, base_dir=tmp_path / "hdfs") as hdfs:
+        lake, checkpoint = f"{hdfs.uri}/lake", f"{hdfs.uri}/checkpoint"
+        command = [
+            *(sys.executable, "-m", "pydory", "pipeline", "land", "--bootstrap-servers"),
+            *(bootstrap, "--topics", topic, "--lake", lake, "--checkpoint", checkpoint),
+            *("--available-now", "--max-offsets-per-trigger", "40", "--master", "local[2]"),
+            # Told at once, not after Hadoop's 10 retries a second apart (docs/pipeline.md).
+            *("--conf", "spark.hadoop.ipc.client.connect.max.retries=0"),
+        ]
+        with (tmp_path / "stderr").open("w+") as stderr:
+            landing = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+            try:
+                said = _until_a_batch_landed(landing)
+                namenode = hdfs.pid
+                hdfs.kill()  # SIGKILL, by the PID the launcher started
+                # not a deadline: a safety net; it ends seconds after the kill
+                out, _ = landing.communicate(timeout=600)
+            finally:
+                if landing.poll() is None:
+                    landing.kill()
+                    landing.wait()
+            stderr.seek(0)
+            err = stderr.read()
+        said += out
+
+        assert landing.returncode == EXIT_COULD_NOT_RUN, said + err[-3000:]
+        lines = said.strip().splitlines()
+        assert [line for line in lines if "could not run" in line] == lines[-1:], said
+        assert lines[-1].startswith("pydory pipeline land: could not run: "), said
+        assert "connection refused" in lines[-1].lower(), said
+        assert hdfs.uri in lines[-1], said
+        assert "Traceback" not in said + err, err[-3000:]
+        (tmp_path / "landing.out").write_text(f"namenode pid {namenode} SIGKILLed\n{said}")
+
+        hdfs.start_again()
+        before = spark.read.parquet(lake).count()
+        assert 0 < before < count, said
+        rerun = io.StringIO()
+        settings = LandSettings(
+            bootstrap_servers=bootstrap,
+            topics=(topic,),
+            lake=lake,
+            checkpoint=checkpoint,
+            available_now=True,
+        )
+        assert run_landing(settings, rerun) == 0, rerun.getvalue()
+
+        rows = spark.read.parquet(lake)
+        assert rows.count() == count, rerun.getvalue()
+        assert rows.select("pydory_id").distinct().count() == count
+        assert rows.select("partition", "offset").distinct().count() == count
+        books = tmp_path / "books.json"
+        entry = {"topic": topic, "accepted": count, "delivered": count, "discarded": {}}
+        entry |= {"discarded_after_acceptance": 0, "in_flight": 0}
+        books.write_text(json.dumps({"topics": [entry], "received": {}}))
+        audit = ["pipeline", "audit", "--lake", lake, "--books", str(books), "--from-offset-zero"]
+        assert main(audit) == 0, capsys.readouterr()
+        assert "AUDIT BALANCED" in capsys.readouterr().out
+
+        # The small files' bound (docs/pipeline.md, "Files it keeps"): each committed batch
+        # wrote at most one file per shuffle partition into each topic and date.
+        batches = 1 + max(
+            int(name.split(".")[0])
+            for name in hdfs.list_names(f"{lake}/_spark_metadata")
+            if name.split(".")[0].isdigit()
+        )
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
+        files = rows.select("date", F.input_file_name().alias("file")).distinct()
+        per_date = files.groupBy("date").count().collect()
+        assert per_date, files
+        assert all(row["count"] <= batches * partitions for row in per_date), (batches, per_date)
+
+        again = io.StringIO()
+        assert run_landing(settings, again) == 0, again.getvalue()
+        assert "nothing new to land: the checkpoint holds every offset; no query started" in (
+            again.getvalue()
+        )

@@ -320,16 +320,16 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     """
     out = out or sys.stdout
     began = time.monotonic()
-    pairing: Pairing | int | None = None
+    pairing: Pairing | None = None
     if is_local(settings.lake) and is_local(settings.checkpoint):
         # Before Spark starts: a pair that does not belong together is told at once.
-        pairing = _pair(settings, LocalFiles(), out)
-        if isinstance(pairing, int):
-            return pairing
-        if _nothing_new(settings, pairing):
-            _say(out, "nothing new to land: the checkpoint holds every offset; Spark not started")
-            _print_summary(out, settings, LandSummary(seconds=time.monotonic() - began), False)
-            return 0
+        local = _pair(settings, LocalFiles(), out)
+        if isinstance(local, int):
+            return local
+        pairing = local
+        nothing = _nothing_new(settings, pairing, LocalFiles(), out, "Spark not started", began)
+        if nothing is not None:
+            return nothing
     starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
@@ -343,11 +343,15 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         return 1
     jvm = _JvmWatch(spark, _ExecutorWatch(spark, settings.master, settings.executor_wait_s))
     try:
-        # HDFS, S3...: compared through the session's Hadoop client, once it runs.
         files = progress.files = lake_files(spark, settings.lake, settings.checkpoint)
-        pairing = pairing or _pair(settings, files, out)
-        if isinstance(pairing, int):
-            return pairing
+        if pairing is None:  # HDFS, S3...: the pair and what is new, read through Spark
+            remote = _pair(settings, files, out)
+            if isinstance(remote, int):
+                return remote
+            pairing = remote
+            nothing = _nothing_new(settings, pairing, files, out, "no query started", began)
+            if nothing is not None:
+                return nothing
         return _land(spark, settings, pairing, files, progress, jvm, out, began)
     except Py4JError:
         if jvm.death() is None:
@@ -363,18 +367,35 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
                 spark.stop()
 
 
-def _nothing_new(settings: LandSettings, pairing: Pairing) -> bool:
-    """Whether a one-shot run on a local pair can end before Spark starts (nothing_new)."""
-    return (
-        settings.available_now
-        and pairing.kind is not PairingKind.SEED
-        and nothing_to_land(
+def _nothing_new(
+    settings: LandSettings,
+    pairing: Pairing,
+    files: LakeFiles,
+    out: TextIO,
+    spared: str,
+    began: float,
+) -> int | None:
+    """A one-shot run whose checkpoint holds every offset the topics hold ends here
+    (:mod:`~pydory.pipeline.landing.nothing_new`): said, summarised, exit status 0; a
+    checkpoint that cannot be read, :data:`EXIT_COULD_NOT_RUN`. None: the query runs.
+    ``spared`` says what the run did not start."""
+    if not settings.available_now or pairing.kind is PairingKind.SEED:
+        return None
+    try:
+        nothing = nothing_to_land(
             settings.bootstrap_servers,
             settings.topics,
             settings.checkpoint,
             settings.starting_offsets,
+            files,
         )
-    )
+    except OSError as error:
+        return _could_not_run(out, error)
+    if not nothing:
+        return None
+    _say(out, f"nothing new to land: the checkpoint holds every offset; {spared}")
+    _print_summary(out, settings, LandSummary(seconds=time.monotonic() - began), False)
+    return 0
 
 
 def _pair(settings: LandSettings, files: LakeFiles, out: TextIO) -> Pairing | int:

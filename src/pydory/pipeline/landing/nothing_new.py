@@ -7,12 +7,19 @@ and most of it when a scheduled run finds the topics as it left them (BENCHMARKS
 would, and compares them with what the checkpoint last committed: when nothing is new,
 the run ends there, without a JVM.
 
-Nothing is new only when that is certain from the checkpoint alone: a local checkpoint
-whose last planned batch is committed, with an end offset for exactly the partitions the
+Nothing is new only when that is certain from the checkpoint alone: a checkpoint whose
+last planned batch is committed, with an end offset for exactly the partitions the
 topics have now, each equal to the partition's latest offset (a partition that went
 backwards or is new is for Spark to land or report); or a new checkpoint starting from
 the earliest offsets on topics whose every partition is empty. Anything else, including
 a broker that does not answer and an offset log in another form, runs Spark as before.
+
+Where the checkpoint is read decides what is saved. A local one (a path or ``file:`` URI)
+is read with the operating system's calls before a JVM starts: the whole fixed cost is
+saved. One on HDFS or S3 is read through Spark's Hadoop client (the file systems speak
+their own protocols, which only the JVM's client does), so the job asks once its session
+runs: that saves the query, its planning and its empty first batch, not the JVM and the
+session (docs/pipeline.md, "One-shot runs").
 
 Rule: when a one-shot run may skip Spark lives here alone (``nothing_to_land``).
 """
@@ -20,12 +27,12 @@ Rule: when a one-shot run may skip Spark lives here alone (``nothing_to_land``).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaException
 
 from pydory.pipeline.errors import KafkaReadError
+from pydory.pipeline.lake_files import LakeFiles, LocalFiles, join
 from pydory.pipeline.source.broker_offsets import BrokerOffsets
 from pydory.pipeline.source.offsets import PartitionId, Watermarks
 
@@ -40,9 +47,11 @@ def nothing_to_land(
     topics: tuple[str, ...],
     checkpoint: str,
     starting_offsets: str | None,
+    files: LakeFiles | None = None,
 ) -> bool:
-    """True when the (local) ``checkpoint`` has landed every offset ``topics`` hold now."""
-    committed = _committed_end(Path(checkpoint))
+    """True when ``checkpoint`` (read through ``files``, by default the local file system)
+    has landed every offset ``topics`` hold now."""
+    committed = _committed_end(checkpoint, files or LocalFiles())
     if committed is None and starting_offsets not in (None, "earliest"):
         return False
     try:
@@ -74,22 +83,22 @@ def landed_all(
     )
 
 
-def _committed_end(checkpoint: Path) -> dict[PartitionId, int] | None:
+def _committed_end(checkpoint: str, files: LakeFiles) -> dict[PartitionId, int] | None:
     """The end offsets of the checkpoint's last batch, None for a new checkpoint.
 
-    Raises nothing: a checkpoint this cannot read as committed gives ``{}``, which no
-    topic matches.
+    Raises only what ``files`` raises listing the offset log (``OSError``: the file system
+    does not answer, for the job to name); a checkpoint this cannot read as committed
+    gives ``{}``, which no topic matches.
     """
-    offsets = checkpoint / "offsets"
-    names = [path.name for path in offsets.iterdir()] if offsets.is_dir() else []
-    batches = [int(name) for name in names if name.isdigit()]
+    offsets = join(checkpoint, "offsets")
+    batches = [int(name) for name in files.names(offsets) if name.isdigit()]
     if not batches:
         return None
     last = max(batches)
-    if not (checkpoint / "commits" / str(last)).is_file():
-        return {}  # planned, not committed: Spark finishes it
     try:
-        lines = (offsets / str(last)).read_text().splitlines()
+        if files.read_text(join(checkpoint, "commits", str(last))) is None:
+            return {}  # planned, not committed: Spark finishes it
+        lines = (files.read_text(join(offsets, str(last))) or "").splitlines()
         ends: Any = json.loads(lines[2]) if len(lines) == 3 else {}
         return {
             PartitionId(topic, int(number)): int(offset)

@@ -8,9 +8,13 @@ nothing downloads here. The process is Hadoop's own ``MiniDFSClusterManager`` ma
 its datanodes on loopback too, its data lives in a directory of ours, and it writes a
 small JSON file once the cluster is active (``waitActive``: the namenode answers and every
 datanode has registered), which is the condition :class:`HdfsCluster` waits for.
-:meth:`HdfsCluster.stop` ends the process by its PID. :meth:`HdfsCluster.list_names` reads
-a directory through the namenode's WebHDFS (its HTTP port), without a JVM of the caller's:
-the fleet demo watches the landing job's checkpoint on HDFS so.
+:meth:`HdfsCluster.stop` ends the process by its PID; :meth:`HdfsCluster.kill` SIGKILLs it
+(HDFS gone at once, as a namenode host that dies) and :meth:`HdfsCluster.start_again`
+starts a new one on the same data and ports, not formatted (the namenode an operator
+brings back: the same ``hdfs://`` URI, the files written before the kill).
+:meth:`HdfsCluster.list_names` reads a directory through the namenode's WebHDFS (its HTTP
+port), without a JVM of the caller's: the fleet demo watches the landing job's checkpoint
+on HDFS so.
 
 Run it as a process for demos and manual testing::
 
@@ -120,12 +124,28 @@ class HdfsCluster(StopsOnExit):
         self._lock = threading.Lock()
         try:
             started = time.monotonic()
-            self._spawn()
+            self._spawn(format_storage=True)
             self._wait_until_active(startup_timeout_s)
             self.startup_s = time.monotonic() - started
         except BaseException:
             self.stop()
             raise
+
+    def start_again(self, startup_timeout_s: float = 180.0) -> None:
+        """After :meth:`kill`: a new process on the same data and the same ports, its
+        storage kept (no ``-format``), waited for as the first; the files written before
+        the kill are there again, at the same URI."""
+        with self._lock:
+            if self._process is not None:
+                raise HdfsError(f"HDFS at {self.uri} still runs (pid {self._process.pid})")
+        started = time.monotonic()
+        self._spawn(format_storage=False)
+        try:
+            self._wait_until_active(startup_timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        self.startup_s = time.monotonic() - started
 
     @property
     def uri(self) -> str:
@@ -196,7 +216,7 @@ class HdfsCluster(StopsOnExit):
     def _details_path(self) -> Path:
         return self.base_dir / "details.json"
 
-    def _command(self) -> list[str]:
+    def _command(self, format_storage: bool) -> list[str]:
         data = self.base_dir / "data"
         return [
             self._java,
@@ -206,7 +226,8 @@ class HdfsCluster(StopsOnExit):
             "-cp",
             f"{self._jars}/*",
             _MAIN_CLASS,
-            "-format",
+            # Without it the namenode starts on what its directories hold (REGULAR).
+            *(["-format"] if format_storage else []),
             "-datanodes",
             str(self.datanodes),
             "-nnport",
@@ -226,13 +247,13 @@ class HdfsCluster(StopsOnExit):
             f"dfs.namenode.http-bind-host={LOOPBACK}",
         ]
 
-    def _spawn(self) -> None:
+    def _spawn(self, format_storage: bool) -> None:
         self._details_path.unlink(missing_ok=True)
         with self.log_path.open("ab") as output:
             # Its own session (a Ctrl-C aimed at the test run does not race our stop()),
             # killed with the thread that started it (a killed test run leaves no HDFS).
             self._process = subprocess.Popen(
-                self._command(),
+                self._command(format_storage),
                 cwd=self.base_dir,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
