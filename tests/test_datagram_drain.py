@@ -97,22 +97,24 @@ def test_a_full_ring_stops_reading_and_the_kernel_queue_backs_up(
 ) -> None:
     receiver, sender = pair
     drain = cwire.DatagramDrain(receiver.fileno(), 100, 3)
+    # What it says it holds at most (the kill loop's bound and /books/json count it).
+    assert drain.capacity == cwire.DRAIN_BURSTS * 3
     drain.start()
     sent = 0
     refused = False
-    # The loop takes nothing: the thread fills its 4 bursts of 3, then the kernel's queue.
+    # The loop takes nothing: the thread fills its bursts of 3, then the kernel's queue.
     while not refused:
         try:
             sender.send(b"%d" % sent)
             sent += 1
         except BlockingIOError:
             # The thread may be between two reads: refused only once it waits for room.
-            if drain.stats()["waits_for_room"] > 0 and drain.position()[0] == 12:
+            if drain.stats()["waits_for_room"] > 0 and drain.position()[0] == drain.capacity:
                 refused = True
             else:
                 select.select([], [sender], [], 1)  # not a deadline: the thread's progress
-    assert drain.position()[0] == 12  # held: 4 bursts of 3, no more
-    assert sent > 12  # the rest waited in the kernel's queue
+    assert drain.position()[0] == drain.capacity  # held: its bursts of 3, no more
+    assert sent > drain.capacity  # the rest waited in the kernel's queue
     items = take_until(drain, sent)
     assert items == [b"%d" % i for i in range(sent)]  # in order, nothing dropped
     drain.stop()
@@ -215,15 +217,17 @@ class Recording:
                 await self.changed.wait()
 
 
-def test_the_choice_is_off_by_default_and_on_when_named() -> None:
+def test_the_choice_is_on_by_default_and_off_when_named() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(datagram_drain.DRAIN_VARIABLE, raising=False)
-        assert datagram_drain._choose()[0] is None
+        assert datagram_drain._choose() == (cwire.DatagramDrain, "on by default")
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "0")
         assert datagram_drain._choose()[0] is None
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "1")
         assert datagram_drain._choose()[0] is cwire.DatagramDrain
         patch.setattr(datagram_drain.hotpath, "DatagramDrain", None)  # the pure hot path
+        assert datagram_drain._choose()[0] is None
+        patch.delenv(datagram_drain.DRAIN_VARIABLE)
         assert datagram_drain._choose()[0] is None
 
 

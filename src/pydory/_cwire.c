@@ -595,7 +595,12 @@ static PyTypeObject ReaderType = {
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+/* The ring's bursts: exported as the module's DRAIN_BURSTS (what a SIGKILL can lose beyond
+ * the kernel's queue is counted from it: tests/test_spool_daemon.py's bound, the status
+ * page's datagram_input.ring); a -D may choose another for a benchmark's build. */
+#ifndef DRAIN_BURSTS
 #define DRAIN_BURSTS 4
+#endif
 #define DRAIN_BURST_BYTES (1024 * 1024)
 #define DRAIN_RECORD_HEAD 12 /* u32 true size, u32 bytes kept, u32 sender's uid */
 #define DRAIN_NO_UID 0xffffffffu /* no SCM_CREDENTIALS with it (or not asked) */
@@ -1005,6 +1010,12 @@ static PyObject *Drain_get_wake_fd(DatagramDrain *self, void *Py_UNUSED(closure)
     return PyLong_FromLong(self->wake_fd);
 }
 
+/* The most datagrams the drain holds at once, read from the kernel and not yet taken (a
+ * recvmmsg in flight included: it reads only into the room of the burst it fills). */
+static PyObject *Drain_get_capacity(DatagramDrain *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromSsize_t(DRAIN_BURSTS * self->burst_datagrams);
+}
+
 static PyMethodDef Drain_methods[] = {
     {"start", (PyCFunction)Drain_start, METH_NOARGS, "start() -> None: the thread starts reading."},
     {"stop", (PyCFunction)Drain_stop, METH_NOARGS,
@@ -1020,6 +1031,8 @@ static PyMethodDef Drain_methods[] = {
 
 static PyGetSetDef Drain_getset[] = {
     {"wake_fd", (getter)Drain_get_wake_fd, NULL, "readable when a burst waits", NULL},
+    {"capacity", (getter)Drain_get_capacity, NULL,
+     "the most datagrams held at once: DRAIN_BURSTS bursts of burst_datagrams", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1494,7 +1507,8 @@ PyMODINIT_FUNC PyInit__cwire(void) {
             }
         }
     }
-    if (PyModule_AddIntConstant(module, "FOLDS_CRC32", cpu_folds_crc32) < 0) {
+    if (PyModule_AddIntConstant(module, "FOLDS_CRC32", cpu_folds_crc32) < 0 ||
+        PyModule_AddIntConstant(module, "DRAIN_BURSTS", DRAIN_BURSTS) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -18,7 +18,7 @@ naming them would cost: docs/operations.md, "Datagram senders").
 With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 datagrams
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
 the same oversized rule and the same "found empty" count; ``recv_into`` is the reference.
-Where pydory.daemon.inputs.datagram_drain chooses it (off by default), the socket is
+Where pydory.daemon.inputs.datagram_drain chooses it (on by default), the socket is
 instead emptied by a thread of its own, its bursts handed on here the same way (with a
 quota, each datagram's uid kept by the thread and judged here).
 
@@ -139,6 +139,23 @@ class DatagramInput:
         if self._kernel_queue_limit is None or self._drain is None:
             return self._kernel_queue_limit
         return self._kernel_queue_limit + self._drain.position()[0]
+
+    @property
+    def reader(self) -> str:
+        """Who reads the socket now: ``"drain_thread"`` (a thread of its own,
+        datagram_drain.py) or ``"event_loop"`` (the loop's reader callback)."""
+        return "drain_thread" if self._drain is not None else "event_loop"
+
+    @property
+    def ring_datagrams(self) -> int:
+        """The most datagrams a drain thread holds, read from the socket and not handed on
+        yet (0 without one): beside the kernel's queue, what a SIGKILL can lose unseen."""
+        return 0 if self._drain is None else self._drain.capacity
+
+    @property
+    def kernel_queue_datagrams(self) -> int | None:
+        """The most datagrams the kernel queues on the socket (None: unknown)."""
+        return self._kernel_queue_limit
 
     @staticmethod
     def check_limits(max_msg_size: int, allow_large: bool) -> None:

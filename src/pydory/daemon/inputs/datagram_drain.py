@@ -19,14 +19,17 @@ still queues (order kept, nothing dropped).
 It runs only where it fits: the compiled hot path and a ``maxDatagramMsgSize`` below 256
 KiB (larger ones are read one at a time, peeked first). With a datagram rate quota the
 thread keeps each datagram's sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside
-it, and the loop judges the quota as it hands the burst on. It is OFF by default:
-``PYDORY_DATAGRAM_DRAIN=1`` turns it on (read once, at import). The benchmarks favour it
+it, and the loop judges the quota as it hands the burst on. It is ON by default there;
+``PYDORY_DATAGRAM_DRAIN=0`` turns it off (read once, at import). The benchmarks favour it
 (BENCHMARKS.md, "Issue 34, lever 1": 1.36x the loop reader's datagram rate at 0.91x its
-CPU quiet, 2.4x beside four CPU hogs per core), but a SIGKILL loses what its ring holds
-beyond the kernel's queue (up to 2,048 datagrams), which the kill loop's bound does not
-yet count: it goes on by default once that bound does. Tests run the datagram
-suites on it by setting :data:`DRAIN` (tests/hotpaths.py's ``"drain"``), a benchmark
-through :func:`use` (benchmarks/datagram_drain.py).
+CPU quiet, 2.4x beside four CPU hogs per core). What it costs: a SIGKILL loses what its
+ring holds (:attr:`SocketDrain.capacity` datagrams at most: ``_cwire.DRAIN_BURSTS`` bursts
+of :data:`DRAIN_BURST_DATAGRAMS`) beside the kernel's queue: read from the socket, never
+received by the intake, so never acknowledged as accepted (the kill loop's bound counts it,
+tests/test_spool_daemon.py; ``/books/json``'s ``datagram_input`` says which reader runs and
+its ring). Tests run the datagram suites on it by setting :data:`DRAIN`
+(tests/hotpaths.py's ``"drain"``), a benchmark through :func:`use`
+(benchmarks/datagram_drain.py).
 
 Rule: whether a datagram socket is drained by a thread is chosen here alone (`_choose`, or
 a test's or benchmark's `use`).
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DRAIN", "DRAIN_VARIABLE", "WHY", "SocketDrain", "use"]
 
-#: The environment variable that turns the drain thread on (``1``); off by default.
+#: The environment variable that turns the drain thread off (``0``); on by default.
 DRAIN_VARIABLE: Final = "PYDORY_DATAGRAM_DRAIN"
 #: Datagrams per burst the loop takes in one turn (as the loop reader's ``DATAGRAM_BURST``).
 DRAIN_BURST_DATAGRAMS: Final = 512
@@ -63,11 +66,11 @@ Uids = list[int | None] | None
 
 def _choose() -> tuple[DrainType | None, str]:
     named = os.environ.get(DRAIN_VARIABLE, "")
-    if named in ("", "0"):
-        return None, f"off by default ({DRAIN_VARIABLE}=1 turns it on)"
+    if named == "0":
+        return None, f"{DRAIN_VARIABLE}=0"
     if hotpath.DatagramDrain is None:
         return None, "the compiled hot path is not here (the drain thread is part of it)"
-    return hotpath.DatagramDrain, f"{DRAIN_VARIABLE}={named}"
+    return hotpath.DatagramDrain, f"{DRAIN_VARIABLE}={named}" if named else "on by default"
 
 
 DRAIN: DrainType | None
@@ -140,6 +143,12 @@ class SocketDrain:
         """(datagrams read and not handed on yet, at most; the queue-empty moments whose
         datagrams were all handed on) for the commit point's marks."""
         return self._drain.position()
+
+    @property
+    def capacity(self) -> int:
+        """The most datagrams the thread holds at once (read, not yet handed on): its
+        ring's size, as the C counts it (``_cwire.DRAIN_BURSTS`` bursts)."""
+        return self._drain.capacity
 
     def stats(self) -> dict[str, int]:
         """recvmmsg calls, datagrams, takes, waits for room, empty queues, lost."""
