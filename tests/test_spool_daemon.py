@@ -484,6 +484,8 @@ class KillLoop:
     violations: dict[str, list[str]] = field(default_factory=dict)  # (a)..(d), per rule
     lost: dict[str, int] = field(default_factory=dict)  # unknowable losses per transport
     lost_bound: dict[str, int] = field(default_factory=dict)  # what buffers could hold
+    #: per transport, the streak that lost the most: (lost, its bound)
+    worst: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: /books/json's datagram_input (its reader, kernel queue, ring), alike in every run
     datagram_input: dict[str, Any] | None = None
     seconds: float = 0.0
@@ -719,6 +721,8 @@ def _check(
                 loop.violate("d", f"{where}: {len(lost)} lost, buffers hold at most {bound}")
             lost_total += len(lost)
             bound_total += bound
+            if len(lost) > loop.worst.get(transport, (-1, 0))[0]:
+                loop.worst[transport] = (len(lost), bound)
         loop.lost[transport] = lost_total
         loop.lost_bound[transport] = bound_total
 
@@ -761,7 +765,9 @@ def _summary(loop: KillLoop) -> str:
             f"{sum(loop.dup_lines.get(transport, Counter()).values())}, DISC "
             f"{len(loop.discarded.get(transport, ()))}; unknowable losses "
             f"{loop.lost.get(transport, 0)} "
-            f"(buffers could hold {loop.lost_bound.get(transport, 0)})"
+            f"(buffers could hold {loop.lost_bound.get(transport, 0)}); at most "
+            f"{loop.worst.get(transport, (0, 0))[0]} in one streak "
+            f"(its bound {loop.worst.get(transport, (0, 0))[1]})"
         )
     for rule, details in sorted(loop.violations.items()):
         lines += [f"  VIOLATION ({rule}): {detail}" for detail in details]
