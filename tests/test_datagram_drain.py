@@ -79,11 +79,15 @@ def test_the_drain_hands_on_what_the_loop_reader_reads(
                 results.append(take_until(drain, len(datagrams)))
                 drain.stop()
                 assert drain.take() == ([], False, 0, None)
-            else:
+            else:  # with each sender's runs, cut in C (one sender here: one run a read)
+                receiver.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                reader = cwire.DatagramReader(receiver.fileno(), max_size, True)
                 items: list[Any] = []
                 for data in datagrams:
                     sender.send(data)
-                    items += cwire.DatagramReader(receiver.fileno(), max_size).read(64)[0]
+                    got, _, _, runs = reader.read_runs(64)
+                    assert runs == [(os.getuid(), len(got))]
+                    items += got
                 results.append(items)
     assert results[0] == results[1]
     # An oversized one: its size, and what a slot of max_size + 1 bytes kept (at most 64).
@@ -143,7 +147,7 @@ def test_what_the_thread_read_is_taken_after_it_stops(
     assert drain.position() == (0, drain.stats()["empty_queues"])
 
 
-def test_with_credentials_each_datagram_carries_its_senders_uid(
+def test_with_credentials_each_burst_carries_its_senders_runs(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     receiver, sender = pair
@@ -153,15 +157,16 @@ def test_with_credentials_each_datagram_carries_its_senders_uid(
     for i in range(20):
         sender.send(b"%d" % i)
     items: list[Any] = []
-    uids: list[Any] = []
+    runs: list[Any] = []
     while len(items) < 20:
         select.select([drain.wake_fd], [], [], 60)  # a safety net only
         got, _, _, senders = drain.take()
+        assert senders == [(os.getuid(), len(got))]  # one sender: one run, cut in C
         items += got
-        uids += senders
+        runs += senders
     drain.stop()
     assert items == [b"%d" % i for i in range(20)]
-    assert uids == [os.getuid()] * 20
+    assert sum(end for _, end in runs) == 20
 
 
 def test_the_drain_refuses_a_size_it_has_no_slots_for() -> None:

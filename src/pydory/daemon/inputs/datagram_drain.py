@@ -17,9 +17,11 @@ the thread, and what it read is handed on before the loop's reader reads what th
 still queues (order kept, nothing dropped).
 
 It runs only where it fits: the compiled hot path and a ``maxDatagramMsgSize`` below 256
-KiB (larger ones are read one at a time, peeked first). With a datagram rate quota the
-thread keeps each datagram's sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside
-it, and the loop judges the quota as it hands the burst on. It is ON by default there;
+KiB (larger ones are read one at a time, peeked first). The thread keeps each datagram's
+sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside it, and ``take`` cuts each
+burst into runs of one uid in C, so the loop charges each run to its sender's share of the
+pool (issue 33, point 1) and judges a datagram quota, if one is set, as it hands the burst
+on. It is ON by default there;
 ``PYDORY_DATAGRAM_DRAIN=0`` turns it off (read once, at import). The benchmarks favour it
 (BENCHMARKS.md, "Issue 34, lever 1": 1.36x the loop reader's datagram rate at 0.91x its
 CPU quiet, 2.4x beside four CPU hogs per core). What it costs: a SIGKILL loses what its
@@ -60,8 +62,9 @@ DRAIN_MAX_SIZE_BELOW: Final = 256 * 1024
 DrainType = type["_cwire.DatagramDrain"]
 #: Items of a burst as ``DatagramReader.read`` gives them: bytes, or (size, prefix).
 Items = list[bytes | tuple[int, bytes]]
-#: Each item's sender's uid (None: the kernel gave none), or None without credentials.
-Uids = list[int | None] | None
+#: The items' runs of one sender, [(uid or None, end)] (cut by the C), or None without
+#: credentials.
+Runs = list[tuple[int | None, int]] | None
 
 
 def _choose() -> tuple[DrainType | None, str]:
@@ -91,14 +94,14 @@ def fits(max_msg_size: int) -> bool:
 
 class SocketDrain:
     """One socket's drain thread, seen from the loop: its bursts handed to ``on_burst``
-    (items, whether any is oversized, each one's sender's uid when ``credentials``: the
+    (items, whether any is oversized, their runs of one sender when ``credentials``: the
     socket then has SO_PASSCRED on) one per loop turn while watched."""
 
     def __init__(
         self,
         fd: int,
         max_msg_size: int,
-        on_burst: Callable[[Items, bool, Uids], None],
+        on_burst: Callable[[Items, bool, Runs], None],
         credentials: bool = False,
     ) -> None:
         assert DRAIN is not None
@@ -123,9 +126,9 @@ class SocketDrain:
 
     def _take_one(self, stopped: bool = False) -> bool:
         """Hand on the oldest burst; False if there was none."""
-        items, oversized, error, uids = self._drain.take()
+        items, oversized, error, runs = self._drain.take()
         if items:
-            self._on_burst(items, oversized, uids)
+            self._on_burst(items, oversized, runs)
         if error and not stopped:  # once stopped, an error read nothing more
             # As the loop's reader raising in its callback: asyncio logs it; the thread
             # reads again now that the loop has been told.
