@@ -8,7 +8,7 @@ socketpair and reads each burst with VARIANT; INTAKE is ``null`` (the read path 
 Run it under callgrind with two round counts; the difference over 40 x 256 datagrams is
 the cost per datagram (start-up cancels)::
 
-    for v in send pure pure_creds compiled drain drain_creds drain_creds_c; do
+    for v in send pure pure_creds compiled compiled_creds drain drain_creds; do
       for r in 10 50; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$v.$r \
           .venv/bin/python benchmarks/datagram_credentials_cost.py $v null $r
@@ -18,9 +18,11 @@ the cost per datagram (start-up cancels)::
 
 VARIANT: ``send`` (the sends only), ``pure`` (recv_into), ``pure_creds`` (recvmsg_into
 with SCM_CREDENTIALS, runs of one uid: what the pure path would do), ``compiled``
-(recvmmsg on the loop), ``drain`` (the C drain thread), ``drain_creds`` (the thread
-reading credentials, the loop cutting runs of one uid: what the compiled path would do),
-``drain_creds_c`` (credentials read by the thread, not used).
+(recvmmsg on the loop, no credentials: the senders one client, as before issue 33's
+datagram shares), ``compiled_creds`` (the same with SO_PASSCRED, each datagram's
+credentials read and the runs of one uid cut in C: the daemon's loop reader now),
+``drain`` (the C drain thread, no credentials), ``drain_creds`` (the thread reading
+credentials, the runs cut in C at ``take``: the daemon's default now).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def pair():
 
 
 receiver, sender = pair()
+fd = receiver.fileno()
 inp = dg.DatagramInput.__new__(dg.DatagramInput)
 # The fields _read and _hand_on use.
 inp._intake = intake
@@ -93,6 +96,10 @@ inp.quota = None
 inp._clock = time.monotonic
 if variant == "pure":
     dg.DatagramReader = None
+reader = None
+if variant.startswith("compiled"):
+    assert hotpath.DatagramReader is not None
+    reader = hotpath.DatagramReader(fd, 1000, creds)
 
 
 def pure_creds(sock: socket.socket, limit: int) -> None:
@@ -113,7 +120,7 @@ def pure_creds(sock: socket.socket, limit: int) -> None:
 
 drain = None
 if variant.startswith("drain"):
-    drain = hotpath.DatagramDrain(receiver.fileno(), 1000, 512, creds)
+    drain = hotpath.DatagramDrain(fd, 1000, 512, creds)
     drain.start()
 
 for _ in range(rounds):
@@ -125,20 +132,24 @@ for _ in range(rounds):
         sender.send(message)
     if variant == "send":
         continue
-    if variant in ("pure", "compiled"):
+    if variant == "pure":
         inp._read(receiver, K + 1)
+    elif variant == "compiled":  # as the loop read before: read(), the senders unnamed
+        items, oversized, _ = reader.read(K + 1)
+        inp._hand_on(items, oversized, None)
+    elif variant == "compiled_creds":  # the loop's read now
+        items, oversized, _, runs = reader.read_runs(K + 1)
+        inp._hand_on(items, oversized, runs)
     elif variant == "pure_creds":
         pure_creds(receiver, K + 1)
     else:
         got = 0
         while got < K:
             select.select([drain.wake_fd], [], [])
-            items, oversized, _, uids = drain.take()
+            items, oversized, _, runs = drain.take()
             got += len(items)
-            if items and variant == "drain_creds_c":
-                inp._hand_on(items, oversized)  # uids read by C, not grouped
-            elif items:
-                inp._hand_on_drained(items, oversized, uids)
+            if items:
+                inp._hand_on_drained(items, oversized, runs)
     settle()
 if drain is not None:
     drain.stop()

@@ -52,7 +52,7 @@ class CountingIntake:
         self.expected = 0
         self._stall_s, self._stall_every = stall_ms / 1000, stall_every
 
-    def datagrams(self, burst: Sequence[bytes]) -> None:
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
         self.bursts.append(len(burst))
         self.count += len(burst)
         # The daemon's own work on the loop thread (the intake, the producer), on the CPU.

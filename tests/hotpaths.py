@@ -30,7 +30,7 @@ from pydory.daemon.spool import identity
 
 IMPLEMENTATIONS = ("pure", "compiled")
 #: For the datagram input's tests: also the compiled path with the socket drained by a
-#: thread (pydory.daemon.inputs.datagram_drain, off by default in the daemon).
+#: thread (pydory.daemon.inputs.datagram_drain, the daemon's default where compiled).
 DATAGRAM_IMPLEMENTATIONS = ("pure", "compiled", "drain")
 
 

@@ -78,11 +78,15 @@ def test_the_drain_hands_on_what_the_loop_reader_reads(
                 results.append(take_until(drain, len(datagrams)))
                 drain.stop()
                 assert drain.take() == ([], False, 0, None)
-            else:
+            else:  # with each sender's runs, cut in C (one sender here: one run a read)
+                receiver.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                reader = cwire.DatagramReader(receiver.fileno(), max_size, True)
                 items: list[Any] = []
                 for data in datagrams:
                     sender.send(data)
-                    items += cwire.DatagramReader(receiver.fileno(), max_size).read(64)[0]
+                    got, _, _, runs = reader.read_runs(64)
+                    assert runs == [(os.getuid(), len(got))]
+                    items += got
                 results.append(items)
     assert results[0] == results[1]
     # An oversized one: its size, and what a slot of max_size + 1 bytes kept (at most 64).
@@ -96,22 +100,24 @@ def test_a_full_ring_stops_reading_and_the_kernel_queue_backs_up(
 ) -> None:
     receiver, sender = pair
     drain = cwire.DatagramDrain(receiver.fileno(), 100, 3)
+    # What it says it holds at most (the kill loop's bound and /books/json count it).
+    assert drain.capacity == cwire.DRAIN_BURSTS * 3
     drain.start()
     sent = 0
     refused = False
-    # The loop takes nothing: the thread fills its 4 bursts of 3, then the kernel's queue.
+    # The loop takes nothing: the thread fills its bursts of 3, then the kernel's queue.
     while not refused:
         try:
             sender.send(b"%d" % sent)
             sent += 1
         except BlockingIOError:
             # The thread may be between two reads: refused only once it waits for room.
-            if drain.stats()["waits_for_room"] > 0 and drain.position()[0] == 12:
+            if drain.stats()["waits_for_room"] > 0 and drain.position()[0] == drain.capacity:
                 refused = True
             else:
                 select.select([], [sender], [], 1)  # not a deadline: the thread's progress
-    assert drain.position()[0] == 12  # held: 4 bursts of 3, no more
-    assert sent > 12  # the rest waited in the kernel's queue
+    assert drain.position()[0] == drain.capacity  # held: its bursts of 3, no more
+    assert sent > drain.capacity  # the rest waited in the kernel's queue
     items = take_until(drain, sent)
     assert items == [b"%d" % i for i in range(sent)]  # in order, nothing dropped
     drain.stop()
@@ -140,7 +146,7 @@ def test_what_the_thread_read_is_taken_after_it_stops(
     assert drain.position() == (0, drain.stats()["empty_queues"])
 
 
-def test_with_credentials_each_datagram_carries_its_senders_uid(
+def test_with_credentials_each_burst_carries_its_senders_runs(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     receiver, sender = pair
@@ -150,15 +156,16 @@ def test_with_credentials_each_datagram_carries_its_senders_uid(
     for i in range(20):
         sender.send(b"%d" % i)
     items: list[Any] = []
-    uids: list[Any] = []
+    runs: list[Any] = []
     while len(items) < 20:
         select.select([drain.wake_fd], [], [], 60)  # a safety net only
         got, _, _, senders = drain.take()
+        assert senders == [(os.getuid(), len(got))]  # one sender: one run, cut in C
         items += got
-        uids += senders
+        runs += senders
     drain.stop()
     assert items == [b"%d" % i for i in range(20)]
-    assert uids == [os.getuid()] * 20
+    assert sum(end for _, end in runs) == 20
 
 
 def test_the_drain_refuses_a_size_it_has_no_slots_for() -> None:
@@ -171,15 +178,17 @@ def test_the_drain_refuses_a_size_it_has_no_slots_for() -> None:
 # --- the datagram input on the drain ------------------------------------------------------
 
 
-def test_the_choice_is_off_by_default_and_on_when_named() -> None:
+def test_the_choice_is_on_by_default_and_off_when_named() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(datagram_drain.DRAIN_VARIABLE, raising=False)
-        assert datagram_drain._choose()[0] is None
+        assert datagram_drain._choose() == (cwire.DatagramDrain, "on by default")
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "0")
         assert datagram_drain._choose()[0] is None
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "1")
         assert datagram_drain._choose()[0] is cwire.DatagramDrain
         patch.setattr(datagram_drain.hotpath, "DatagramDrain", None)  # the pure hot path
+        assert datagram_drain._choose()[0] is None
+        patch.delenv(datagram_drain.DRAIN_VARIABLE)
         assert datagram_drain._choose()[0] is None
 
 

@@ -1,7 +1,8 @@
 """Datagrams charged to their sender's uid's share of the pool (issue 33, point 1).
 
-Where the sender's uid is read (a datagram quota configured: the loop's ``recvmsg``, or
-the drain thread's credentials), each datagram goes to the intake with its uid's key, the
+Where the sender's uid is read (always on the compiled ``recvmmsg`` reads, the loop's and
+the drain thread's, their runs of one uid cut in C; on the pure path only with a datagram
+quota, the loop's ``recvmsg``), each datagram goes to the intake with its uid's key, the
 key a stream connection of that uid has (``peers.uid_client``): consecutive datagrams of
 one uid as one burst, the bursts in the order read. Real sockets, two real uids (a forked
 sender drops to ``nobody`` after connecting: the kernel names the sender at each send);
@@ -26,7 +27,13 @@ from pydory.config.model import ClientRate
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import DiscardReason, Transport
 from pydory.daemon.books.pool import message_cost
-from pydory.daemon.inputs.datagram import DATAGRAM_CLIENT, DatagramInput, sender_client
+from pydory.daemon.inputs.datagram import (
+    DATAGRAM_CLIENT,
+    LARGE_DATAGRAM_BYTES,
+    NO_CLIENT_RATE,
+    DatagramInput,
+    sender_client,
+)
 from pydory.daemon.inputs.peers import uid_client
 from pydory.wire import encode_any_partition
 from test_client_charges import BUDGET, daemon, deliver_all
@@ -66,17 +73,17 @@ def other_sender(path: str, uid: int) -> tuple[int, int, int]:
     return pid, to_child, from_child
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
-def test_datagrams_go_to_their_senders_uid_share_in_runs_in_the_order_read(
-    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
+def two_senders_interleaved(path: str, quota: ClientRate) -> list[tuple[list[bytes], object]]:
+    """Our uid and ``nobody`` send, interleaved, to a datagram input on ``path`` (with
+    ``quota``), a datagram too large among them: the bursts the intake got, runs of one
+    client merged (the drain thread may have read the first six in more than one burst:
+    runs of one uid may be split at a burst's end, never merged across uids nor
+    reordered)."""
     nobody = pwd.getpwnam("nobody").pw_uid
-    ours = os.geteuid()
+    intake = Recording()
 
     async def scenario() -> None:
-        intake = Recording()
-        datagram_input = DatagramInput(path, None, 100, False, intake, GENEROUS)
+        datagram_input = DatagramInput(path, None, 100, False, intake, quota)
         datagram_input.start(asyncio.get_running_loop())
         pid, to_child, from_child = other_sender(path, nobody)
         try:
@@ -104,36 +111,72 @@ def test_datagrams_go_to_their_senders_uid_share_in_runs_in_the_order_read(
             os.close(from_child)
             assert os.waitpid(pid, 0)[1] == 0
             datagram_input.close()
-        # The drain thread may have read the first six in more than one burst: runs of one
-        # uid may be split at a burst's end, never merged across uids nor reordered.
-        runs: list[tuple[list[bytes], object]] = []
-        for burst, client in intake.bursts:
-            if runs and runs[-1][1] == client:
-                runs[-1][0].extend(burst)
-            else:
-                runs.append((list(burst), client))
-        assert runs == [
-            ([b"a0", b"a1"], uid_client(ours)),
-            ([b"b0", b"b1", b"b2"], uid_client(nobody)),
-            ([b"a2"], uid_client(ours)),
-            ([b"b3"], uid_client(nobody)),
-            ([b"x" * 64], "too large"),
-            ([b"a3"], uid_client(ours)),
-        ]
 
     uvloop.run(scenario())
+    runs: list[tuple[list[bytes], object]] = []
+    for burst, client in intake.bursts:
+        if runs and runs[-1][1] == client:
+            runs[-1][0].extend(burst)
+        else:
+            runs.append((list(burst), client))
+    return runs
 
 
-def test_without_a_quota_the_senders_are_one_client(
+def uid_runs() -> list[tuple[list[bytes], object]]:
+    """:func:`two_senders_interleaved`'s runs, each charged to its sender's uid."""
+    ours, nobody = os.geteuid(), pwd.getpwnam("nobody").pw_uid
+    return [
+        ([b"a0", b"a1"], uid_client(ours)),
+        ([b"b0", b"b1", b"b2"], uid_client(nobody)),
+        ([b"a2"], uid_client(ours)),
+        ([b"b3"], uid_client(nobody)),
+        ([b"x" * 64], "too large"),
+        ([b"a3"], uid_client(ours)),
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
+def test_datagrams_go_to_their_senders_uid_share_in_runs_in_the_order_read(
     datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """No quota: no credentials read, every sender charged to DATAGRAM_CLIENT."""
+    """With a datagram quota, on every reader: each sender's uid, in runs, in order."""
+    path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
+    assert two_senders_interleaved(path, GENEROUS) == uid_runs()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
+def test_without_a_quota_the_compiled_reads_name_each_sender_the_pure_one_does_not(
+    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No quota: the compiled reads (the loop's recvmmsg, the drain thread) still charge
+    each datagram to its sender's uid, in runs cut in C; the pure reference reads no
+    credentials (its cost: docs/operations.md) and charges the senders as one client."""
+    path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
+    runs = two_senders_interleaved(path, NO_CLIENT_RATE)
+    if datagram_implementation == "pure":
+        assert runs == [
+            ([b"a0", b"a1", b"b0", b"b1", b"b2", b"a2", b"b3"], DATAGRAM_CLIENT),
+            ([b"x" * 64], "too large"),
+            ([b"a3"], DATAGRAM_CLIENT),
+        ]
+    else:
+        assert runs == uid_runs()
+
+
+@pytest.mark.parametrize("max_size", [100, LARGE_DATAGRAM_BYTES])
+def test_without_a_quota_one_sender_is_its_uid_on_the_compiled_reads(
+    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory, max_size: int
+) -> None:
+    """No quota, one sender: its uid's share on the compiled recvmmsg reads; the senders
+    as one client (DATAGRAM_CLIENT) on the pure path and from LARGE_DATAGRAM_BYTES on
+    (read one at a time, no credentials)."""
     path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
 
-    async def scenario() -> None:
+    async def scenario() -> Recording:
         intake = Recording()
-        datagram_input = DatagramInput(path, None, 100, False, intake)
+        datagram_input = DatagramInput(path, None, max_size, True, intake)
         datagram_input.start(asyncio.get_running_loop())
+        named = datagram_input.names_senders
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as mine:
                 mine.connect(path)
@@ -142,10 +185,14 @@ def test_without_a_quota_the_senders_are_one_client(
                 await intake.until(5)
         finally:
             datagram_input.close()
-        assert {client for _, client in intake.bursts} == {DATAGRAM_CLIENT}
-        assert [d for burst, _ in intake.bursts for d in burst] == [b"m%d" % n for n in range(5)]
+        assert named == (datagram_implementation != "pure" and max_size < LARGE_DATAGRAM_BYTES)
+        return intake
 
-    uvloop.run(scenario())
+    intake = uvloop.run(scenario())
+    named = datagram_implementation != "pure" and max_size < LARGE_DATAGRAM_BYTES
+    expected = uid_client(os.geteuid()) if named else DATAGRAM_CLIENT
+    assert {client for _, client in intake.bursts} == {expected}
+    assert [d for burst, _ in intake.bursts for d in burst] == [b"m%d" % n for n in range(5)]
 
 
 def test_a_datagram_flooder_at_its_share_costs_another_uids_datagrams_nothing() -> None:

@@ -1,7 +1,8 @@
 """The daemon on the compiled hot path, on the pure-Python one (PYDORY_PURE_PYTHON=1) and
-on the compiled one with its datagram socket drained by a thread (PYDORY_DATAGRAM_DRAIN=1,
-issue 34), fed the same mixed traffic on every transport, every discard reason the inputs
-and the intake can give, keeps identical books (issue 25's differential rule)."""
+on the compiled one with its datagram socket drained by a thread (the default, issue 34;
+PYDORY_DATAGRAM_DRAIN=0 reads it on the loop), fed the same mixed traffic on every
+transport, every discard reason the inputs and the intake can give, keeps identical books
+(issue 25's differential rule)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from helpers import wait_until
 from hotpaths import compiled_module
 from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import Transport
+from pydory.daemon.inputs.datagram_drain import DRAIN_BURST_DATAGRAMS
 from pydory.wire import encode_any_partition, encode_partition_key
 from pydory_tools.testing.daemon_config import DaemonConfig
 from pydory_tools.testing.mock_cluster import MockCluster
@@ -95,8 +97,11 @@ def daemon_on(implementation: str, config: DaemonConfig, where: Path) -> Iterato
             patch.setenv("PYDORY_PURE_PYTHON", "1")
         else:
             patch.delenv("PYDORY_PURE_PYTHON", raising=False)
-        # "compiled" is the loop's reader; "drain" (the default) is named, not assumed.
-        patch.setenv("PYDORY_DATAGRAM_DRAIN", "1" if implementation == "drain" else "0")
+        # "compiled" is the loop's reader; "drain" the default, unnamed (so it is tested).
+        if implementation == "drain":
+            patch.delenv("PYDORY_DATAGRAM_DRAIN", raising=False)
+        else:
+            patch.setenv("PYDORY_DATAGRAM_DRAIN", "0")
         daemon = DaemonProcess(config, where / "pydory.xml", where / "pydory.log")
     try:
         yield daemon
@@ -106,7 +111,9 @@ def daemon_on(implementation: str, config: DaemonConfig, where: Path) -> Iterato
 
 def run_traffic(
     implementation: str, mock_cluster: MockCluster, topics: tuple[str, str, str], where: Path
-) -> tuple[Any, dict[str, int], str]:
+) -> tuple[Any, dict[str, int], str, dict[str, Any]]:
+    """The books and counters once all is settled, the log, and /books/json's
+    ``datagram_input`` (how the socket was read)."""
     topic, limited, unknown = topics
     where.mkdir()
     config = DaemonConfig(
@@ -160,7 +167,8 @@ def run_traffic(
             print(seen)
             raise
         books, counters = comparable(seen["books"]), seen["counters"]
-    return books, counters, (where / "pydory.log").read_text()
+    log = (where / "pydory.log").read_text()
+    return books, counters, log, seen["books"]["datagram_input"]
 
 
 def test_the_compiled_the_pure_and_the_drained_daemon_keep_identical_books(
@@ -177,8 +185,15 @@ def test_the_compiled_the_pure_and_the_drained_daemon_keep_identical_books(
     assert "(drained by a thread)" in results["drain"][2]
     assert "(drained by a thread)" not in results["compiled"][2]
     assert "hot path: pure (PYDORY_PURE_PYTHON is set)" in results["pure"][2]
-    compiled_books, compiled_counters, _ = results["compiled"]
-    pure_books, pure_counters, _ = results["pure"]
+    # /books/json says which reader ran and what it may hold beyond the kernel's queue.
+    cwire = compiled_module()
+    qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
+    loop_reader = {"reader": "event_loop", "kernel_queue": qlen + 1, "ring": 0}
+    assert results["compiled"][3] == results["pure"][3] == loop_reader
+    ring = cwire.DRAIN_BURSTS * DRAIN_BURST_DATAGRAMS
+    assert results["drain"][3] == {"reader": "drain_thread", "kernel_queue": qlen + 1, "ring": ring}
+    compiled_books, compiled_counters, _, _ = results["compiled"]
+    pure_books, pure_counters, _, _ = results["pure"]
     assert compiled_books == pure_books, (compiled_books, pure_books)
     reasons = {"malformed", "unsupported_api_key", "unsupported_version", "bad_topic",
                "too_long", "rate_limit", "unclean_disconnect"}  # fmt: skip
@@ -194,7 +209,7 @@ def test_the_compiled_the_pure_and_the_drained_daemon_keep_identical_books(
         *(counter_names.STREAM_FRAMING_ERROR[t] for t in (Transport.UNIX_STREAM, Transport.TCP)),
         counter_names.DATAGRAM_OVER_MAX_SIZE,
     ]
-    drain_books, drain_counters, _ = results["drain"]
+    drain_books, drain_counters, _, _ = results["drain"]
     assert drain_books == pure_books, (drain_books, pure_books)
     assert {n: compiled_counters.get(n) for n in watched} == {
         n: pure_counters.get(n) for n in watched

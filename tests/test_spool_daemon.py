@@ -51,7 +51,11 @@ topics are read back and checked message by message:
     written ahead, when it died) are, per streak: a tail (nothing after them came out);
     none of the first ``R`` the daemon said it had read (so zero for quiesced kills);
     and no more than that transport's buffers hold: datagrams
-    ``net.unix.max_dgram_qlen + 1`` queued plus one read burst (``DATAGRAM_BURST``);
+    ``net.unix.max_dgram_qlen + 1`` queued, plus one read burst (``DATAGRAM_BURST``), plus,
+    when a drain thread reads the socket (``/books/json``'s ``datagram_input`` says which
+    reader ran), its ring (``datagram_input.ring``: the C's ``DRAIN_BURSTS`` bursts of
+    ``DRAIN_BURST_DATAGRAMS``, read from the kernel and never received, so never said to
+    be read: the first-``R`` part holds for them as for the kernel's queue);
     UNIX stream the client's ``SO_SNDBUF`` (the kernel charges queued bytes to the
     sender) plus one read (uvloop's 256000-byte buffer) plus a message; TCP the same
     plus the receiver's largest window (``net.ipv4.tcp_rmem``, which makes that bound
@@ -66,6 +70,7 @@ from __future__ import annotations
 
 import binascii
 import errno
+import importlib
 import json
 import os
 import random
@@ -90,6 +95,7 @@ from daemon_process import DaemonProcess
 from pydory import wire
 from pydory.client import UnixStreamSender
 from pydory.daemon.inputs.datagram import DATAGRAM_BURST
+from pydory.daemon.inputs.datagram_drain import DRAIN_BURST_DATAGRAMS
 from pydory.daemon.spool.records import HEADER_BYTES, decode_records
 from pydory.daemon.spool.segments import Spool
 from pydory.wire import encode_any_partition
@@ -478,7 +484,19 @@ class KillLoop:
     violations: dict[str, list[str]] = field(default_factory=dict)  # (a)..(d), per rule
     lost: dict[str, int] = field(default_factory=dict)  # unknowable losses per transport
     lost_bound: dict[str, int] = field(default_factory=dict)  # what buffers could hold
+    #: per transport, the streak that lost the most: (lost, its bound)
+    worst: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: /books/json's datagram_input (its reader, kernel queue, ring), alike in every run
+    datagram_input: dict[str, Any] | None = None
     seconds: float = 0.0
+
+    def note_datagram_input(self, books: dict[str, Any]) -> None:
+        """Keep how this run's daemon reads datagrams: every run reads them alike."""
+        seen = books["datagram_input"]
+        assert seen is not None, "the kill loop's daemons have a datagram input"
+        if self.datagram_input is None:
+            self.datagram_input = seen
+        assert seen == self.datagram_input, f"{seen} in one run, {self.datagram_input} before"
 
     def violate(self, rule: str, detail: str) -> None:
         found = self.violations.setdefault(rule, [])
@@ -488,11 +506,12 @@ class KillLoop:
             found[-1] = f"... and more ({detail})"
 
 
-def _buffer_bound(client: Client, streak: Streak, qlen: int, tcp_rmem_max: int) -> int:
+def _buffer_bound(client: Client, streak: Streak, qlen: int, tcp_rmem_max: int, ring: int) -> int:
     """How many of ``streak``'s messages could sit outside the daemon's write-ahead when
-    it died: in kernel buffers, or in the one read not yet written ahead."""
+    it died: in kernel buffers, in a datagram drain thread's ``ring``, or in the one read
+    not yet written ahead."""
     if client.transport == "unix_dgram":
-        return qlen + 1 + DATAGRAM_BURST
+        return qlen + 1 + DATAGRAM_BURST + ring
     window = tcp_rmem_max if client.transport == "tcp" else 0
     return (streak.sndbuf + window + STREAM_READ_BYTES) // client.message_bytes + 1
 
@@ -548,6 +567,8 @@ def run_kill_loop(
             early = k not in quiesce_at and rng.random() < early_share
             daemon = DaemonProcess(config, config_path, log_path, wait_ready=not early)
             received: dict[str, int] | None = None
+            if not early:
+                loop.note_datagram_input(daemon.books())
             if early:  # somewhere in start-up: metadata, replay, inputs opening, or later
                 time.sleep(rng.uniform(0.05, 1.5))
             else:
@@ -569,6 +590,7 @@ def run_kill_loop(
                 loop.in_spool[transport].add(n)
         # The last run: until enough was sent, then the clients stop and it drains.
         daemon = DaemonProcess(config, config_path, log_path)
+        loop.note_datagram_input(daemon.books())
         deadline = started + budget_s
         while sum(c.sent() for c in clients.values()) < min_messages:
             assert time.monotonic() < deadline, "too slow: raise the budget or lower the load"
@@ -639,6 +661,7 @@ def _check(
     loop.discarded, loop.dup_lines = discarded, dup_lines
     qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
     tcp_rmem_max = int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
+    ring = _drain_ring(loop, qlen)
     received_in = {k.epoch: k for k in loop.kills}
     for transport, client in loop.clients.items():
         numbering = numberings[transport]
@@ -693,17 +716,38 @@ def _check(
             last_found = max((n for n in range(streak.start, streak.end) if found(n)), default=-1)
             if last_found > lost[0]:
                 loop.violate("d", f"{where}: #{lost[0]} lost but #{last_found} came out")
-            bound = _buffer_bound(client, streak, qlen, tcp_rmem_max)
+            bound = _buffer_bound(client, streak, qlen, tcp_rmem_max, ring)
             if len(lost) > bound:
                 loop.violate("d", f"{where}: {len(lost)} lost, buffers hold at most {bound}")
             lost_total += len(lost)
             bound_total += bound
+            if len(lost) > loop.worst.get(transport, (-1, 0))[0]:
+                loop.worst[transport] = (len(lost), bound)
         loop.lost[transport] = lost_total
         loop.lost_bound[transport] = bound_total
 
 
+def _drain_ring(loop: KillLoop, qlen: int) -> int:
+    """The datagrams the daemons' drain thread held at most (0: the loop read the socket),
+    as the daemon reported it, held to the C's own constant: never a copied number."""
+    reading = loop.datagram_input
+    assert reading is not None, "no run's daemon answered"
+    assert reading["kernel_queue"] == qlen + 1, reading
+    expected = 0
+    if reading["reader"] == "drain_thread":  # the daemon runs the test's own build
+        expected = importlib.import_module("pydory._cwire").DRAIN_BURSTS * DRAIN_BURST_DATAGRAMS
+    assert reading["ring"] == expected, f"{reading}: a ring of {expected} datagrams expected"
+    ring: int = reading["ring"]
+    return ring
+
+
 def _summary(loop: KillLoop) -> str:
     lines = [f"kill loop: seed {loop.seed}, {loop.seconds:.1f} s"]
+    reading = loop.datagram_input or {}
+    lines.append(
+        f"  datagrams read by the daemon's {reading.get('reader')}: kernel queue "
+        f"{reading.get('kernel_queue')} + ring {reading.get('ring')}"
+    )
     quiesced = sum(k.quiesced for k in loop.kills)
     early = sum(k.received is None for k in loop.kills)
     lines.append(
@@ -721,7 +765,9 @@ def _summary(loop: KillLoop) -> str:
             f"{sum(loop.dup_lines.get(transport, Counter()).values())}, DISC "
             f"{len(loop.discarded.get(transport, ()))}; unknowable losses "
             f"{loop.lost.get(transport, 0)} "
-            f"(buffers could hold {loop.lost_bound.get(transport, 0)})"
+            f"(buffers could hold {loop.lost_bound.get(transport, 0)}); at most "
+            f"{loop.worst.get(transport, (0, 0))[0]} in one streak "
+            f"(its bound {loop.worst.get(transport, (0, 0))[1]})"
         )
     for rule, details in sorted(loop.violations.items()):
         lines += [f"  VIOLATION ({rule}): {detail}" for detail in details]

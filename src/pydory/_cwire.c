@@ -11,7 +11,8 @@
  *                  module has none), each copied out as bytes, an oversized one as
  *                  (size, its first 64 bytes), as inputs/datagram.py's loop does; with
  *                  a max_size of 256 KiB or more, one at a time, its size peeked first,
- *                  a large one's memory taken when it arrives.
+ *                  a large one's memory taken when it arrives. read_runs(): the same,
+ *                  with each datagram's sender (SCM_CREDENTIALS) as runs of one uid.
  *   parse_any_partition_burst(frames, topic_cache)
  *                  [wire.parse_any_partition(f) for f in frames], the topic looked up in
  *                  wire's cache of legal topics (the same dict), None for anything the
@@ -341,6 +342,58 @@ static PyTypeObject FramerType = {
 #define OVERSIZED_PREFIX 64
 #define MAX_SIZE_LIMIT 0x7fffffffL
 
+/* Each datagram's sender (issue 33, point 1: every client's share of the pool, on every
+ * transport): with SO_PASSCRED on the socket, recvmmsg gets each one's SCM_CREDENTIALS
+ * into a small control buffer per slot, and the reads hand on, beside the items, their
+ * runs of one sender: [(uid or None, end)], each run ending before items[end], in the
+ * order read; so Python walks one run per sender change, never one uid per datagram. */
+#define NO_UID 0xffffffffu /* no SCM_CREDENTIALS with it (or not asked) */
+#define CREDENTIALS_CONTROL_BYTES CMSG_SPACE(sizeof(struct ucred))
+
+typedef union { /* aligned as a cmsghdr */
+    struct cmsghdr align;
+    unsigned char bytes[CREDENTIALS_CONTROL_BYTES];
+} CredentialsControl;
+
+/* The sender's uid in a datagram's ancillary data (SCM_CREDENTIALS), or NO_UID. */
+static uint32_t control_uid(struct msghdr *header) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(header); c != NULL; c = CMSG_NXTHDR(header, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+            c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+            struct ucred credentials;
+            memcpy(&credentials, CMSG_DATA(c), sizeof credentials);
+            return (uint32_t)credentials.uid;
+        }
+    }
+    return NO_UID;
+}
+
+/* Appends the run (uid, or None for NO_UID; end) to the list `runs`; -1: an error is set. */
+static int append_run(PyObject *runs, uint32_t uid, Py_ssize_t end) {
+    PyObject *sender = uid == NO_UID ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(uid);
+    if (sender == NULL) return -1;
+    PyObject *run = Py_BuildValue("(Nn)", sender, end);
+    if (run == NULL) return -1;
+    int failed = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return failed;
+}
+
+/* Cuts runs as items are added: the uid of item `index` (items before it already seen). */
+typedef struct {
+    uint32_t uid;
+} RunCutter;
+
+static int run_next(RunCutter *cutter, PyObject *runs, Py_ssize_t index, uint32_t uid) {
+    if (index > 0 && uid != cutter->uid && append_run(runs, cutter->uid, index) < 0) return -1;
+    cutter->uid = uid;
+    return 0;
+}
+
+static int run_end(RunCutter *cutter, PyObject *runs, Py_ssize_t count) {
+    return count > 0 ? append_run(runs, cutter->uid, count) : 0;
+}
+
 typedef struct {
     PyObject_HEAD
     int fd;
@@ -348,15 +401,18 @@ typedef struct {
     int one_at_a_time;      /* max_size >= SLOT_BYTES: peek each datagram's size */
     size_t slot_bytes;      /* each slot's buffer */
     unsigned char *buffers; /* DATAGRAM_SLOTS slots, or one when one_at_a_time */
+    int credentials;        /* each datagram's SCM_CREDENTIALS asked for (recvmmsg only) */
     struct mmsghdr messages[DATAGRAM_SLOTS];
     struct iovec vectors[DATAGRAM_SLOTS];
+    CredentialsControl control[DATAGRAM_SLOTS];
 } DatagramReader;
 
 static int Reader_init(DatagramReader *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"fd", "max_size", NULL};
-    int fd;
+    static char *names[] = {"fd", "max_size", "credentials", NULL};
+    int fd, credentials = 0;
     Py_ssize_t max_size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "in", names, &fd, &max_size)) return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "in|p", names, &fd, &max_size, &credentials))
+        return -1;
     if (max_size < 1 || max_size > MAX_SIZE_LIMIT) {
         PyErr_Format(PyExc_ValueError, "max_size must be 1..%ld, got %zd", MAX_SIZE_LIMIT,
                      max_size);
@@ -375,6 +431,7 @@ static int Reader_init(DatagramReader *self, PyObject *args, PyObject *kwargs) {
     self->max_size = max_size;
     self->one_at_a_time = one_at_a_time;
     self->slot_bytes = slot_bytes;
+    self->credentials = credentials;
     for (size_t i = 0; i < slots; i++) {
         self->vectors[i].iov_base = self->buffers + i * slot_bytes;
         self->vectors[i].iov_len = slot_bytes;
@@ -454,8 +511,9 @@ os_error:
     return NULL;
 }
 
-/* read_one's loop for read(): the same (items, oversized, drained) contract. */
-static PyObject *read_one_at_a_time(DatagramReader *self, Py_ssize_t limit) {
+/* read_one's loop for read(): the same (items, oversized, drained) contract; `runs`, if
+ * not NULL, gets one run of no sender (this path reads no credentials). */
+static PyObject *read_one_at_a_time(DatagramReader *self, Py_ssize_t limit, PyObject *runs) {
     PyObject *items = PyList_New(0);
     if (items == NULL) return NULL;
     int oversized = 0, drained = 0;
@@ -482,6 +540,10 @@ static PyObject *read_one_at_a_time(DatagramReader *self, Py_ssize_t limit) {
             return NULL;
         }
     }
+    if (runs != NULL && run_end(&(RunCutter){NO_UID}, runs, PyList_GET_SIZE(items)) < 0) {
+        Py_DECREF(items);
+        return NULL;
+    }
     return Py_BuildValue("(NOO)", items, oversized ? Py_True : Py_False,
                          drained ? Py_True : Py_False);
 }
@@ -489,8 +551,9 @@ static PyObject *read_one_at_a_time(DatagramReader *self, Py_ssize_t limit) {
 /* read(limit) -> (items, oversized, drained): up to `limit` datagrams in arrival order;
  * `oversized`: whether any item is a (size, prefix) tuple; `drained`: a read found the
  * queue empty (EAGAIN). An error other than EAGAIN/EINTR raises OSError if nothing was
- * read, else ends the burst (the next read meets it again). */
-static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
+ * read, else ends the burst (the next read meets it again). With `runs` (a list), each
+ * item's sender's runs are appended to it (read_runs). */
+static PyObject *read_batch(DatagramReader *self, PyObject *arg, PyObject *runs) {
     Py_ssize_t limit = PyLong_AsSsize_t(arg);
     if (limit < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "limit must not be negative");
@@ -500,11 +563,13 @@ static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
         PyErr_SetString(PyExc_RuntimeError, "DatagramReader was not initialised");
         return NULL;
     }
-    if (self->one_at_a_time) return read_one_at_a_time(self, limit);
+    if (self->one_at_a_time) return read_one_at_a_time(self, limit, runs);
     PyObject *items = PyList_New(0);
     if (items == NULL) return NULL;
     int oversized = 0, drained = 0;
     Py_ssize_t read = 0;
+    RunCutter cutter = {NO_UID};
+    int credentials = self->credentials && runs != NULL;
     while (read < limit) {
         unsigned int want = (unsigned int)(limit - read < DATAGRAM_SLOTS ? limit - read
                                                                           : DATAGRAM_SLOTS);
@@ -512,6 +577,10 @@ static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
             memset(&self->messages[i].msg_hdr, 0, sizeof(struct msghdr));
             self->messages[i].msg_hdr.msg_iov = &self->vectors[i];
             self->messages[i].msg_hdr.msg_iovlen = 1;
+            if (credentials) {
+                self->messages[i].msg_hdr.msg_control = self->control[i].bytes;
+                self->messages[i].msg_hdr.msg_controllen = sizeof self->control[i].bytes;
+            }
         }
         int got = recvmmsg(self->fd, self->messages, want, MSG_DONTWAIT | MSG_TRUNC, NULL);
         if (got < 0) {
@@ -528,6 +597,10 @@ static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
             goto fail;
         }
         for (int i = 0; i < got; i++) {
+            if (runs != NULL) {
+                uint32_t uid = credentials ? control_uid(&self->messages[i].msg_hdr) : NO_UID;
+                if (run_next(&cutter, runs, read + i, uid) < 0) goto fail;
+            }
             PyObject *item = datagram_item(self, i);
             if (item == NULL || PyList_Append(items, item) < 0) {
                 Py_XDECREF(item);
@@ -541,6 +614,7 @@ static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
          * (times_drained), as the recv_into loop does. */
         read += got;
     }
+    if (runs != NULL && run_end(&cutter, runs, read) < 0) goto fail;
     return Py_BuildValue("(NOO)", items, oversized ? Py_True : Py_False,
                          drained ? Py_True : Py_False);
 fail:
@@ -548,9 +622,33 @@ fail:
     return NULL;
 }
 
+static PyObject *Reader_read(DatagramReader *self, PyObject *arg) {
+    return read_batch(self, arg, NULL);
+}
+
+/* read_runs(limit) -> (items, oversized, drained, runs): read()'s, with the items' runs of
+ * one sender, [(uid or None, end)] (None: no credentials came with it, or the reader was
+ * made without them, or reads one datagram at a time). */
+static PyObject *Reader_read_runs(DatagramReader *self, PyObject *arg) {
+    PyObject *runs = PyList_New(0);
+    if (runs == NULL) return NULL;
+    PyObject *read = read_batch(self, arg, runs);
+    if (read == NULL) {
+        Py_DECREF(runs);
+        return NULL;
+    }
+    PyObject *result = Py_BuildValue("(OOON)", PyTuple_GET_ITEM(read, 0),
+                                     PyTuple_GET_ITEM(read, 1), PyTuple_GET_ITEM(read, 2), runs);
+    Py_DECREF(read);
+    return result;
+}
+
 static PyMethodDef Reader_methods[] = {
     {"read", (PyCFunction)Reader_read, METH_O,
      "read(limit) -> (items, oversized, drained): up to limit datagrams, recvmmsg(2)."},
+    {"read_runs", (PyCFunction)Reader_read_runs, METH_O,
+     "read_runs(limit) -> (items, oversized, drained, runs): read()'s, with the runs of one "
+     "sender [(uid or None, end)]."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -595,11 +693,18 @@ static PyTypeObject ReaderType = {
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+/* The ring's bursts: exported as the module's DRAIN_BURSTS (what a SIGKILL can lose beyond
+ * the kernel's queue is counted from it: tests/test_spool_daemon.py's bound, the status
+ * page's datagram_input.ring); a -D may choose another for a benchmark's build. */
+#ifndef DRAIN_BURSTS
 #define DRAIN_BURSTS 4
+#endif
+#if DRAIN_BURSTS < 2 /* the thread fills one burst while the loop takes another */
+#error "DRAIN_BURSTS must be at least 2"
+#endif
 #define DRAIN_BURST_BYTES (1024 * 1024)
 #define DRAIN_RECORD_HEAD 12 /* u32 true size, u32 bytes kept, u32 sender's uid */
-#define DRAIN_NO_UID 0xffffffffu /* no SCM_CREDENTIALS with it (or not asked) */
-#define DRAIN_CONTROL_BYTES CMSG_SPACE(sizeof(struct ucred))
+#define DRAIN_NO_UID NO_UID
 
 typedef struct {
     unsigned char *bytes; /* malloc'd (the thread has no GIL for PyMem) */
@@ -620,10 +725,7 @@ typedef struct {
     unsigned char *slots;
     struct mmsghdr messages[DATAGRAM_SLOTS];
     struct iovec vectors[DATAGRAM_SLOTS];
-    union { /* aligned as a cmsghdr */
-        struct cmsghdr align;
-        unsigned char bytes[DRAIN_CONTROL_BYTES];
-    } control[DATAGRAM_SLOTS];
+    CredentialsControl control[DATAGRAM_SLOTS];
     pthread_t thread;
     int started, joined;
     pthread_mutex_t lock;
@@ -671,17 +773,7 @@ static unsigned int drain_want(const DatagramDrain *self, const DrainBurst *burs
 
 /* The sender's uid in slot i's ancillary data (SCM_CREDENTIALS), or DRAIN_NO_UID. */
 static uint32_t slot_uid(DatagramDrain *self, int i) {
-    if (!self->credentials) return DRAIN_NO_UID;
-    struct msghdr *header = &self->messages[i].msg_hdr;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(header); c != NULL; c = CMSG_NXTHDR(header, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
-            c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
-            struct ucred credentials;
-            memcpy(&credentials, CMSG_DATA(c), sizeof credentials);
-            return (uint32_t)credentials.uid;
-        }
-    }
-    return DRAIN_NO_UID;
+    return self->credentials ? control_uid(&self->messages[i].msg_hdr) : DRAIN_NO_UID;
 }
 
 /* Copies the `got` datagrams of the scratch slots into `burst` (under lock); -1: no memory
@@ -889,29 +981,26 @@ static PyObject *Drain_stop(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-/* The items of `burst` (taken: the thread does not touch it), and into *uids (when not
- * NULL) a list of each one's sender's uid or None. */
-static PyObject *burst_items(DrainBurst *burst, Py_ssize_t max_size, PyObject **uids) {
+/* The items of `burst` (taken: the thread does not touch it), and into *runs (when not
+ * NULL) a list of their runs of one sender, [(uid or None, end)]. */
+static PyObject *burst_items(DrainBurst *burst, Py_ssize_t max_size, PyObject **runs) {
     PyObject *items = PyList_New(burst->count);
     if (items == NULL) return NULL;
-    if (uids != NULL && (*uids = PyList_New(burst->count)) == NULL) {
+    if (runs != NULL && (*runs = PyList_New(0)) == NULL) {
         Py_DECREF(items);
         return NULL;
     }
+    RunCutter cutter = {DRAIN_NO_UID};
     const unsigned char *at = burst->bytes;
     for (Py_ssize_t i = 0; i < burst->count; i++) {
         uint32_t size, kept, uid;
         memcpy(&size, at, 4);
         memcpy(&kept, at + 4, 4);
         memcpy(&uid, at + 8, 4);
-        if (uids != NULL) {
-            PyObject *sender = uid == DRAIN_NO_UID ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(uid);
-            if (sender == NULL) {
-                Py_DECREF(items);
-                Py_CLEAR(*uids);
-                return NULL;
-            }
-            PyList_SET_ITEM(*uids, i, sender);
+        if (runs != NULL && run_next(&cutter, *runs, i, uid) < 0) {
+            Py_DECREF(items);
+            Py_CLEAR(*runs);
+            return NULL;
         }
         const char *data = (const char *)at + DRAIN_RECORD_HEAD;
         PyObject *item = (Py_ssize_t)size <= max_size
@@ -920,18 +1009,23 @@ static PyObject *burst_items(DrainBurst *burst, Py_ssize_t max_size, PyObject **
                                                       (Py_ssize_t)kept);
         if (item == NULL) {
             Py_DECREF(items);
-            if (uids != NULL) Py_CLEAR(*uids);
+            if (runs != NULL) Py_CLEAR(*runs);
             return NULL;
         }
         PyList_SET_ITEM(items, i, item);
         at += DRAIN_RECORD_HEAD + kept;
     }
+    if (runs != NULL && run_end(&cutter, *runs, burst->count) < 0) {
+        Py_DECREF(items);
+        Py_CLEAR(*runs);
+        return NULL;
+    }
     return items;
 }
 
-/* take() -> (items, oversized, error, uids): the oldest burst (DatagramReader.read's
- * items), an errno the thread met (0: none; it reads again once told), and each item's
- * sender's uid or None (a list as long as items, made with credentials only, else None). */
+/* take() -> (items, oversized, error, runs): the oldest burst (DatagramReader.read's
+ * items), an errno the thread met (0: none; it reads again once told), and the items' runs
+ * of one sender, [(uid or None, end)] (made with credentials only, else None). */
 static PyObject *Drain_take(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->lock_ready) {
         PyErr_SetString(PyExc_RuntimeError, "DatagramDrain was not initialised");
@@ -956,8 +1050,8 @@ static PyObject *Drain_take(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     burst->busy = 1;
     self->takes++;
     pthread_mutex_unlock(&self->lock);
-    PyObject *uids = NULL;
-    PyObject *items = burst_items(burst, self->max_size, self->credentials ? &uids : NULL);
+    PyObject *runs = NULL;
+    PyObject *items = burst_items(burst, self->max_size, self->credentials ? &runs : NULL);
     int oversized = burst->oversized;
     pthread_mutex_lock(&self->lock);
     if (items != NULL) { /* else kept, for the next take */
@@ -974,8 +1068,8 @@ static PyObject *Drain_take(DatagramDrain *self, PyObject *Py_UNUSED(ignored)) {
     pthread_cond_signal(&self->room);
     pthread_mutex_unlock(&self->lock);
     if (items == NULL) return NULL;
-    if (uids == NULL) uids = Py_NewRef(Py_None);
-    return Py_BuildValue("(NOiN)", items, oversized ? Py_True : Py_False, error, uids);
+    if (runs == NULL) runs = Py_NewRef(Py_None);
+    return Py_BuildValue("(NOiN)", items, oversized ? Py_True : Py_False, error, runs);
 }
 
 /* Under lock: (datagrams held, empty queues whose datagrams were all taken). */
@@ -1005,12 +1099,18 @@ static PyObject *Drain_get_wake_fd(DatagramDrain *self, void *Py_UNUSED(closure)
     return PyLong_FromLong(self->wake_fd);
 }
 
+/* The most datagrams the drain holds at once, read from the kernel and not yet taken (a
+ * recvmmsg in flight included: it reads only into the room of the burst it fills). */
+static PyObject *Drain_get_capacity(DatagramDrain *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromSsize_t(DRAIN_BURSTS * self->burst_datagrams);
+}
+
 static PyMethodDef Drain_methods[] = {
     {"start", (PyCFunction)Drain_start, METH_NOARGS, "start() -> None: the thread starts reading."},
     {"stop", (PyCFunction)Drain_stop, METH_NOARGS,
      "stop() -> None: the thread ends (joined); what it read stays for take()."},
     {"take", (PyCFunction)Drain_take, METH_NOARGS,
-     "take() -> (items, oversized, errno, uids or None): the oldest burst read."},
+     "take() -> (items, oversized, errno, runs or None): the oldest burst read."},
     {"position", (PyCFunction)Drain_position, METH_NOARGS,
      "position() -> (held, empties): datagrams read and not taken (at most); empty queues "
      "met with every datagram read before them taken."},
@@ -1020,6 +1120,8 @@ static PyMethodDef Drain_methods[] = {
 
 static PyGetSetDef Drain_getset[] = {
     {"wake_fd", (getter)Drain_get_wake_fd, NULL, "readable when a burst waits", NULL},
+    {"capacity", (getter)Drain_get_capacity, NULL,
+     "the most datagrams held at once: DRAIN_BURSTS bursts of burst_datagrams", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1494,7 +1596,8 @@ PyMODINIT_FUNC PyInit__cwire(void) {
             }
         }
     }
-    if (PyModule_AddIntConstant(module, "FOLDS_CRC32", cpu_folds_crc32) < 0) {
+    if (PyModule_AddIntConstant(module, "FOLDS_CRC32", cpu_folds_crc32) < 0 ||
+        PyModule_AddIntConstant(module, "DRAIN_BURSTS", DRAIN_BURSTS) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -13,8 +13,10 @@ What differs by implementation, each a drop-in for the other:
 - ``parse_burst(frames)``: ``wire.parse_any_partition`` of each frame, in order (the
   compiled one: a list made in one call, reading ``bytes`` only, anything else parsed as
   None, which ``decode`` then judges; the pure one: lazily, a frame at a time);
-- ``DatagramReader(fd, max_size).read(limit)``: up to 64 datagrams per system call
-  (recvmmsg), or None: inputs/datagram.py reads one per ``recv_into``;
+- ``DatagramReader(fd, max_size, credentials).read(limit)``: up to 64 datagrams per system
+  call (recvmmsg), and ``read_runs(limit)``: the same with their runs of one sender (each
+  datagram's SCM_CREDENTIALS, cut in C); or None: inputs/datagram.py reads one per
+  ``recv_into`` (and its senders' uids only with a quota, one ``recvmsg`` each);
 - ``DatagramDrain(fd, max_size, burst_datagrams)``: a thread of its own that empties the
   datagram socket into bursts for the loop, or None (whether the daemon uses it is
   daemon/inputs/datagram_drain.py's choice);

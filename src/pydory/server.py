@@ -367,6 +367,7 @@ class Server:
             overload=self.overload,
             reloads=self.reloads,
             stopping=lambda: self._stop_requested_at is not None,
+            datagram_input=lambda: self.inputs.datagram,
         )
 
     def _request_metadata_refresh(self) -> None:

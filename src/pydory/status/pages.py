@@ -267,6 +267,9 @@ class StatusPages:
                 "named": books.unknown_topics_named,
                 "limit": books.unknown_topic_limit,
             },
+            # How the datagram socket is read, and what it may hold that is not received
+            # yet (a SIGKILL loses it unseen): the kernel's queue and a drain thread's ring.
+            "datagram_input": self._datagram_input_json(),
             "pool": {
                 "budget": pool.budget,
                 "used": pool.used,
@@ -280,6 +283,16 @@ class StatusPages:
                     "largest_held": pool.shares.largest_held(),
                 },
             },
+        }
+
+    def _datagram_input_json(self) -> dict[str, Any] | None:
+        datagram = None if self._view.datagram_input is None else self._view.datagram_input()
+        if datagram is None:
+            return None
+        return {
+            "reader": datagram.reader,
+            "kernel_queue": datagram.kernel_queue_datagrams,
+            "ring": datagram.ring_datagrams,
         }
 
     # /config/json (pydory's own)

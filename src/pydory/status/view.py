@@ -33,6 +33,7 @@ __all__ = [
     "CommitPointReader",
     "CounterReader",
     "DaemonView",
+    "DatagramReading",
     "MetadataTimes",
     "MsgDebugControl",
     "OverloadSensors",
@@ -132,6 +133,17 @@ class ReloadHistoryReader(Protocol):
     def as_json(self) -> dict[str, object]: ...
 
 
+class DatagramReading(Protocol):
+    """How the UNIX datagram input reads its socket (``daemon/inputs/datagram.py``)."""
+
+    @property
+    def reader(self) -> str: ...
+    @property
+    def ring_datagrams(self) -> int: ...
+    @property
+    def kernel_queue_datagrams(self) -> int | None: ...
+
+
 class CounterReader(Protocol):
     """The event counters (Dory's /counters)."""
 
@@ -222,6 +234,8 @@ class DaemonView:
     overload: OverloadSensors | None = None
     #: The config file and its reloads; None in views built by hand.
     reloads: ReloadHistoryReader | None = None
+    #: The UNIX datagram input now (None: none configured, or a view built by hand).
+    datagram_input: Callable[[], DatagramReading | None] | None = None
     #: Whether a shutdown has begun (the inputs stop taking messages: ``/ready`` says so
     #: from that moment); None in views built by hand.
     stopping: Callable[[], bool] | None = None

@@ -9,7 +9,7 @@ Framing and decoding live in ``pydory.wire``, every decision about a message in 
 ``Intake`` the inputs hand their bytes to. The daemon never writes to a client socket.
 
 - ``datagram``: the UNIX datagram input; ``datagram_drain``: whether a thread of its own
-  drains its socket (off by default), and that thread as the loop sees it;
+  drains its socket (on by default where compiled), and that thread as the loop sees it;
 - ``stream``: a UNIX stream or TCP listener; ``stream_connection``: one of its connections;
 - ``acceptor``: accepting stream connections, and the process's file descriptor limit;
 - ``quotas``: the inputs' connection and rate quotas (pure logic);

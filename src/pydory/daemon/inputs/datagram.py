@@ -5,20 +5,23 @@ several times faster than asyncio's datagram transport). At shutdown the socket 
 for reading (a client sending from then on gets EPIPE), its file removed, and the
 datagrams already queued are handed to the intake before it closes.
 
-With a rate quota on the datagram socket (``<quotas><unixDatagram>``), the socket sets
-SO_PASSCRED and each datagram is read with ``recvmsg`` to learn its sender's uid
-(SCM_CREDENTIALS; about 0.6 µs more per datagram, so only then); a datagram over its
-uid's quota is handed to the intake's ``over_quota`` at the end of its burst
-(pydory.daemon.inputs.quotas says why it is discarded, not held). The others are then
-charged to their sender's uid's share of the pool, the same share as that uid's stream
-connections (books/shares.py): handed on as runs of one uid, in the order read. Without a
-quota the senders are not named and share one client, :data:`DATAGRAM_CLIENT` (what
-naming them would cost: docs/operations.md, "Datagram senders").
+Each datagram is charged to its sender's uid's share of the pool, the same share as that
+uid's stream connections (books/shares.py), wherever the sender is read: always on the
+compiled ``recvmmsg`` reads (the loop's and the drain thread's: the socket sets
+SO_PASSCRED, each datagram's SCM_CREDENTIALS comes with it, and the C cuts the burst into
+runs of one uid, so Python meets one run per change of sender, not one uid per datagram);
+on the pure path (and from :data:`LARGE_DATAGRAM_BYTES` on) only with a rate quota on the
+socket (``<quotas><unixDatagram>``), read with ``recvmsg`` one datagram at a time (+89 %
+instructions per datagram there, so only then: docs/operations.md, "Datagram senders");
+otherwise the senders share one client, :data:`DATAGRAM_CLIENT`. Runs are handed on in
+the order read. With a quota, a datagram over its uid's quota is handed to the intake's
+``over_quota`` at the end of its burst (pydory.daemon.inputs.quotas says why it is
+discarded, not held).
 
 With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 datagrams
 per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
 the same oversized rule and the same "found empty" count; ``recv_into`` is the reference.
-Where pydory.daemon.inputs.datagram_drain chooses it (off by default), the socket is
+Where pydory.daemon.inputs.datagram_drain chooses it (on by default), the socket is
 instead emptied by a thread of its own, its bursts handed on here the same way (with a
 quota, each datagram's uid kept by the thread and judged here).
 
@@ -72,10 +75,15 @@ _PEEK_SIZE = socket.MSG_PEEK | socket.MSG_TRUNC
 _MAX_SOCKET_BUFFER = 2**31 - 1
 
 #: Who the datagrams' messages are charged to in the pool's shares (books/shares.py) when
-#: their senders' uids are not read: the socket's senders as one client. Credentials are
-#: read (SO_PASSCRED) only with a datagram quota; then each datagram is charged to its
-#: sender's uid's share (:func:`sender_client`), the one its stream connections have.
+#: their senders' uids are not read (the pure path without a datagram quota, or no
+#: credentials came): the socket's senders as one client. Where they are read, each
+#: datagram is charged to its sender's uid's share (:func:`sender_client`), the one its
+#: stream connections have.
 DATAGRAM_CLIENT = ("unix_dgram", "senders")
+#: A burst's items, as the compiled reads give them: bytes, or (size, prefix) if too large.
+Items = list[bytes | tuple[int, bytes]]
+#: A burst's runs of one sender, [(uid or None, end)] (None: the senders unnamed).
+Runs = list[tuple[int | None, int]] | None
 #: No rate quota on the datagram socket (the default).
 NO_CLIENT_RATE = ClientRate()
 #: Datagrams read per readiness callback before yielding to other work on the loop.
@@ -140,6 +148,38 @@ class DatagramInput:
             return self._kernel_queue_limit
         return self._kernel_queue_limit + self._drain.position()[0]
 
+    @property
+    def names_senders(self) -> bool:
+        """Whether each datagram's sender's uid is read: always on the compiled
+        ``recvmmsg`` reads (their runs cut in C), else only with a rate quota."""
+        return self.quota is not None or self._runs_in_c
+
+    @property
+    def _runs_in_c(self) -> bool:
+        """The compiled reads give each burst's runs of one sender (below
+        :data:`LARGE_DATAGRAM_BYTES`: ``recvmmsg``, the loop's or a drain thread's)."""
+        return DatagramReader is not None and not self._large
+
+    def _pass_credentials(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, self.names_senders)
+
+    @property
+    def reader(self) -> str:
+        """Who reads the socket now: ``"drain_thread"`` (a thread of its own,
+        datagram_drain.py) or ``"event_loop"`` (the loop's reader callback)."""
+        return "drain_thread" if self._drain is not None else "event_loop"
+
+    @property
+    def ring_datagrams(self) -> int:
+        """The most datagrams a drain thread holds, read from the socket and not handed on
+        yet (0 without one): beside the kernel's queue, what a SIGKILL can lose unseen."""
+        return 0 if self._drain is None else self._drain.capacity
+
+    @property
+    def kernel_queue_datagrams(self) -> int | None:
+        """The most datagrams the kernel queues on the socket (None: unknown)."""
+        return self._kernel_queue_limit
+
     @staticmethod
     def check_limits(max_msg_size: int, allow_large: bool) -> None:
         """Raise ConfigError if clients could not send datagrams of ``max_msg_size``."""
@@ -167,6 +207,7 @@ class DatagramInput:
         self._view = memoryview(self._buffer)
         self._batch_reader: tuple[int, object] | None = None  # (fd, its reader)
         if self._sock is not None:
+            self._pass_credentials(self._sock)  # the large path reads none without a quota
             self._build_reader(self._sock)
             self._watch()
 
@@ -174,16 +215,16 @@ class DatagramInput:
         """The compiled reader of ``sock`` at this limit, built now (not at the first read:
         a limit it cannot honour is a config error, never an error on every loop turn)."""
         fd = sock.fileno()
-        reader = _new_reader(fd, self._max)
+        reader = _new_reader(fd, self._max, credentials=True)
         self._batch_reader = None if reader is None else (fd, reader)
 
     def set_quota(self, rate: ClientRate) -> None:
-        """The senders' rate quota (a config reload: windows start afresh); credentials
-        are asked of the kernel only while one is set."""
-        self._retire_drain()  # rebuilt below, asking for credentials only with a quota
+        """The senders' rate quota (a config reload: windows start afresh); on the pure
+        path credentials are asked of the kernel only while one is set."""
+        self._retire_drain()  # rebuilt below: it judges the quota it was made with
         self.quota = DatagramQuota(rate) if rate.limited else None
         if self._sock is not None:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, self.quota is not None)
+            self._pass_credentials(self._sock)
             self._watch()
 
     @property
@@ -206,7 +247,7 @@ class DatagramInput:
             receive_buffer = min(max(4 * self._max, 1 << 20), _MAX_SOCKET_BUFFER)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
             sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, self.quota is not None)
+            self._pass_credentials(sock)
             self._build_reader(sock)
         except BaseException:
             sock.close()
@@ -230,7 +271,7 @@ class DatagramInput:
         if datagram_drain.fits(self._max):
             if self._drain is None:
                 self._drain = SocketDrain(
-                    sock.fileno(), self._max, self._hand_on_drained, self.quota is not None
+                    sock.fileno(), self._max, self._hand_on_drained, self.names_senders
                 )
             if not self._paused:
                 self._drain.watch(loop)
@@ -264,7 +305,9 @@ class DatagramInput:
 
     def _on_readable(self) -> None:
         assert self._sock is not None
-        if self.quota is None:
+        if self._runs_in_c:
+            self._read_batched(self._sock, DATAGRAM_BURST, self.quota)
+        elif self.quota is None:
             self._read(self._sock, DATAGRAM_BURST)
         else:
             self._read_metered(self._sock, DATAGRAM_BURST, self.quota)
@@ -355,72 +398,95 @@ class DatagramInput:
             return size, bytes(self._view[:size]), ancdata
         return size, bytes(self._view[:OVERSIZED_PREFIX]), ancdata
 
-    def _read_batched(self, sock: socket.socket, limit: int) -> bool:
+    def _read_batched(
+        self, sock: socket.socket, limit: int, quota: DatagramQuota | None = None
+    ) -> bool:
         """:meth:`_read` with recvmmsg (compiled): the same hand-over, in one call per
-        64 datagrams, the burst's datagrams handed on in one call when none is too large."""
+        64 datagrams, each run of one sender handed on in one call when none is too large
+        (``quota``: judged per datagram; at shutdown, none)."""
         assert DatagramReader is not None
         if self._batch_reader is None or self._batch_reader[0] != sock.fileno():
             self._build_reader(sock)  # a socket of its own (shutdown's read, a test's)
         assert self._batch_reader is not None
         reader = self._batch_reader[1]
         assert isinstance(reader, DatagramReader)
-        items, oversized, drained = reader.read(limit)
+        items, oversized, drained, runs = reader.read_runs(limit)
         try:
-            self._hand_on(items, oversized)
+            self._hand_on(items, oversized, runs, quota)
         finally:
             if drained:
                 self._times_drained += 1
         return drained
 
-    def _hand_on_drained(
-        self, items: list[bytes | tuple[int, bytes]], oversized: bool, uids: list[int | None] | None
+    def _hand_on_drained(self, items: Items, oversized: bool, runs: Runs) -> None:
+        """A drain thread's burst: as the loop's reads hand theirs on (the thread kept
+        each datagram's sender; the quota, if one is set, judged here)."""
+        self._hand_on(items, oversized, runs, self.quota)
+
+    def _hand_on(
+        self, items: Items, oversized: bool, runs: Runs, quota: DatagramQuota | None = None
     ) -> None:
-        """A drain thread's burst: as the loop's reads hand theirs on; with each datagram's
-        sender's uid (the thread kept it), judged against the quota if one is set and
-        charged to that uid's share, in runs (:class:`_SenderRuns`)."""
-        if uids is None:
-            self._hand_on(items, oversized)
-            return
-        quota, intake, now = self.quota, self._intake, self._clock()
-        runs = _SenderRuns(intake)
-        over: list[bytes] = []
+        """A burst of the compiled reads (the loop's or a drain thread's): each run of one
+        sender (``runs``: [(uid or None, end)], None: the senders unnamed) handed on in one
+        call, charged to its uid's share; with ``quota``, each datagram judged first."""
         try:
-            for item, uid in zip(items, uids, strict=True):
-                if not isinstance(item, bytes):
-                    runs.flush()  # the ones before it first, in order
-                    intake.datagram_too_large(*item)
-                elif quota is None or uid is None or quota.admits(uid, now, len(item)):
-                    runs.add(item, uid)
-                else:
-                    over.append(item)
+            if quota is not None:
+                self._judge(items, runs, quota)
+            elif runs is None:
+                self._hand_on_run(items, oversized, DATAGRAM_CLIENT)
+            elif len(runs) == 1:  # one sender: the whole burst, no copy
+                self._hand_on_run(items, oversized, sender_client(runs[0][0]))
+            else:
+                start = 0
+                for uid, end in runs:
+                    self._hand_on_run(items[start:end], oversized, sender_client(uid))
+                    start = end
         finally:
-            runs.flush()
-            if over:
-                intake.over_quota(over)
             self.datagrams_read += len(items)
 
-    def _hand_on(self, items: list[bytes | tuple[int, bytes]], oversized: bool) -> None:
-        """A burst of the compiled reads (the loop's or a drain thread's), handed on in
-        one call when none is too large."""
+    def _hand_on_run(self, items: Items, oversized: bool, client: object) -> None:
+        """Datagrams of one client in one call when none is too large (``oversized``:
+        whether any of the burst is), else whole ones between the ones too large."""
         intake = self._intake
+        if not oversized:
+            if items:
+                intake.datagrams(items, client)  # type: ignore[arg-type]  # bytes only here
+            return
+        burst: list[bytes] = []
+        for item in items:
+            if isinstance(item, bytes):
+                burst.append(item)
+                continue
+            if burst:  # the ones before it first, in order
+                intake.datagrams(burst, client)
+                burst = []
+            intake.datagram_too_large(*item)
+        if burst:
+            intake.datagrams(burst, client)
+
+    def _judge(self, items: Items, runs: Runs, quota: DatagramQuota) -> None:
+        """Each datagram against its sender's quota, as the loop's metered read judges
+        it (no uid: admitted); within it, charged to that uid's share, in runs
+        (:class:`_SenderRuns`); over it, ``over_quota`` at the end of the burst."""
+        intake, now = self._intake, self._clock()
+        out = _SenderRuns(intake)
+        over: list[bytes] = []
+        start = 0
         try:
-            if not oversized:
-                if items:
-                    intake.datagrams(items, DATAGRAM_CLIENT)  # type: ignore[arg-type]  # bytes only here
-                return
-            burst: list[bytes] = []
-            for item in items:
-                if isinstance(item, bytes):
-                    burst.append(item)
-                    continue
-                if burst:  # the ones before it first, in order
-                    intake.datagrams(burst, DATAGRAM_CLIENT)
-                    burst = []
-                intake.datagram_too_large(*item)
-            if burst:
-                intake.datagrams(burst, DATAGRAM_CLIENT)
+            for uid, end in runs if runs is not None else [(None, len(items))]:
+                for item in items[start:end]:
+                    if not isinstance(item, bytes):
+                        out.flush()  # the ones before it first, in order
+                        intake.datagram_too_large(*item)
+                    elif uid is None or quota.admits(uid, now, len(item)):
+                        out.add(item, uid)
+                    else:
+                        over.append(item)
+                start = end
         finally:
-            self.datagrams_read += len(items)
+            out.flush()
+            if over:
+                intake.over_quota(over)
 
     def _read_metered(self, sock: socket.socket, limit: int, quota: DatagramQuota) -> None:
         """:meth:`_read` with each sender's uid judged against ``quota`` and the datagrams
@@ -536,13 +602,14 @@ class _SenderRuns:
             self._intake.datagrams(burst, sender_client(self._uid))
 
 
-def _new_reader(fd: int, max_msg_size: int) -> object | None:
+def _new_reader(fd: int, max_msg_size: int, credentials: bool = False) -> object | None:
     """The compiled reader for ``maxDatagramMsgSize`` ``max_msg_size`` (None on the pure
-    path); ConfigError, naming the element, if it cannot be built."""
+    path), asking for each datagram's credentials if ``credentials``; ConfigError, naming
+    the element, if it cannot be built."""
     if DatagramReader is None:
         return None
     try:
-        return DatagramReader(fd, max_msg_size)
+        return DatagramReader(fd, max_msg_size, credentials)
     except (ValueError, MemoryError) as error:
         raise ConfigError(
             f"maxDatagramMsgSize {max_msg_size}: the datagram reader cannot be built "

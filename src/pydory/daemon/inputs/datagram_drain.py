@@ -17,16 +17,21 @@ the thread, and what it read is handed on before the loop's reader reads what th
 still queues (order kept, nothing dropped).
 
 It runs only where it fits: the compiled hot path and a ``maxDatagramMsgSize`` below 256
-KiB (larger ones are read one at a time, peeked first). With a datagram rate quota the
-thread keeps each datagram's sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside
-it, and the loop judges the quota as it hands the burst on. It is OFF by default:
-``PYDORY_DATAGRAM_DRAIN=1`` turns it on (read once, at import). The benchmarks favour it
+KiB (larger ones are read one at a time, peeked first). The thread keeps each datagram's
+sender's uid (SCM_CREDENTIALS, asked of ``recvmmsg``) beside it, and ``take`` cuts each
+burst into runs of one uid in C, so the loop charges each run to its sender's share of the
+pool (issue 33, point 1) and judges a datagram quota, if one is set, as it hands the burst
+on. It is ON by default there;
+``PYDORY_DATAGRAM_DRAIN=0`` turns it off (read once, at import). The benchmarks favour it
 (BENCHMARKS.md, "Issue 34, lever 1": 1.36x the loop reader's datagram rate at 0.91x its
-CPU quiet, 2.4x beside four CPU hogs per core), but a SIGKILL loses what its ring holds
-beyond the kernel's queue (up to 2,048 datagrams), which the kill loop's bound does not
-yet count: it goes on by default once that bound does. Tests run the datagram
-suites on it by setting :data:`DRAIN` (tests/hotpaths.py's ``"drain"``), a benchmark
-through :func:`use` (benchmarks/datagram_drain.py).
+CPU quiet, 2.4x beside four CPU hogs per core). What it costs: a SIGKILL loses what its
+ring holds (:attr:`SocketDrain.capacity` datagrams at most: ``_cwire.DRAIN_BURSTS`` bursts
+of :data:`DRAIN_BURST_DATAGRAMS`) beside the kernel's queue: read from the socket, never
+received by the intake, so never acknowledged as accepted (the kill loop's bound counts it,
+tests/test_spool_daemon.py; ``/books/json``'s ``datagram_input`` says which reader runs and
+its ring). Tests run the datagram suites on it by setting :data:`DRAIN`
+(tests/hotpaths.py's ``"drain"``), a benchmark through :func:`use`
+(benchmarks/datagram_drain.py).
 
 Rule: whether a datagram socket is drained by a thread is chosen here alone (`_choose`, or
 a test's or benchmark's `use`).
@@ -46,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DRAIN", "DRAIN_VARIABLE", "WHY", "SocketDrain", "use"]
 
-#: The environment variable that turns the drain thread on (``1``); off by default.
+#: The environment variable that turns the drain thread off (``0``); on by default.
 DRAIN_VARIABLE: Final = "PYDORY_DATAGRAM_DRAIN"
 #: Datagrams per burst the loop takes in one turn (as the loop reader's ``DATAGRAM_BURST``).
 DRAIN_BURST_DATAGRAMS: Final = 512
@@ -57,17 +62,18 @@ DRAIN_MAX_SIZE_BELOW: Final = 256 * 1024
 DrainType = type["_cwire.DatagramDrain"]
 #: Items of a burst as ``DatagramReader.read`` gives them: bytes, or (size, prefix).
 Items = list[bytes | tuple[int, bytes]]
-#: Each item's sender's uid (None: the kernel gave none), or None without credentials.
-Uids = list[int | None] | None
+#: The items' runs of one sender, [(uid or None, end)] (cut by the C), or None without
+#: credentials.
+Runs = list[tuple[int | None, int]] | None
 
 
 def _choose() -> tuple[DrainType | None, str]:
     named = os.environ.get(DRAIN_VARIABLE, "")
-    if named in ("", "0"):
-        return None, f"off by default ({DRAIN_VARIABLE}=1 turns it on)"
+    if named == "0":
+        return None, f"{DRAIN_VARIABLE}=0"
     if hotpath.DatagramDrain is None:
         return None, "the compiled hot path is not here (the drain thread is part of it)"
-    return hotpath.DatagramDrain, f"{DRAIN_VARIABLE}={named}"
+    return hotpath.DatagramDrain, f"{DRAIN_VARIABLE}={named}" if named else "on by default"
 
 
 DRAIN: DrainType | None
@@ -88,14 +94,14 @@ def fits(max_msg_size: int) -> bool:
 
 class SocketDrain:
     """One socket's drain thread, seen from the loop: its bursts handed to ``on_burst``
-    (items, whether any is oversized, each one's sender's uid when ``credentials``: the
+    (items, whether any is oversized, their runs of one sender when ``credentials``: the
     socket then has SO_PASSCRED on) one per loop turn while watched."""
 
     def __init__(
         self,
         fd: int,
         max_msg_size: int,
-        on_burst: Callable[[Items, bool, Uids], None],
+        on_burst: Callable[[Items, bool, Runs], None],
         credentials: bool = False,
     ) -> None:
         assert DRAIN is not None
@@ -120,9 +126,9 @@ class SocketDrain:
 
     def _take_one(self, stopped: bool = False) -> bool:
         """Hand on the oldest burst; False if there was none."""
-        items, oversized, error, uids = self._drain.take()
+        items, oversized, error, runs = self._drain.take()
         if items:
-            self._on_burst(items, oversized, uids)
+            self._on_burst(items, oversized, runs)
         if error and not stopped:  # once stopped, an error read nothing more
             # As the loop's reader raising in its callback: asyncio logs it; the thread
             # reads again now that the loop has been told.
@@ -140,6 +146,12 @@ class SocketDrain:
         """(datagrams read and not handed on yet, at most; the queue-empty moments whose
         datagrams were all handed on) for the commit point's marks."""
         return self._drain.position()
+
+    @property
+    def capacity(self) -> int:
+        """The most datagrams the thread holds at once (read, not yet handed on): its
+        ring's size, as the C counts it (``_cwire.DRAIN_BURSTS`` bursts)."""
+        return self._drain.capacity
 
     def stats(self) -> dict[str, int]:
         """recvmmsg calls, datagrams, takes, waits for room, empty queues, lost."""
