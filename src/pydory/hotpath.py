@@ -67,11 +67,11 @@ def _pure_parse_burst(frames: Sequence[bytes]) -> Iterable[Fields | None]:
 
 
 def _compiled_parse_burst(
-    parse_with_cache: Callable[[Sequence[bytes], dict[bytes, str]], Sequence[Fields | None]],
-) -> Callable[[Sequence[bytes]], Sequence[Fields | None]]:
+    parse_with_cache: Callable[[Sequence[bytes], dict[bytes, str]], Iterable[Fields | None]],
+) -> Callable[[Sequence[bytes]], Iterable[Fields | None]]:
     cache = wire._topic_by_bytes  # the same dict the pure code reads and fills (never rebound)
 
-    def parse_burst(frames: Sequence[bytes]) -> Sequence[Fields | None]:
+    def parse_burst(frames: Sequence[bytes]) -> Iterable[Fields | None]:
         return parse_with_cache(frames, cache)
 
     return parse_burst

@@ -38,7 +38,7 @@ __all__ = ["BurstPath"]
 MIN_BURST = 8
 
 #: ``burst_topics(parsed, max_data)``: per topic, how many messages fit and their bytes.
-TopicCounts = Callable[[Sequence[Any], int], "dict[str, tuple[int, int]] | None"]
+TopicCounts = Callable[[Any, int], "dict[str, tuple[int, int]] | None"]
 #: ``refused(refusal, topic, value, timestamp_ms, cost, token)``: the intake's.
 Refused = Callable[[EnqueueRefused, str, bytes, int, int, int], None]
 
@@ -119,7 +119,7 @@ class BurstPath:
         topic: str,
         count: int,
         data_bytes: int,
-        parsed: Sequence[Any],
+        parsed: Any,
         headers: list[Any] | tuple[str, bytes, int] | None,
         max_data: int,
         accepted: dict[str, int],
