@@ -1,7 +1,8 @@
 /* pydory._cproducer: a librdkafka producer driven from C (issue 25, lever 3).
  *
  * Rule: a message handed to librdkafka from here carries a msg_state of its own, freed
- * here alone, when its delivery report is served (poll) -- never before, never twice.
+ * (or kept on the producer's free list for a next message) here alone, when its delivery
+ * report is served (poll) -- never before, never twice.
  *
  * Why: confluent-kafka's Producer builds, per message, a callback state holding a Python
  * callable, and per delivery report a Message object and a Python call; on the daemon's
@@ -711,7 +712,12 @@ static const parsed_burst_api *parsed_burst = NULL;
 static void
 find_parsed_burst(void)
 {
-    const parsed_burst_api *api = PyCapsule_Import(PARSED_BURST_CAPSULE, 0);
+    /* PyCapsule_Import imports the package only, then reads attributes: the module first. */
+    PyObject *cwire = PyImport_ImportModule("pydory._cwire");
+    const parsed_burst_api *api = NULL;
+    if (cwire != NULL)
+        api = PyCapsule_Import(PARSED_BURST_CAPSULE, 0);
+    Py_XDECREF(cwire);
     if (api == NULL) {
         PyErr_Clear(); /* not built here: lists only */
         return;
