@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -240,6 +242,19 @@ def test_a_burst_sends_each_message_as_parsed_in_either_form(
         (b"v4", None, 9, 7),
     ]
     p.close()
+
+
+def test_the_producer_reads_a_parsed_burst_whichever_extension_is_imported_first() -> None:
+    """_cproducer finds _cwire's ParsedBurst through a capsule at its own import, even
+    where nothing imported _cwire before it (a process of its own)."""
+    pytest.importorskip("pydory._cwire")
+    code = (
+        "from pydory import _cproducer, _cwire, wire; wire.validate_topic(b't'); "
+        "frames = [wire.encode_any_partition('t', b'v')]; "
+        "print(_cproducer.burst_topics(_cwire.parse_burst(frames, wire._topic_by_bytes), 9))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "{'t': (1, 1)}"
 
 
 def test_produce_burst_refuses_an_identity_run_it_cannot_format(
