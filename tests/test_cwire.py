@@ -202,6 +202,26 @@ def test_the_parsed_burst_refuses_what_the_list_parse_refuses() -> None:
 
 
 @needs_compiled
+def test_the_parsed_burst_survives_a_cache_lookup_that_empties_the_frames() -> None:
+    """parse_burst reads the caller's list in place (no copy): a lookup that runs Python
+    (a key's ``__eq__``) and empties the list stops the parse there, never a crash; the
+    frames parsed before stay held."""
+    data = wire.encode_any_partition("t", b"v")
+    frames = [data, bytes(data), bytes(data)]
+
+    class EmptiesTheFrames:
+        def __hash__(self) -> int:
+            return hash(b"t")
+
+        def __eq__(self, other: object) -> bool:
+            frames.clear()
+            return False
+
+    parsed = cwire.parse_burst(frames, {EmptiesTheFrames(): "t"})
+    assert list(parsed) == [None]
+
+
+@needs_compiled
 def test_whatever_the_burst_parse_answers_decode_agrees_with() -> None:
     value, key = b"v" * 100, b"k"
     data = wire.encode_any_partition("agree", value, key, -5)

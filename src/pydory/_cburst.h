@@ -17,10 +17,11 @@
 #include <Python.h>
 #include <stddef.h>
 
-/* One message's fields: pointers into its frame (held by the burst's frames tuple). */
+/* One message's fields: pointers into its frame, which the entry holds. */
 typedef struct {
-    PyObject *topic; /* the topic cache's str (held by the burst's topics list); NULL: the
-                        frame is not a well-formed AnyPartition message of a known topic */
+    PyObject *frame; /* a strong reference to the frame (exact bytes); NULL with topic */
+    PyObject *topic; /* a strong reference to the topic cache's str; NULL: the frame is not
+                        a well-formed AnyPartition message of a known topic */
     const char *key;
     const char *value;
     Py_ssize_t key_size;
@@ -28,11 +29,12 @@ typedef struct {
     long long timestamp_ms;
 } burst_entry;
 
+/* Not tracked by the cyclic collector: it refers to bytes and str objects only. */
 typedef struct {
-    PyObject_VAR_HEAD          /* ob_size: how many messages */
-    PyObject *frames;          /* a tuple: every frame the entries point into */
-    PyObject *topics;          /* a list: a strong reference to each topic an entry names */
-    burst_entry entries[];
+    PyObject_HEAD
+    Py_ssize_t length;    /* how many messages */
+    Py_ssize_t capacity;  /* entries allocated (reused from burst to burst: see _cwire.c) */
+    burst_entry *entries;
 } ParsedBurstObject;
 
 #define PARSED_BURST_CAPSULE "pydory._cwire._parsed_burst_api"

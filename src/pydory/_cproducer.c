@@ -739,7 +739,7 @@ static Py_ssize_t
 parsed_length(PyObject *parsed)
 {
     if (is_parsed_burst(parsed))
-        return Py_SIZE(parsed);
+        return ((ParsedBurstObject *)parsed)->length;
     if (PyList_Check(parsed))
         return PyList_GET_SIZE(parsed);
     PyErr_SetString(PyExc_TypeError, "a parsed burst is a ParsedBurst or a list");

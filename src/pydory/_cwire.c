@@ -1053,12 +1053,11 @@ typedef struct {
 } LastTopic;
 
 /* The fields of one well-formed AnyPartition message whose topic is in the cache, into
- * ``entry`` (pointers into ``frame``); entry->topic NULL for any other bytes. -1 on an
- * error (set), else 0. A topic newly found in the cache is appended to ``topics`` (if not
- * NULL), so that whoever keeps the entry keeps its topic alive. */
-static int parse_entry(PyObject *frame, PyObject *cache, LastTopic *last, PyObject *topics,
-                       burst_entry *entry) {
-    entry->topic = NULL;
+ * ``entry`` (pointers into ``frame``, and a strong reference to the frame and the topic:
+ * release with entry_release); entry->topic NULL (nothing held) for any other bytes. -1 on
+ * an error (set), else 0. */
+static int parse_entry(PyObject *frame, PyObject *cache, LastTopic *last, burst_entry *entry) {
+    entry->topic = entry->frame = NULL;
     if (!PyBytes_CheckExact(frame)) return 0; /* decode judges it */
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(frame);
     Py_ssize_t length = PyBytes_GET_SIZE(frame);
@@ -1091,18 +1090,23 @@ static int parse_entry(PyObject *frame, PyObject *cache, LastTopic *last, PyObje
         topic = PyDict_GetItemWithError(cache, raw);
         Py_DECREF(raw);
         if (topic == NULL) return PyErr_Occurred() ? -1 : 0; /* decode judges (and remembers) */
-        if (topics != NULL && PyList_Append(topics, topic) < 0) return -1;
         last->bytes = topic_bytes;
         last->length = topic_size;
         Py_XSETREF(last->name, Py_NewRef(topic));
     }
-    entry->topic = topic;
+    entry->topic = Py_NewRef(topic);
+    entry->frame = Py_NewRef(frame);
     entry->key = (const char *)p + key_start;
     entry->key_size = key_size;
     entry->value = (const char *)p + key_end + 4;
     entry->value_size = value_size;
     entry->timestamp_ms = timestamp_ms;
     return 0;
+}
+
+static void entry_release(burst_entry *entry) {
+    Py_CLEAR(entry->topic);
+    Py_CLEAR(entry->frame);
 }
 
 /* (topic, key, value, timestamp_ms) of an entry, or Py_None (new references). */
@@ -1145,8 +1149,10 @@ static PyObject *parse_any_partition_burst(PyObject *Py_UNUSED(module), PyObject
     for (Py_ssize_t i = 0; parsed != NULL && i < n; i++) {
         burst_entry entry;
         PyObject *fields = NULL;
-        if (parse_entry(PyTuple_GET_ITEM(frames, i), cache, &last, NULL, &entry) == 0)
+        if (parse_entry(PyTuple_GET_ITEM(frames, i), cache, &last, &entry) == 0) {
             fields = entry_fields(&entry);
+            entry_release(&entry);
+        }
         if (fields == NULL) Py_CLEAR(parsed);
         else PyList_SET_ITEM(parsed, i, fields);
     }
@@ -1157,30 +1163,46 @@ static PyObject *parse_any_partition_burst(PyObject *Py_UNUSED(module), PyObject
 
 /* --- ParsedBurst: the same parses, no object per message (see _cburst.h) ------------------ */
 
-static int Parsed_traverse(ParsedBurstObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->frames);
-    Py_VISIT(self->topics);
-    return 0;
+/* The entries of the last burst freed, kept for the next (GIL held): a burst's array is
+ * often over 1 KiB, where glibc's malloc first consolidates every small chunk freed (the
+ * producer's, librdkafka's), a cost per burst as large as the parse. At most SPARE_MAX. */
+#define SPARE_MAX 4096
+static burst_entry *spare_entries = NULL;
+static Py_ssize_t spare_capacity = 0;
+
+static burst_entry *entries_new(Py_ssize_t n, Py_ssize_t *capacity) {
+    if (spare_entries != NULL && spare_capacity >= n) {
+        burst_entry *entries = spare_entries;
+        *capacity = spare_capacity;
+        spare_entries = NULL;
+        return entries;
+    }
+    *capacity = n > 0 ? n : 1;
+    burst_entry *entries = PyMem_Malloc((size_t)*capacity * sizeof *entries);
+    if (entries == NULL) PyErr_NoMemory();
+    return entries;
 }
 
-static int Parsed_clear(ParsedBurstObject *self) {
-    /* The entries point into the frames and name the topics: none is read after this. */
-    Py_SET_SIZE(self, 0);
-    Py_CLEAR(self->frames);
-    Py_CLEAR(self->topics);
-    return 0;
+static void entries_free(burst_entry *entries, Py_ssize_t capacity) {
+    if (capacity <= SPARE_MAX && (spare_entries == NULL || spare_capacity < capacity)) {
+        PyMem_Free(spare_entries);
+        spare_entries = entries;
+        spare_capacity = capacity;
+    } else {
+        PyMem_Free(entries);
+    }
 }
 
 static void Parsed_dealloc(ParsedBurstObject *self) {
-    PyObject_GC_UnTrack(self);
-    Parsed_clear(self);
-    PyObject_GC_Del(self);
+    for (Py_ssize_t i = 0; i < self->length; i++) entry_release(&self->entries[i]);
+    if (self->entries != NULL) entries_free(self->entries, self->capacity);
+    PyObject_Free(self);
 }
 
-static Py_ssize_t Parsed_length(ParsedBurstObject *self) { return Py_SIZE(self); }
+static Py_ssize_t Parsed_length(ParsedBurstObject *self) { return self->length; }
 
 static PyObject *Parsed_item(ParsedBurstObject *self, Py_ssize_t i) {
-    if (i < 0 || i >= Py_SIZE(self)) {
+    if (i < 0 || i >= self->length) {
         PyErr_SetString(PyExc_IndexError, "ParsedBurst index out of range");
         return NULL;
     }
@@ -1194,11 +1216,8 @@ static PySequenceMethods Parsed_as_sequence = {
 
 static PyTypeObject ParsedBurstType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pydory._cwire.ParsedBurst",
-    .tp_basicsize = offsetof(ParsedBurstObject, entries),
-    .tp_itemsize = sizeof(burst_entry),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_traverse = (traverseproc)Parsed_traverse,
-    .tp_clear = (inquiry)Parsed_clear,
+    .tp_basicsize = sizeof(ParsedBurstObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_dealloc = (destructor)Parsed_dealloc,
     .tp_as_sequence = &Parsed_as_sequence,
     .tp_doc = "parse_burst's answer: burst[i] is wire.parse_any_partition(frames[i]), made "
@@ -1208,28 +1227,39 @@ static PyTypeObject ParsedBurstType = {
 static parsed_burst_api parsed_burst_capsule = {&ParsedBurstType, sizeof(ParsedBurstObject),
                                                  sizeof(burst_entry)};
 
+/* Each entry holds its frame: no copy of the sequence. Each item is read again at its
+ * turn (a dict key's __eq__ run by the lookup could change the list), the entries never
+ * more than allocated. */
 static PyObject *parse_burst(PyObject *Py_UNUSED(module), PyObject *const *args,
                              Py_ssize_t nargs) {
-    PyObject *frames = frames_to_parse(args, nargs, "parse_burst");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "parse_burst(frames, topic_cache) takes 2 arguments");
+        return NULL;
+    }
+    if (!PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "topic_cache must be a dict");
+        return NULL;
+    }
+    PyObject *frames = PySequence_Fast(args[0], "parse_burst(frames, ...): frames is a sequence");
     if (frames == NULL) return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(frames);
-    ParsedBurstObject *parsed = PyObject_GC_NewVar(ParsedBurstObject, &ParsedBurstType, n);
+    ParsedBurstObject *parsed = PyObject_New(ParsedBurstObject, &ParsedBurstType);
     if (parsed == NULL) {
         Py_DECREF(frames);
         return NULL;
     }
-    parsed->frames = frames;
-    parsed->topics = PyList_New(0);
-    Py_SET_SIZE(parsed, 0); /* grows with the entries parsed: a failure frees only those */
+    parsed->length = 0;
+    parsed->entries = entries_new(PySequence_Fast_GET_SIZE(frames), &parsed->capacity);
     LastTopic last = {NULL, 0, NULL};
-    int failed = parsed->topics == NULL;
-    for (Py_ssize_t i = 0; !failed && i < n; i++) {
-        failed = parse_entry(PyTuple_GET_ITEM(frames, i), args[1], &last, parsed->topics,
-                             &parsed->entries[i]) < 0;
-        if (!failed) Py_SET_SIZE(parsed, i + 1);
+    int failed = parsed->entries == NULL;
+    for (Py_ssize_t i = 0; !failed && i < parsed->capacity && i < PySequence_Fast_GET_SIZE(frames);
+         i++) {
+        PyObject *frame = Py_NewRef(PySequence_Fast_GET_ITEM(frames, i));
+        failed = parse_entry(frame, args[1], &last, &parsed->entries[i]) < 0;
+        Py_DECREF(frame);
+        if (!failed) parsed->length = i + 1;
     }
     Py_XDECREF(last.name);
-    PyObject_GC_Track(parsed);
+    Py_DECREF(frames);
     if (failed) Py_CLEAR(parsed);
     return (PyObject *)parsed;
 }
