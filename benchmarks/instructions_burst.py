@@ -14,6 +14,7 @@ Not a test.
 loop thread's share, all files for the process.
 """
 
+import gc
 import sys
 
 source, count, burst_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -24,6 +25,10 @@ from pydory.daemon.delivery import compiled_producer  # noqa: E402
 from pydory_tools.testing.mock_cluster import MockCluster  # noqa: E402
 
 compiled_producer.bind()
+# The collector as `pydory serve` sets it (commands/serve.py): start-up frozen, the young
+# generation's threshold at 50,000.
+gc.freeze()
+gc.set_threshold(50_000, *gc.get_threshold()[1:])
 TOPIC, PARTITIONS, MAX_DATA = "t", 8, 1 << 20
 wire.validate_topic(TOPIC.encode())  # a legal topic: the parse finds it in the cache
 
