@@ -1,7 +1,8 @@
 /* pydory._cproducer: a librdkafka producer driven from C (issue 25, lever 3).
  *
  * Rule: a message handed to librdkafka from here carries a msg_state of its own, freed
- * here alone, when its delivery report is served (poll) -- never before, never twice.
+ * (or kept on the producer's free list for a next message) here alone, when its delivery
+ * report is served (poll) -- never before, never twice.
  *
  * Why: confluent-kafka's Producer builds, per message, a callback state holding a Python
  * callable, and per delivery report a Message object and a Python call; on the daemon's
@@ -250,7 +251,8 @@ inject_faults(PyObject *Py_UNUSED(module), PyObject *args)
 
 /* ---- one message's state: what its delivery report must give back ----------------- */
 
-typedef struct {
+typedef struct msg_state {
+    struct msg_state *next_free; /* in the producer's free states (see state_new) */
     long long token;        /* the caller's opaque int (the commit point's epoch) */
     long long timestamp_ms; /* the client's timestamp it was sent with */
     long long partition_key;
@@ -282,6 +284,8 @@ typedef struct {
 
 #define MAX_SUMS 32
 #define MAX_EVENTS_PER_POLL 256
+/* At most this many states kept for reuse (64 KiB); more are given back to malloc. */
+#define MAX_FREE_STATES 1024
 /* Topic handles held per producer; a producer sending to more topics sends the others by
  * name (librdkafka's lookup), as before. */
 #define MAX_TOPIC_HANDLES 16
@@ -312,11 +316,42 @@ typedef struct {
      * one topic, so all but its first skip the name lookup and comparison (issue 30). */
     const rd_kafka_topic_t *last_rkt;
     int last_sum;
+    /* States of messages reported, kept for the next messages (a free list: no malloc
+     * and free per message; touched with the GIL held only). */
+    msg_state *free_states;
+    int n_free_states;
     /* librdkafka's topic handles of the topics sent to, held until close: producev by
      * handle, not by name (a lookup under librdkafka's write lock per message). */
     topic_handle topics[MAX_TOPIC_HANDLES];
     int n_topics;
 } Producer;
+
+/* A message's state: a free one of the producer's, or a new one (NULL: out of memory). */
+static msg_state *
+state_new(Producer *self)
+{
+    msg_state *state = self->free_states;
+    if (state == NULL)
+        return malloc(sizeof *state);
+    self->free_states = state->next_free;
+    self->n_free_states--;
+    return state;
+}
+
+/* A message's state is done with (its report served, or the message refused). */
+static void
+state_free(Producer *self, msg_state *state)
+{
+    if (state == NULL)
+        return;
+    if (self->n_free_states >= MAX_FREE_STATES) {
+        free(state);
+        return;
+    }
+    state->next_free = self->free_states;
+    self->free_states = state;
+    self->n_free_states++;
+}
 
 /* The handle of ``topic`` (``text``, its name), held from its first message to close(), or
  * NULL: send by name (every handle slot is taken, or librdkafka refused the name: the
@@ -397,7 +432,7 @@ Producer_init(Producer *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
-static void release_event(held_event *held);
+static void release_event(Producer *self, held_event *held);
 
 static void
 Producer_close0(Producer *self)
@@ -405,9 +440,15 @@ Producer_close0(Producer *self)
     /* Events still held: their unreported messages' states go with them (the instance
      * goes too: nothing can report them any more). */
     for (; self->first < self->n_held; self->first++)
-        release_event(&self->held[self->first]);
+        release_event(self, &self->held[self->first]);
     self->first = self->n_held = self->n_sums = 0;
     self->last_rkt = NULL;
+    while (self->free_states != NULL) {
+        msg_state *state = self->free_states;
+        self->free_states = state->next_free;
+        free(state);
+    }
+    self->n_free_states = 0;
     for (; self->n_topics > 0; self->n_topics--) { /* before the instance, as librdkafka asks */
         topic_handle *handle = &self->topics[self->n_topics - 1];
         p_rd_kafka_topic_destroy(handle->rkt);
@@ -581,7 +622,7 @@ produce_one(Producer *self, rd_kafka_topic_t *rkt, const char *topic, int32_t pa
             return -1;
         }
     }
-    msg_state *state = malloc(sizeof *state);
+    msg_state *state = state_new(self);
     if (state == NULL) {
         if (headers != NULL)
             p_rd_kafka_headers_destroy(headers);
@@ -610,7 +651,7 @@ produce_one(Producer *self, rd_kafka_topic_t *rkt, const char *topic, int32_t pa
 #undef PRODUCE
 #undef FIELDS
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        free(state);
+        state_free(self, state);
         if (headers != NULL)
             p_rd_kafka_headers_destroy(headers);
     }
@@ -1065,17 +1106,17 @@ serve_delivery_reports(Producer *self, poll_result *result, held_event *held)
                               : report_ack(self, result, message, state);
         if (rc < 0)
             return -1;
-        free(state);
+        state_free(self, state);
     }
     return 0;
 }
 
 /* Destroy a served event, with the states of its messages not reported. */
 static void
-release_event(held_event *held)
+release_event(Producer *self, held_event *held)
 {
     for (size_t i = held->reported; i < held->count; i++)
-        free(held->messages[i]->_private);
+        state_free(self, held->messages[i]->_private);
     free(held->messages);
     p_rd_kafka_event_destroy(held->event);
     memset(held, 0, sizeof *held);
@@ -1199,7 +1240,7 @@ serve_held(Producer *self, int each_ack)
             rc = 0, PyErr_Clear(); /* not a report: dropped (a log line, statistics) */
         if (rc < 0)
             break; /* held (the report that failed and what follows): the next poll's */
-        release_event(held);
+        release_event(self, held);
     }
     if (rc == 0)
         rc = flush_sums(self, &result);
