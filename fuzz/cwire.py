@@ -99,6 +99,9 @@ def one_input(cwire: ModuleType, data: bytes) -> None:
     compiled = cwire.parse_any_partition_burst(burst, cache)
     if compiled != pure:
         raise AssertionError(f"parses differ:\npure     {pure!r}\ncompiled {compiled!r}")
+    parsed = cwire.parse_burst(burst, cache)  # the burst path's form: items made when asked
+    if len(parsed) != len(pure) or list(parsed) != pure:
+        raise AssertionError(f"ParsedBurst differs:\npure     {pure!r}\ncompiled {list(parsed)!r}")
     for fields, frame in zip(compiled, burst, strict=True):
         if fields is not None:  # whatever the short path takes, decode takes the same way
             message = wire.decode(frame)

@@ -6,9 +6,9 @@ A test module takes both with one module-scoped autouse fixture::
     implementation = hotpaths.module_fixture()
 
 which patches the names the daemon's modules bound at import (the intake's
-``parse_burst``, the stream connection's ``StreamFramer``, the datagram input's
-``DatagramReader``, identity's ``identity_headers``, and ``wire.StreamFramer`` for tests
-that build one themselves), and
+``parse_burst`` and the burst path's ``WHOLE_PARSES``, the stream connection's
+``StreamFramer``, the datagram input's ``DatagramReader``, identity's
+``identity_headers``, and ``wire.StreamFramer`` for tests that build one themselves), and
 sets ``PYDORY_PURE_PYTHON`` for a daemon started as a process of its own. The compiled
 variant is skipped where the extension is not built (test_cwire.py requires it to be
 wherever a C compiler is).
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pydory import hotpath, wire
-from pydory.daemon.admission import intake
+from pydory.daemon.admission import burst_path, intake
 from pydory.daemon.inputs import datagram, datagram_drain, stream_connection
 from pydory.daemon.spool import identity
 
@@ -53,7 +53,8 @@ def using(name: str) -> Iterator[None]:
         if name in ("compiled", "drain"):
             if cwire is None:
                 pytest.skip("the C extension pydory._cwire is not built here")
-            parse_burst = hotpath._compiled_parse_burst(cwire.parse_any_partition_burst)
+            parse_burst = hotpath._compiled_parse_burst(cwire.parse_burst)
+            whole: tuple[type, ...] = (list, cwire.ParsedBurst)
             framer, reader = cwire.StreamFramer, cwire.DatagramReader
             headers = cwire.identity_headers
             patch.delenv(hotpath.PURE_PYTHON_VARIABLE, raising=False)
@@ -62,9 +63,11 @@ def using(name: str) -> Iterator[None]:
                 patch.setenv(datagram_drain.DRAIN_VARIABLE, "1")
         else:
             parse_burst, framer, reader = hotpath._pure_parse_burst, wire.StreamFramer, None
+            whole = (list,)
             headers = hotpath._pure_identity_headers
             patch.setenv(hotpath.PURE_PYTHON_VARIABLE, "1")
         patch.setattr(intake, "parse_burst", parse_burst)
+        patch.setattr(burst_path, "WHOLE_PARSES", whole)
         patch.setattr(stream_connection, "StreamFramer", framer)
         patch.setattr(wire, "StreamFramer", framer)
         patch.setattr(datagram, "DatagramReader", reader)

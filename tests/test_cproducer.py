@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from helpers import wait_until
+from pydory import wire
 from pydory.daemon.delivery import backends, compiled_producer
 from pydory.daemon.delivery.compiled_producer import CompiledBackend
 from pydory.daemon.delivery.producer_backend import DeliveryReports, PollSinks
@@ -203,6 +206,55 @@ def test_a_burst_carries_each_message_its_identity_in_either_form(
     assert got == {b"v%d" % i: expected[i] for i in range(12) if i != 3}
     assert got[b"v5"] == [(name, b"web-7/9b2d4c0e7a1f3355/4/100000")]
     p.close()
+
+
+@pytest.mark.parametrize("form", ["ParsedBurst", "list"])
+def test_a_burst_sends_each_message_as_parsed_in_either_form(
+    mock_cluster: MockCluster, unique_topic: Callable[[str], str], form: str
+) -> None:
+    """produce_burst and burst_topics read a ParsedBurst (pydory._cwire.parse_burst: the
+    fields in place) as they read the list of tuples: the same messages, keys (an empty
+    one as none), values, timestamps (<= 0 as "now": 0 kept) and tokens, the other
+    topic's and the too-long ones left out."""
+    cwire = pytest.importorskip("pydory._cwire")
+    topic, other = unique_topic("parsed"), unique_topic("other")
+    mock_cluster.create_topic(topic, 1)
+    for name in (topic, other):
+        wire.validate_topic(name.encode())
+    p = producer(mock_cluster, linger_ms=0, retries=0)
+    mock_cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.TOPIC_AUTHORIZATION_FAILED] * 64)
+    frames = [
+        wire.encode_any_partition(other if i == 2 else topic, b"v%d" % i, b"k" * (i % 2), ts)
+        for i, ts in enumerate([1_700_000_000_000, -5, 0, 7, 9])
+    ] + [wire.encode_any_partition(topic, b"x" * 50), b"\x00\x00\x00\x05\x00"]
+    if form == "ParsedBurst":
+        parsed = cwire.parse_burst(frames, wire._topic_by_bytes)
+    else:
+        parsed = cwire.parse_any_partition_burst(frames, wire._topic_by_bytes)
+    assert _cproducer.burst_topics(parsed, 40) == {topic: (4, 10), other: (1, 2)}
+    assert p.produce_burst(parsed, None, topic, 40, [(0, 4)], 7) == []
+    _, _, failures, _ = poll_until(p, lambda got: len(got[2]) >= 4)
+    got = sorted((f.value, f.key, f.timestamp_ms, f.token) for f in failures)
+    assert got == [
+        (b"v0", None, 1_700_000_000_000, 7),
+        (b"v1", b"k", 0, 7),
+        (b"v3", b"k", 7, 7),
+        (b"v4", None, 9, 7),
+    ]
+    p.close()
+
+
+def test_the_producer_reads_a_parsed_burst_whichever_extension_is_imported_first() -> None:
+    """_cproducer finds _cwire's ParsedBurst through a capsule at its own import, even
+    where nothing imported _cwire before it (a process of its own)."""
+    pytest.importorskip("pydory._cwire")
+    code = (
+        "from pydory import _cproducer, _cwire, wire; wire.validate_topic(b't'); "
+        "frames = [wire.encode_any_partition('t', b'v')]; "
+        "print(_cproducer.burst_topics(_cwire.parse_burst(frames, wire._topic_by_bytes), 9))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "{'t': (1, 1)}"
 
 
 def test_produce_burst_refuses_an_identity_run_it_cannot_format(

@@ -163,6 +163,65 @@ def test_the_compiled_burst_parse_gives_the_pure_parses(
 
 
 @needs_compiled
+@settings(max_examples=400)
+@given(st.lists(messages(), max_size=16), st.lists(topics, max_size=4))
+def test_the_parsed_burst_gives_the_pure_parses_item_by_item(
+    burst: list[bytes], known: list[str]
+) -> None:
+    """parse_burst (the burst path's parse: no object per message until asked) answers
+    each item as the pure parse does, by index and by iteration, every time asked."""
+    cache: dict[bytes, str] = {name.encode(): name for name in known}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wire, "_topic_by_bytes", cache)
+        pure = [wire.parse_any_partition(data) for data in burst]
+    parsed = cwire.parse_burst(burst, cache)
+    burst.clear()  # the parse holds its frames: the caller's list may change
+    assert len(parsed) == len(pure)
+    assert list(parsed) == pure
+    assert [parsed[i] for i in range(len(pure))] == pure == list(parsed)
+    for i, fields in enumerate(pure):
+        assert parsed[i - len(pure)] == fields
+        if fields is not None:
+            assert parsed[i][0] is cache[fields[0].encode()]
+    with pytest.raises(IndexError):
+        parsed[len(pure)]
+
+
+@needs_compiled
+def test_the_parsed_burst_refuses_what_the_list_parse_refuses() -> None:
+    data = wire.encode_any_partition("agree", b"v", b"k", 5)
+    wire.validate_topic(b"agree")
+    parsed = cwire.parse_burst([data, bytearray(data), memoryview(data)], wire._topic_by_bytes)
+    assert list(parsed) == [("agree", b"k", b"v", 5), None, None]
+    with pytest.raises(TypeError):
+        cwire.parse_burst(5, {})
+    with pytest.raises(TypeError):
+        cwire.parse_burst([data], [])
+    with pytest.raises(TypeError):
+        cwire.parse_burst([data])  # type: ignore[call-arg]
+
+
+@needs_compiled
+def test_the_parsed_burst_survives_a_cache_lookup_that_empties_the_frames() -> None:
+    """parse_burst reads the caller's list in place (no copy): a lookup that runs Python
+    (a key's ``__eq__``) and empties the list stops the parse there, never a crash; the
+    frames parsed before stay held."""
+    data = wire.encode_any_partition("t", b"v")
+    frames = [data, bytes(data), bytes(data)]
+
+    class EmptiesTheFrames:
+        def __hash__(self) -> int:
+            return hash(b"t")
+
+        def __eq__(self, other: object) -> bool:
+            frames.clear()
+            return False
+
+    parsed = cwire.parse_burst(frames, {EmptiesTheFrames(): "t"})
+    assert list(parsed) == [None]
+
+
+@needs_compiled
 def test_whatever_the_burst_parse_answers_decode_agrees_with() -> None:
     value, key = b"v" * 100, b"k"
     data = wire.encode_any_partition("agree", value, key, -5)

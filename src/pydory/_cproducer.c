@@ -1,7 +1,8 @@
 /* pydory._cproducer: a librdkafka producer driven from C (issue 25, lever 3).
  *
  * Rule: a message handed to librdkafka from here carries a msg_state of its own, freed
- * here alone, when its delivery report is served (poll) -- never before, never twice.
+ * (or kept on the producer's free list for a next message) here alone, when its delivery
+ * report is served (poll) -- never before, never twice.
  *
  * Why: confluent-kafka's Producer builds, per message, a callback state holding a Python
  * callable, and per delivery report a Message object and a Python call; on the daemon's
@@ -29,6 +30,8 @@
 #include <string.h>
 
 #include <librdkafka/rdkafka.h>
+
+#include "_cburst.h"
 
 /* ---- the librdkafka functions used, resolved by bind() ---------------------------- */
 
@@ -60,6 +63,8 @@
     X(rd_kafka_purge)                                                                      \
     X(rd_kafka_fatal_error)                                                                \
     X(rd_kafka_topic_name)                                                                 \
+    X(rd_kafka_topic_new)                                                                  \
+    X(rd_kafka_topic_destroy)                                                              \
     X(rd_kafka_headers_new)                                                                \
     X(rd_kafka_headers_destroy)                                                            \
     X(rd_kafka_header_add)                                                                 \
@@ -246,7 +251,8 @@ inject_faults(PyObject *Py_UNUSED(module), PyObject *args)
 
 /* ---- one message's state: what its delivery report must give back ----------------- */
 
-typedef struct {
+typedef struct msg_state {
+    struct msg_state *next_free; /* in the producer's free states (see state_new) */
     long long token;        /* the caller's opaque int (the commit point's epoch) */
     long long timestamp_ms; /* the client's timestamp it was sent with */
     long long partition_key;
@@ -278,6 +284,16 @@ typedef struct {
 
 #define MAX_SUMS 32
 #define MAX_EVENTS_PER_POLL 256
+/* At most this many states kept for reuse (64 KiB); more are given back to malloc. */
+#define MAX_FREE_STATES 1024
+/* Topic handles held per producer; a producer sending to more topics sends the others by
+ * name (librdkafka's lookup), as before. */
+#define MAX_TOPIC_HANDLES 16
+
+typedef struct {
+    PyObject *name; /* the str it was first asked for (held: compared by identity) */
+    rd_kafka_topic_t *rkt;
+} topic_handle;
 
 typedef struct {
     PyObject_HEAD
@@ -300,7 +316,65 @@ typedef struct {
      * one topic, so all but its first skip the name lookup and comparison (issue 30). */
     const rd_kafka_topic_t *last_rkt;
     int last_sum;
+    /* States of messages reported, kept for the next messages (a free list: no malloc
+     * and free per message; touched with the GIL held only). */
+    msg_state *free_states;
+    int n_free_states;
+    /* librdkafka's topic handles of the topics sent to, held until close: producev by
+     * handle, not by name (a lookup under librdkafka's write lock per message). */
+    topic_handle topics[MAX_TOPIC_HANDLES];
+    int n_topics;
 } Producer;
+
+/* A message's state: a free one of the producer's, or a new one (NULL: out of memory). */
+static msg_state *
+state_new(Producer *self)
+{
+    msg_state *state = self->free_states;
+    if (state == NULL)
+        return malloc(sizeof *state);
+    self->free_states = state->next_free;
+    self->n_free_states--;
+    return state;
+}
+
+/* A message's state is done with (its report served, or the message refused). */
+static void
+state_free(Producer *self, msg_state *state)
+{
+    if (state == NULL)
+        return;
+    if (self->n_free_states >= MAX_FREE_STATES) {
+        free(state);
+        return;
+    }
+    state->next_free = self->free_states;
+    self->free_states = state;
+    self->n_free_states++;
+}
+
+/* The handle of ``topic`` (``text``, its name), held from its first message to close(), or
+ * NULL: send by name (every handle slot is taken, or librdkafka refused the name: the
+ * produce by name then says why). */
+static rd_kafka_topic_t *
+topic_handle_of(Producer *self, PyObject *topic, const char *text)
+{
+    for (int i = 0; i < self->n_topics; i++)
+        if (self->topics[i].name == topic)
+            return self->topics[i].rkt;
+    for (int i = 0; i < self->n_topics; i++) /* the same name in another str object */
+        if (strcmp(p_rd_kafka_topic_name(self->topics[i].rkt), text) == 0)
+            return self->topics[i].rkt;
+    if (self->n_topics == MAX_TOPIC_HANDLES || self->rk == NULL)
+        return NULL;
+    rd_kafka_topic_t *rkt = p_rd_kafka_topic_new(self->rk, text, NULL);
+    if (rkt == NULL)
+        return NULL;
+    self->topics[self->n_topics].name = Py_NewRef(topic);
+    self->topics[self->n_topics].rkt = rkt;
+    self->n_topics++;
+    return rkt;
+}
 
 static int
 Producer_init(Producer *self, PyObject *args, PyObject *kwargs)
@@ -358,7 +432,7 @@ Producer_init(Producer *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
-static void release_event(held_event *held);
+static void release_event(Producer *self, held_event *held);
 
 static void
 Producer_close0(Producer *self)
@@ -366,9 +440,20 @@ Producer_close0(Producer *self)
     /* Events still held: their unreported messages' states go with them (the instance
      * goes too: nothing can report them any more). */
     for (; self->first < self->n_held; self->first++)
-        release_event(&self->held[self->first]);
+        release_event(self, &self->held[self->first]);
     self->first = self->n_held = self->n_sums = 0;
     self->last_rkt = NULL;
+    while (self->free_states != NULL) {
+        msg_state *state = self->free_states;
+        self->free_states = state->next_free;
+        free(state);
+    }
+    self->n_free_states = 0;
+    for (; self->n_topics > 0; self->n_topics--) { /* before the instance, as librdkafka asks */
+        topic_handle *handle = &self->topics[self->n_topics - 1];
+        p_rd_kafka_topic_destroy(handle->rkt);
+        Py_CLEAR(handle->name);
+    }
     rd_kafka_t *rk = self->rk;
     rd_kafka_queue_t *queue = self->queue;
     self->rk = NULL;
@@ -512,13 +597,16 @@ identity_header(identity_run *run, Py_ssize_t index)
     return headers;
 }
 
-/* One message to librdkafka, copied; its state kept as the message's opaque; ``headers``
+/* One message to librdkafka, copied, to ``rkt`` (a handle of topic_handle_of's) or, if
+ * NULL, to ``topic`` by name; its state kept as the message's opaque; ``headers``
  * (or NULL) handed over. 0, or librdkafka's error code (then it holds nothing: neither
  * the state nor the headers, which are destroyed). -1 with a Python exception set. */
 static long
-produce_one(Producer *self, const char *topic, int32_t partition, PyObject *value,
-            PyObject *key, long long timestamp_ms, rd_kafka_headers_t *headers,
-            long long token, PyObject *partition_key, int attempt, int maybe_in_kafka)
+produce_one(Producer *self, rd_kafka_topic_t *rkt, const char *topic, int32_t partition,
+            const char *value_data,
+            size_t value_size, const char *key_data, size_t key_size, long long timestamp_ms,
+            rd_kafka_headers_t *headers, long long token, PyObject *partition_key, int attempt,
+            int maybe_in_kafka)
 {
     if (self->rk == NULL) { /* closed: refused like any message librdkafka cannot take */
         if (headers != NULL)
@@ -534,7 +622,7 @@ produce_one(Producer *self, const char *topic, int32_t partition, PyObject *valu
             return -1;
         }
     }
-    msg_state *state = malloc(sizeof *state);
+    msg_state *state = state_new(self);
     if (state == NULL) {
         if (headers != NULL)
             p_rd_kafka_headers_destroy(headers);
@@ -547,29 +635,23 @@ produce_one(Producer *self, const char *topic, int32_t partition, PyObject *valu
     state->has_partition_key = partition_key != Py_None;
     state->attempt = attempt;
     state->maybe_in_kafka = (unsigned char)maybe_in_kafka;
-    const char *key_data = NULL;
-    size_t key_size = 0;
-    if (key != Py_None) {
-        key_data = PyBytes_AS_STRING(key);
-        key_size = (size_t)PyBytes_GET_SIZE(key);
-    }
-    char *value_data = PyBytes_AS_STRING(value); /* copied (F_COPY), never written */
-    size_t value_size = (size_t)PyBytes_GET_SIZE(value);
+    /* Copied (F_COPY), never written: librdkafka's signature only lacks the const. */
+    void *value = (void *)(uintptr_t)value_data;
+    const void *key = key_data;
     rd_kafka_resp_err_t err;
-    if (headers == NULL)
-        err = p_rd_kafka_producev(
-            self->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_VALUE(value_data, value_size),
-            RD_KAFKA_V_KEY(key_data, key_size), RD_KAFKA_V_TIMESTAMP(timestamp_ms),
-            RD_KAFKA_V_OPAQUE(state), RD_KAFKA_V_END);
-    else
-        err = p_rd_kafka_producev(
-            self->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_VALUE(value_data, value_size),
-            RD_KAFKA_V_KEY(key_data, key_size), RD_KAFKA_V_TIMESTAMP(timestamp_ms),
-            RD_KAFKA_V_OPAQUE(state), RD_KAFKA_V_HEADERS(headers), RD_KAFKA_V_END);
+#define FIELDS                                                                             \
+    RD_KAFKA_V_PARTITION(partition), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),             \
+        RD_KAFKA_V_VALUE(value, value_size), RD_KAFKA_V_KEY(key, key_size),                \
+        RD_KAFKA_V_TIMESTAMP(timestamp_ms), RD_KAFKA_V_OPAQUE(state)
+#define PRODUCE(TOPIC)                                                                     \
+    (headers == NULL ? p_rd_kafka_producev(self->rk, TOPIC, FIELDS, RD_KAFKA_V_END)          \
+                     : p_rd_kafka_producev(self->rk, TOPIC, FIELDS, RD_KAFKA_V_HEADERS(headers), \
+                                           RD_KAFKA_V_END))
+    err = rkt != NULL ? PRODUCE(RD_KAFKA_V_RKT(rkt)) : PRODUCE(RD_KAFKA_V_TOPIC(topic));
+#undef PRODUCE
+#undef FIELDS
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        free(state);
+        state_free(self, state);
         if (headers != NULL)
             p_rd_kafka_headers_destroy(headers);
     }
@@ -613,36 +695,102 @@ Producer_produce(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         if ((headers = headers_from(args[9])) == NULL)
             return NULL;
     }
-    long err = produce_one(self, topic, (int32_t)partition, args[2], args[3], timestamp_ms,
+    PyObject *key = args[3];
+    long err = produce_one(self, topic_handle_of(self, args[0], topic), topic,
+                           (int32_t)partition, PyBytes_AS_STRING(args[2]),
+                           (size_t)PyBytes_GET_SIZE(args[2]),
+                           key == Py_None ? NULL : PyBytes_AS_STRING(key),
+                           key == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(key), timestamp_ms,
                            headers, token, partition_key, (int)attempt, maybe_in_kafka);
     return err == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(err);
 }
 
-/* The fields parse_any_partition_burst gives a message: (topic, key, value, timestamp_ms),
- * or None; 0 if ``item`` is not such a tuple of ``topic`` (any topic if NULL) whose key and
- * value fit ``max_data``. */
-static int
-short_path_fields(PyObject *item, PyObject *topic, long long max_data, PyObject **key,
-                  PyObject **value, long long *timestamp_ms)
+/* pydory._cwire's ParsedBurst (_cburst.h), found through its capsule at import; NULL if
+ * that module is not built: then a parsed burst is a list only. */
+static const parsed_burst_api *parsed_burst = NULL;
+
+static void
+find_parsed_burst(void)
 {
+    /* PyCapsule_Import imports the package only, then reads attributes: the module first. */
+    PyObject *cwire = PyImport_ImportModule("pydory._cwire");
+    const parsed_burst_api *api = NULL;
+    if (cwire != NULL)
+        api = PyCapsule_Import(PARSED_BURST_CAPSULE, 0);
+    Py_XDECREF(cwire);
+    if (api == NULL) {
+        PyErr_Clear(); /* not built here: lists only */
+        return;
+    }
+    /* Built from another _cburst.h than this file: not trusted. */
+    if (api->object_size == sizeof(ParsedBurstObject) && api->entry_size == sizeof(burst_entry))
+        parsed_burst = api;
+}
+
+static int
+is_parsed_burst(PyObject *parsed)
+{
+    return parsed_burst != NULL && Py_TYPE(parsed) == parsed_burst->type;
+}
+
+/* A parsed burst (a ParsedBurst, or parse_any_partition_burst's list): its length, or -1
+ * with a TypeError if it is neither. */
+static Py_ssize_t
+parsed_length(PyObject *parsed)
+{
+    if (is_parsed_burst(parsed))
+        return ((ParsedBurstObject *)parsed)->length;
+    if (PyList_Check(parsed))
+        return PyList_GET_SIZE(parsed);
+    PyErr_SetString(PyExc_TypeError, "a parsed burst is a ParsedBurst or a list");
+    return -1;
+}
+
+/* Message ``i`` of a parsed burst, into ``fields``, if it is a well-formed AnyPartition
+ * message of ``topic`` (any topic if NULL) whose key and value fit ``max_data``: 1; 0 if
+ * not; -1 with an exception (a list's timestamp not an int64). The pointers are into the
+ * burst's frames (a ParsedBurst) or its bytes (a list: (topic, key, value, timestamp_ms)
+ * tuples, or None), valid while the caller holds ``parsed`` and calls no Python. */
+static int
+short_path_fields(PyObject *parsed, Py_ssize_t i, PyObject *topic, long long max_data,
+                  burst_entry *fields)
+{
+    if (is_parsed_burst(parsed)) {
+        const burst_entry *entry = &((ParsedBurstObject *)parsed)->entries[i];
+        if (entry->topic == NULL ||
+            (topic != NULL && entry->topic != topic &&
+             PyUnicode_Compare(entry->topic, topic) != 0) ||
+            entry->key_size + entry->value_size > max_data)
+            return 0;
+        *fields = *entry;
+        return 1;
+    }
+    PyObject *item = PyList_GET_ITEM(parsed, i);
     if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4)
         return 0;
     PyObject *its_topic = PyTuple_GET_ITEM(item, 0);
     if (topic != NULL && its_topic != topic &&
         !(PyUnicode_Check(its_topic) && PyUnicode_Compare(its_topic, topic) == 0))
         return 0;
-    *key = PyTuple_GET_ITEM(item, 1);
-    *value = PyTuple_GET_ITEM(item, 2);
-    if (!PyBytes_Check(*key) || !PyBytes_Check(*value))
+    PyObject *key = PyTuple_GET_ITEM(item, 1), *value = PyTuple_GET_ITEM(item, 2);
+    if (!PyBytes_Check(key) || !PyBytes_Check(value))
         return 0;
-    if (PyBytes_GET_SIZE(*key) + PyBytes_GET_SIZE(*value) > max_data)
+    if (PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value) > max_data)
         return 0;
-    *timestamp_ms = as_long_long(PyTuple_GET_ITEM(item, 3));
+    fields->timestamp_ms = as_long_long(PyTuple_GET_ITEM(item, 3));
+    if (fields->timestamp_ms == -1 && PyErr_Occurred())
+        return -1;
+    fields->topic = its_topic;
+    fields->key = PyBytes_AS_STRING(key);
+    fields->key_size = PyBytes_GET_SIZE(key);
+    fields->value = PyBytes_AS_STRING(value);
+    fields->value_size = PyBytes_GET_SIZE(value);
     return 1;
 }
 
 /* produce_burst(parsed, headers, topic, max_data, runs, token) -> [(index, code)]: every
- * message of ``parsed`` (parse_any_partition_burst's list) of ``topic`` whose key and
+ * message of ``parsed`` (a ParsedBurst, read in place, or parse_any_partition_burst's
+ * list) of ``topic`` whose key and
  * value fit ``max_data``, in order, to the partitions ``runs`` names ([(partition,
  * count)], the router's AnyPartition runs, exactly as many as there are such messages),
  * each with its headers (``headers[index]``; an identity run's, see identity_run, if
@@ -658,14 +806,16 @@ Producer_produce_burst(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *parsed = args[0], *headers = args[1], *topic = args[2], *runs = args[4];
-    if (!PyList_Check(parsed) ||
-        !(headers == Py_None || PyList_Check(headers) || PyTuple_Check(headers)) ||
+    Py_ssize_t n = parsed_length(parsed);
+    if (n < 0)
+        return NULL;
+    if (!(headers == Py_None || PyList_Check(headers) || PyTuple_Check(headers)) ||
         !PyList_Check(runs) || !PyUnicode_Check(topic)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "produce_burst(list, list | tuple | None, str, int, list, int)");
+        PyErr_SetString(PyExc_TypeError, "produce_burst(ParsedBurst | list, list | tuple | "
+                                         "None, str, int, list, int)");
         return NULL;
     }
-    if (PyList_Check(headers) && PyList_GET_SIZE(headers) < PyList_GET_SIZE(parsed)) {
+    if (PyList_Check(headers) && PyList_GET_SIZE(headers) < n) {
         PyErr_SetString(PyExc_ValueError, "fewer headers than messages");
         return NULL;
     }
@@ -680,17 +830,17 @@ Producer_produce_burst(Producer *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *refused = PyList_New(0);
     if (refused == NULL)
         return NULL;
+    rd_kafka_topic_t *rkt = topic_handle_of(self, topic, topic_name);
     Py_ssize_t run = -1;
     long long left_in_run = 0;
     int32_t partition = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parsed); i++) {
-        PyObject *key, *value;
-        long long timestamp_ms;
-        if (!short_path_fields(PyList_GET_ITEM(parsed, i), topic, max_data, &key, &value,
-                               &timestamp_ms))
-            continue;
-        if (timestamp_ms == -1 && PyErr_Occurred())
+    for (Py_ssize_t i = 0; i < n; i++) {
+        burst_entry fields;
+        int taken = short_path_fields(parsed, i, topic, max_data, &fields);
+        if (taken < 0)
             goto fail;
+        if (!taken)
+            continue;
         while (left_in_run == 0) {
             if (++run >= PyList_GET_SIZE(runs)) {
                 PyErr_SetString(PyExc_ValueError, "the runs name fewer partitions than messages");
@@ -719,10 +869,11 @@ Producer_produce_burst(Producer *self, PyObject *const *args, Py_ssize_t nargs)
             if (header_list != Py_None && (message_headers = headers_from(header_list)) == NULL)
                 goto fail;
         }
-        long err = produce_one(self, topic_name, partition, value,
-                               PyBytes_GET_SIZE(key) ? key : Py_None,
-                               timestamp_ms > 0 ? timestamp_ms : 0, message_headers, token,
-                               Py_None, 1, 0);
+        long long timestamp_ms = fields.timestamp_ms;
+        long err = produce_one(self, rkt, topic_name, partition, fields.value,
+                               (size_t)fields.value_size, fields.key_size ? fields.key : NULL,
+                               (size_t)fields.key_size, timestamp_ms > 0 ? timestamp_ms : 0,
+                               message_headers, token, Py_None, 1, 0);
         if (err == -1 && PyErr_Occurred())
             goto fail;
         if (err != 0 && append_new(refused, Py_BuildValue("(nl)", i, err)) < 0)
@@ -742,25 +893,28 @@ fail:
 static PyObject *
 burst_topics(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "burst_topics(parsed: list, max_data: int)");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "burst_topics(parsed, max_data: int)");
         return NULL;
     }
+    PyObject *parsed = args[0];
+    Py_ssize_t n = parsed_length(parsed);
+    if (n < 0)
+        return NULL;
     long long max_data = PyLong_AsLongLong(args[1]);
     if (max_data == -1 && PyErr_Occurred())
         return NULL;
     PyObject *topics[MAX_BURST_TOPICS];
     long long counts[MAX_BURST_TOPICS], data_bytes[MAX_BURST_TOPICS];
     int n_topics = 0, last = 0;
-    PyObject *parsed = args[0];
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parsed); i++) {
-        PyObject *key, *value, *item = PyList_GET_ITEM(parsed, i);
-        long long timestamp_ms;
-        if (!short_path_fields(item, NULL, max_data, &key, &value, &timestamp_ms))
-            continue;
-        if (timestamp_ms == -1 && PyErr_Occurred())
+    for (Py_ssize_t i = 0; i < n; i++) {
+        burst_entry fields;
+        int taken = short_path_fields(parsed, i, NULL, max_data, &fields);
+        if (taken < 0)
             return NULL;
-        PyObject *topic = PyTuple_GET_ITEM(item, 0);
+        if (!taken)
+            continue;
+        PyObject *topic = fields.topic;
         int found = -1;
         if (n_topics && topics[last] == topic)
             found = last;
@@ -779,7 +933,7 @@ burst_topics(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         }
         last = found;
         counts[found]++;
-        data_bytes[found] += PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value);
+        data_bytes[found] += fields.key_size + fields.value_size;
     }
     PyObject *result = PyDict_New();
     for (int t = 0; result != NULL && t < n_topics; t++) {
@@ -952,17 +1106,17 @@ serve_delivery_reports(Producer *self, poll_result *result, held_event *held)
                               : report_ack(self, result, message, state);
         if (rc < 0)
             return -1;
-        free(state);
+        state_free(self, state);
     }
     return 0;
 }
 
 /* Destroy a served event, with the states of its messages not reported. */
 static void
-release_event(held_event *held)
+release_event(Producer *self, held_event *held)
 {
     for (size_t i = held->reported; i < held->count; i++)
-        free(held->messages[i]->_private);
+        state_free(self, held->messages[i]->_private);
     free(held->messages);
     p_rd_kafka_event_destroy(held->event);
     memset(held, 0, sizeof *held);
@@ -1086,7 +1240,7 @@ serve_held(Producer *self, int each_ack)
             rc = 0, PyErr_Clear(); /* not a report: dropped (a log line, statistics) */
         if (rc < 0)
             break; /* held (the report that failed and what follows): the next poll's */
-        release_event(held);
+        release_event(self, held);
     }
     if (rc == 0)
         rc = flush_sums(self, &result);
@@ -1243,6 +1397,7 @@ PyInit__cproducer(void)
 {
     if (PyType_Ready(&ProducerType) < 0)
         return NULL;
+    find_parsed_burst();
     PyTypeObject *records[] = {&AckSumType, &AckType,   &FailureType, &StatisticsType,
                                &ErrorType,  &LogType,   &PolledType};
     PyStructSequence_Desc *descs[] = {&AckSumType_desc, &AckType_desc,   &FailureType_desc,

@@ -1,9 +1,10 @@
 """Types of pydory._cproducer (the C source: _cproducer.c)."""
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 def bind(module_path: str) -> tuple[str, str]: ...
-def burst_topics(parsed: list[object], max_data: int) -> dict[str, tuple[int, int]] | None: ...
+def burst_topics(parsed: Sequence[object], max_data: int) -> dict[str, tuple[int, int]] | None: ...
 def _inject_faults(fail_report: int, garble_texts: int) -> None: ...
 
 # The records a poll hands back: C struct sequences (tuples with named fields).
@@ -75,7 +76,7 @@ class Producer:
     ) -> int: ...
     def produce_burst(
         self,
-        parsed: list[object],
+        parsed: Sequence[object],
         headers: object,
         topic: str,
         max_data: int,

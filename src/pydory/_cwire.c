@@ -17,6 +17,10 @@
  *                  [wire.parse_any_partition(f) for f in frames], the topic looked up in
  *                  wire's cache of legal topics (the same dict), None for anything the
  *                  pure decode must judge.
+ *   parse_burst(frames, topic_cache)
+ *                  the same parses as a ParsedBurst (_cburst.h): no object per message;
+ *                  burst[i] makes the tuple when asked, the compiled producer reads the
+ *                  fields in place (issue 34, lever 2).
  *   identity_headers(name, prefix, first, count)
  *                  a burst's pydory-id headers (daemon/spool/identity.py forms the prefix):
  *                  [[(name, prefix + b"%d" % s)] for s in range(first, first + count)].
@@ -34,6 +38,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+
+#include "_cburst.h"
 
 #define SIZE_FIELD 4
 #define HEADER_SIZE 8
@@ -1148,29 +1154,32 @@ typedef struct {
                        the cache meanwhile */
 } LastTopic;
 
-/* (topic, key, value, timestamp_ms) of one well-formed AnyPartition message whose topic
- * is in the cache; Py_None (new reference) for any other bytes; NULL on an error. */
-static PyObject *parse_one(PyObject *frame, PyObject *cache, LastTopic *last) {
-    if (!PyBytes_CheckExact(frame)) Py_RETURN_NONE; /* decode judges it */
+/* The fields of one well-formed AnyPartition message whose topic is in the cache, into
+ * ``entry`` (pointers into ``frame``, and a strong reference to the frame and the topic:
+ * release with entry_release); entry->topic NULL (nothing held) for any other bytes. -1 on
+ * an error (set), else 0. */
+static int parse_entry(PyObject *frame, PyObject *cache, LastTopic *last, burst_entry *entry) {
+    entry->topic = entry->frame = NULL;
+    if (!PyBytes_CheckExact(frame)) return 0; /* decode judges it */
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(frame);
     Py_ssize_t length = PyBytes_GET_SIZE(frame);
-    if (length < ANY_PARTITION_OVERHEAD) Py_RETURN_NONE;
+    if (length < ANY_PARTITION_OVERHEAD) return 0;
     int32_t size = read_i32(p);
     int16_t api_key = read_i16(p + 4), api_version = read_i16(p + 6), flags = read_i16(p + 8);
     int16_t topic_size = read_i16(p + 10);
     if (size != length || api_key != ANY_PARTITION_API_KEY || api_version != 0 || flags != 0 ||
         topic_size <= 0)
-        Py_RETURN_NONE;
+        return 0;
     /* All in Py_ssize_t (64-bit): no sum below can overflow from int32 fields. */
     Py_ssize_t topic_end = ANY_PARTITION_TOPIC_OFFSET + (Py_ssize_t)topic_size;
     Py_ssize_t key_start = topic_end + AFTER_TOPIC_SIZE;
-    if (key_start > length) Py_RETURN_NONE;
+    if (key_start > length) return 0;
     int64_t timestamp_ms = read_i64(p + topic_end);
     int32_t key_size = read_i32(p + topic_end + 8);
     Py_ssize_t key_end = key_start + (Py_ssize_t)key_size;
-    if (key_size < 0 || key_end + 4 > length) Py_RETURN_NONE;
+    if (key_size < 0 || key_end + 4 > length) return 0;
     int32_t value_size = read_i32(p + key_end);
-    if (key_end + 4 + (Py_ssize_t)value_size != length) Py_RETURN_NONE;
+    if (key_end + 4 + (Py_ssize_t)value_size != length) return 0;
 
     const unsigned char *topic_bytes = p + ANY_PARTITION_TOPIC_OFFSET;
     PyObject *topic; /* borrowed: last->name holds it from here on */
@@ -1179,55 +1188,182 @@ static PyObject *parse_one(PyObject *frame, PyObject *cache, LastTopic *last) {
         topic = last->name;
     } else {
         PyObject *raw = PyBytes_FromStringAndSize((const char *)topic_bytes, topic_size);
-        if (raw == NULL) return NULL;
+        if (raw == NULL) return -1;
         topic = PyDict_GetItemWithError(cache, raw);
         Py_DECREF(raw);
-        if (topic == NULL) {
-            if (PyErr_Occurred()) return NULL;
-            Py_RETURN_NONE; /* not known legal yet: decode judges (and remembers) it */
-        }
+        if (topic == NULL) return PyErr_Occurred() ? -1 : 0; /* decode judges (and remembers) */
         last->bytes = topic_bytes;
         last->length = topic_size;
         Py_XSETREF(last->name, Py_NewRef(topic));
     }
-    PyObject *key = PyBytes_FromStringAndSize((const char *)p + key_start, key_size);
-    PyObject *value = PyBytes_FromStringAndSize((const char *)p + key_end + 4, value_size);
-    PyObject *timestamp = PyLong_FromLongLong(timestamp_ms);
+    entry->topic = Py_NewRef(topic);
+    entry->frame = Py_NewRef(frame);
+    entry->key = (const char *)p + key_start;
+    entry->key_size = key_size;
+    entry->value = (const char *)p + key_end + 4;
+    entry->value_size = value_size;
+    entry->timestamp_ms = timestamp_ms;
+    return 0;
+}
+
+static void entry_release(burst_entry *entry) {
+    Py_CLEAR(entry->topic);
+    Py_CLEAR(entry->frame);
+}
+
+/* (topic, key, value, timestamp_ms) of an entry, or Py_None (new references). */
+static PyObject *entry_fields(const burst_entry *entry) {
+    if (entry->topic == NULL) Py_RETURN_NONE;
+    PyObject *key = PyBytes_FromStringAndSize(entry->key, entry->key_size);
+    PyObject *value = PyBytes_FromStringAndSize(entry->value, entry->value_size);
+    PyObject *timestamp = PyLong_FromLongLong(entry->timestamp_ms);
     PyObject *fields = NULL;
     if (key != NULL && value != NULL && timestamp != NULL)
-        fields = PyTuple_Pack(4, topic, key, value, timestamp);
+        fields = PyTuple_Pack(4, entry->topic, key, value, timestamp);
     Py_XDECREF(key);
     Py_XDECREF(value);
     Py_XDECREF(timestamp);
     return fields;
 }
 
-static PyObject *parse_any_partition_burst(PyObject *Py_UNUSED(module), PyObject *const *args,
-                                           Py_ssize_t nargs) {
+/* A tuple copy of ``frames`` (pointers only: no finalizer can change what is parsed, and
+ * the bytes an entry points into live as long as the copy), or NULL; checks the cache. */
+static PyObject *frames_to_parse(PyObject *const *args, Py_ssize_t nargs, const char *name) {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError,
-                        "parse_any_partition_burst(frames, topic_cache) takes 2 arguments");
+        PyErr_Format(PyExc_TypeError, "%s(frames, topic_cache) takes 2 arguments", name);
         return NULL;
     }
-    PyObject *cache = args[1];
-    if (!PyDict_CheckExact(cache)) {
+    if (!PyDict_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "topic_cache must be a dict");
         return NULL;
     }
-    /* A tuple copy (pointers only): no finalizer can change what is being parsed. */
-    PyObject *frames = PySequence_Tuple(args[0]);
+    return PySequence_Tuple(args[0]);
+}
+
+static PyObject *parse_any_partition_burst(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                           Py_ssize_t nargs) {
+    PyObject *frames = frames_to_parse(args, nargs, "parse_any_partition_burst");
     if (frames == NULL) return NULL;
+    PyObject *cache = args[1];
     Py_ssize_t n = PyTuple_GET_SIZE(frames);
     PyObject *parsed = PyList_New(n);
     LastTopic last = {NULL, 0, NULL};
     for (Py_ssize_t i = 0; parsed != NULL && i < n; i++) {
-        PyObject *fields = parse_one(PyTuple_GET_ITEM(frames, i), cache, &last);
+        burst_entry entry;
+        PyObject *fields = NULL;
+        if (parse_entry(PyTuple_GET_ITEM(frames, i), cache, &last, &entry) == 0) {
+            fields = entry_fields(&entry);
+            entry_release(&entry);
+        }
         if (fields == NULL) Py_CLEAR(parsed);
         else PyList_SET_ITEM(parsed, i, fields);
     }
     Py_XDECREF(last.name);
     Py_DECREF(frames);
     return parsed;
+}
+
+/* --- ParsedBurst: the same parses, no object per message (see _cburst.h) ------------------ */
+
+/* The entries of the last burst freed, kept for the next (GIL held): a burst's array is
+ * often over 1 KiB, where glibc's malloc first consolidates every small chunk freed (the
+ * producer's, librdkafka's), a cost per burst as large as the parse. At most SPARE_MAX. */
+#define SPARE_MAX 4096
+static burst_entry *spare_entries = NULL;
+static Py_ssize_t spare_capacity = 0;
+
+static burst_entry *entries_new(Py_ssize_t n, Py_ssize_t *capacity) {
+    if (spare_entries != NULL && spare_capacity >= n) {
+        burst_entry *entries = spare_entries;
+        *capacity = spare_capacity;
+        spare_entries = NULL;
+        return entries;
+    }
+    *capacity = n > 0 ? n : 1;
+    burst_entry *entries = PyMem_Malloc((size_t)*capacity * sizeof *entries);
+    if (entries == NULL) PyErr_NoMemory();
+    return entries;
+}
+
+static void entries_free(burst_entry *entries, Py_ssize_t capacity) {
+    if (capacity <= SPARE_MAX && (spare_entries == NULL || spare_capacity < capacity)) {
+        PyMem_Free(spare_entries);
+        spare_entries = entries;
+        spare_capacity = capacity;
+    } else {
+        PyMem_Free(entries);
+    }
+}
+
+static void Parsed_dealloc(ParsedBurstObject *self) {
+    for (Py_ssize_t i = 0; i < self->length; i++) entry_release(&self->entries[i]);
+    if (self->entries != NULL) entries_free(self->entries, self->capacity);
+    PyObject_Free(self);
+}
+
+static Py_ssize_t Parsed_length(ParsedBurstObject *self) { return self->length; }
+
+static PyObject *Parsed_item(ParsedBurstObject *self, Py_ssize_t i) {
+    if (i < 0 || i >= self->length) {
+        PyErr_SetString(PyExc_IndexError, "ParsedBurst index out of range");
+        return NULL;
+    }
+    return entry_fields(&self->entries[i]);
+}
+
+static PySequenceMethods Parsed_as_sequence = {
+    .sq_length = (lenfunc)Parsed_length,
+    .sq_item = (ssizeargfunc)Parsed_item,
+};
+
+static PyTypeObject ParsedBurstType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pydory._cwire.ParsedBurst",
+    .tp_basicsize = sizeof(ParsedBurstObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Parsed_dealloc,
+    .tp_as_sequence = &Parsed_as_sequence,
+    .tp_doc = "parse_burst's answer: burst[i] is wire.parse_any_partition(frames[i]), made "
+              "when asked; the compiled producer reads the fields without them.",
+};
+
+static parsed_burst_api parsed_burst_capsule = {&ParsedBurstType, sizeof(ParsedBurstObject),
+                                                 sizeof(burst_entry)};
+
+/* Each entry holds its frame: no copy of the sequence. Each item is read again at its
+ * turn (a dict key's __eq__ run by the lookup could change the list), the entries never
+ * more than allocated. */
+static PyObject *parse_burst(PyObject *Py_UNUSED(module), PyObject *const *args,
+                             Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "parse_burst(frames, topic_cache) takes 2 arguments");
+        return NULL;
+    }
+    if (!PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "topic_cache must be a dict");
+        return NULL;
+    }
+    PyObject *frames = PySequence_Fast(args[0], "parse_burst(frames, ...): frames is a sequence");
+    if (frames == NULL) return NULL;
+    ParsedBurstObject *parsed = PyObject_New(ParsedBurstObject, &ParsedBurstType);
+    if (parsed == NULL) {
+        Py_DECREF(frames);
+        return NULL;
+    }
+    parsed->length = 0;
+    parsed->entries = entries_new(PySequence_Fast_GET_SIZE(frames), &parsed->capacity);
+    LastTopic last = {NULL, 0, NULL};
+    int failed = parsed->entries == NULL;
+    for (Py_ssize_t i = 0; !failed && i < parsed->capacity && i < PySequence_Fast_GET_SIZE(frames);
+         i++) {
+        PyObject *frame = Py_NewRef(PySequence_Fast_GET_ITEM(frames, i));
+        failed = parse_entry(frame, args[1], &last, &parsed->entries[i]) < 0;
+        Py_DECREF(frame);
+        if (!failed) parsed->length = i + 1;
+    }
+    Py_XDECREF(last.name);
+    Py_DECREF(frames);
+    if (failed) Py_CLEAR(parsed);
+    return (PyObject *)parsed;
 }
 
 /* --- identity_headers -------------------------------------------------------------------- */
@@ -1532,6 +1668,9 @@ static PyMethodDef module_methods[] = {
      METH_FASTCALL,
      "parse_any_partition_burst(frames, topic_cache) -> list: wire.parse_any_partition of "
      "each frame, in one call."},
+    {"parse_burst", (PyCFunction)(void (*)(void))parse_burst, METH_FASTCALL,
+     "parse_burst(frames, topic_cache) -> ParsedBurst: parse_any_partition_burst's parses, "
+     "each made when asked (burst[i]); the compiled producer reads them without."},
     {"identity_headers", (PyCFunction)(void (*)(void))identity_headers, METH_FASTCALL,
      "identity_headers(name, prefix, first, count) -> list: [[(name, prefix + b'%d' % s)] "
      "for s in range(first, first + count)], in one call."},
@@ -1556,7 +1695,7 @@ static PyObject *attribute_of(const char *module_name, const char *name) {
 
 PyMODINIT_FUNC PyInit__cwire(void) {
     if (PyType_Ready(&FramerType) < 0 || PyType_Ready(&ReaderType) < 0 ||
-        PyType_Ready(&DrainType) < 0)
+        PyType_Ready(&DrainType) < 0 || PyType_Ready(&ParsedBurstType) < 0)
         return NULL;
     OversizedFrame = attribute_of("pydory.errors", "OversizedFrame");
     MalformedMessage = attribute_of("pydory.errors", "MalformedMessage");
@@ -1570,6 +1709,15 @@ PyMODINIT_FUNC PyInit__cwire(void) {
     if (PyModule_AddObjectRef(module, "StreamFramer", (PyObject *)&FramerType) < 0 ||
         PyModule_AddObjectRef(module, "DatagramReader", (PyObject *)&ReaderType) < 0 ||
         PyModule_AddObjectRef(module, "DatagramDrain", (PyObject *)&DrainType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(&parsed_burst_capsule, PARSED_BURST_CAPSULE, NULL);
+    int added = capsule != NULL &&
+                PyModule_AddObjectRef(module, "ParsedBurst", (PyObject *)&ParsedBurstType) == 0 &&
+                PyModule_AddObjectRef(module, "_parsed_burst_api", capsule) == 0;
+    Py_XDECREF(capsule);
+    if (!added) {
         Py_DECREF(module);
         return NULL;
     }

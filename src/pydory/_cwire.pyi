@@ -1,5 +1,5 @@
 # Types of the C extension built from _cwire.c (see pydory.hotpath, which picks it).
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from pydory.errors import MalformedMessage, OversizedFrame
 from pydory.wire import NeedData
@@ -49,6 +49,15 @@ class DatagramDrain:
 def parse_any_partition_burst(
     frames: Sequence[bytes], topic_cache: dict[bytes, str]
 ) -> list[tuple[str, bytes, bytes, int] | None]: ...
+
+class ParsedBurst:
+    """parse_burst's answer: item i is parse_any_partition_burst's, made when asked."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> tuple[str, bytes, bytes, int] | None: ...
+    def __iter__(self) -> Iterator[tuple[str, bytes, bytes, int] | None]: ...
+
+def parse_burst(frames: Sequence[bytes], topic_cache: dict[bytes, str]) -> ParsedBurst: ...
 
 # Each message's headers are [(name, bytes)]; typed as the caller keeps them
 # (identity.Headers | None per message), which a fresh list may hold.

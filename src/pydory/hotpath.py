@@ -11,8 +11,11 @@ What differs by implementation, each a drop-in for the other:
 - ``StreamFramer(max_message_size, prefix_size)``: wire.StreamFramer's rule, with
   ``drain()`` (every whole frame held, in one call) and ``error``;
 - ``parse_burst(frames)``: ``wire.parse_any_partition`` of each frame, in order (the
-  compiled one: a list made in one call, reading ``bytes`` only, anything else parsed as
-  None, which ``decode`` then judges; the pure one: lazily, a frame at a time);
+  compiled one: a ``_cwire.ParsedBurst`` made in one call, reading ``bytes`` only,
+  anything else parsed as None, which ``decode`` then judges; its items are made when
+  asked, and the compiled producer reads its fields without them; the pure one: lazily,
+  a frame at a time); ``WHOLE_PARSES``, the types of a parse made whole at once (the
+  burst path takes only those: an iterator would be consumed);
 - ``DatagramReader(fd, max_size, credentials).read(limit)``: up to 64 datagrams per system
   call (recvmmsg), and ``read_runs(limit)``: the same with their runs of one sender (each
   datagram's SCM_CREDENTIALS, cut in C); or None: inputs/datagram.py reads one per
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMPLEMENTATION",
+    "WHOLE_PARSES",
     "WHY",
     "DatagramDrain",
     "DatagramReader",
@@ -65,11 +69,11 @@ def _pure_parse_burst(frames: Sequence[bytes]) -> Iterable[Fields | None]:
 
 
 def _compiled_parse_burst(
-    parse_with_cache: Callable[[Sequence[bytes], dict[bytes, str]], list[Fields | None]],
-) -> Callable[[Sequence[bytes]], list[Fields | None]]:
+    parse_with_cache: Callable[[Sequence[bytes], dict[bytes, str]], Iterable[Fields | None]],
+) -> Callable[[Sequence[bytes]], Iterable[Fields | None]]:
     cache = wire._topic_by_bytes  # the same dict the pure code reads and fills (never rebound)
 
-    def parse_burst(frames: Sequence[bytes]) -> list[Fields | None]:
+    def parse_burst(frames: Sequence[bytes]) -> Iterable[Fields | None]:
         return parse_with_cache(frames, cache)
 
     return parse_burst
@@ -86,6 +90,8 @@ DatagramReader: type[_cwire.DatagramReader] | None
 #: The datagram socket's drain thread (compiled only), or None.
 DatagramDrain: type[_cwire.DatagramDrain] | None
 parse_burst: Callable[[Sequence[bytes]], Iterable[Fields | None]]
+#: The parses made whole at once (a list: tests and the reference's lists; a ParsedBurst).
+WHOLE_PARSES: tuple[type, ...] = (list,)
 identity_headers: Callable[[str, bytes, int, int], HeaderLists]
 payload_frames: Callable[[Sequence[bytes], int, bytes, int, bytes], bytes] | None
 
@@ -107,7 +113,8 @@ else:
         StreamFramer = _cwire.StreamFramer
         DatagramReader = _cwire.DatagramReader
         DatagramDrain = _cwire.DatagramDrain
-        parse_burst = _compiled_parse_burst(_cwire.parse_any_partition_burst)
+        parse_burst = _compiled_parse_burst(_cwire.parse_burst)
+        WHOLE_PARSES = (list, _cwire.ParsedBurst)
         identity_headers = _cwire.identity_headers
         # Absent when the zlib this Python uses is not a shared library to share.
         payload_frames = getattr(_cwire, "encode_payload_frames", None)

@@ -29,6 +29,7 @@ from pydory.daemon.delivery.dispatcher import Dispatcher
 from pydory.daemon.delivery.outcomes import EnqueueRefused, produce_refusal
 from pydory.daemon.delivery.router import Router
 from pydory.daemon.spool.identity import IdentityRun
+from pydory.hotpath import WHOLE_PARSES
 
 __all__ = ["BurstPath"]
 
@@ -37,7 +38,7 @@ __all__ = ["BurstPath"]
 MIN_BURST = 8
 
 #: ``burst_topics(parsed, max_data)``: per topic, how many messages fit and their bytes.
-TopicCounts = Callable[[list[Any], int], "dict[str, tuple[int, int]] | None"]
+TopicCounts = Callable[[Any, int], "dict[str, tuple[int, int]] | None"]
 #: ``refused(refusal, topic, value, timestamp_ms, cost, token)``: the intake's.
 Refused = Callable[[EnqueueRefused, str, bytes, int, int, int], None]
 
@@ -79,13 +80,14 @@ class BurstPath:
         accepted: dict[str, int],
         max_data: int,
     ) -> tuple[frozenset[str], int]:
-        """Send what this path can of ``burst`` (``parsed``: its fields, a list; its
+        """Send what this path can of ``burst`` (``parsed``: its fields, made whole at
+        once: a ParsedBurst or a list; its
         ``identities``: a list of headers per message, an IdentityRun, or None), adding the accepted
         messages to ``accepted`` per topic. The topics it took (their messages whose key
         and value fit ``max_data`` are done) and how many messages it took;
         ``(frozenset(), 0)`` if it took none."""
         nothing: tuple[frozenset[str], int] = (frozenset(), 0)
-        if len(burst) < MIN_BURST or not isinstance(parsed, list) or self._msg_debug.active:
+        if len(burst) < MIN_BURST or not isinstance(parsed, WHOLE_PARSES) or self._msg_debug.active:
             return nothing
         headers: list[Any] | tuple[str, bytes, int] | None
         if isinstance(identities, IdentityRun):
@@ -117,7 +119,7 @@ class BurstPath:
         topic: str,
         count: int,
         data_bytes: int,
-        parsed: list[Any],
+        parsed: Any,
         headers: list[Any] | tuple[str, bytes, int] | None,
         max_data: int,
         accepted: dict[str, int],

@@ -66,12 +66,12 @@ def bound() -> Any:
     return _module
 
 
-def burst_topics() -> Callable[[list[Any], int], dict[str, tuple[int, int]] | None] | None:
+def burst_topics() -> Callable[[Any, int], dict[str, tuple[int, int]] | None] | None:
     """``burst_topics(parsed, max_data)`` (per topic of a parsed burst: how many messages
     fit ``max_data`` and their bytes) where the compiled backend runs, else None."""
     if not in_use or _module is None:
         return None
-    counts: Callable[[list[Any], int], dict[str, tuple[int, int]] | None]
+    counts: Callable[[Any, int], dict[str, tuple[int, int]] | None]
     counts = _module.burst_topics
     return counts
 
