@@ -58,7 +58,7 @@ def test_the_table_names_only_modules_that_exist() -> None:
     modules = {path.name for path in TESTS.glob("test_*.py")}
 
     assert sorted(set(COSTS) - modules) == []
-    assert len(COSTS) > len(modules) / 2  # a table, not a stub
+    assert len(COSTS) >= 10  # a table, not a stub
 
 
 def test_xdist_is_told_to_keep_the_collection_order() -> None:
