@@ -45,6 +45,14 @@ def shutdown_span_s(lines: Sequence[str]) -> float:
     return ended - began
 
 
+def assert_a_clean_terminal(done: subprocess.CompletedProcess[str]) -> None:
+    """What a newcomer's terminal shows: no escape codes, and Spark's and the JVM's log
+    lines (WARN, INFO) in the log files the demo names, not here."""
+    assert "\x1b" not in done.stdout + done.stderr
+    for line in (done.stdout + done.stderr).splitlines():
+        assert not re.search(r"\b(WARN|INFO|ERROR)\b", line), line
+
+
 class SchedulingDelay(threading.Thread):
     """How late a 10 ms sleep wakes while it runs: the machine's load, measured, so a
     bound on elapsed time can grow with it instead of failing on a busy runner."""
@@ -193,10 +201,3 @@ class StreamIntake:
     def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
         self.closed += 1
 
-
-def assert_a_clean_terminal(done: subprocess.CompletedProcess[str]) -> None:
-    """What a newcomer's terminal shows: no escape codes, and Spark's and the JVM's log
-    lines (WARN, INFO) in the log files the demo names, not here."""
-    assert "\x1b" not in done.stdout + done.stderr
-    for line in (done.stdout + done.stderr).splitlines():
-        assert not re.search(r"\b(WARN|INFO|ERROR)\b", line), line

@@ -62,11 +62,6 @@ __all__ = [
 _JARS_ENV = "PYDORY_KAFKA_JARS"
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _LOG_TAIL_BYTES = 4000
-#: Starts of the whole cluster when a node could not bind a port it was given: another
-#: process (a test suite beside this one) took it between its pick and the bind, which
-#: ``ports.py`` asks its callers to treat as retryable (seen with five suites on a machine).
-_BIND_ATTEMPTS = 3
-_ADDRESS_IN_USE = "Address already in use"
 _POLL_INTERVAL_S = 0.05
 # A broker on this 2-core machine serves the tests well in a small heap; Serial GC
 # keeps its footprint and its background threads low beside two other brokers.
@@ -77,6 +72,11 @@ _JVM_OPTIONS = (
     "-XX:TieredStopAtLevel=1",
     "-Djava.awt.headless=true",
 )
+#: Starts of the whole cluster when a node could not bind a port it was given: another
+#: process (a test suite beside this one) took it between its pick and the bind, which
+#: ``ports.py`` asks its callers to treat as retryable (seen with five suites on a machine).
+_BIND_ATTEMPTS = 3
+_ADDRESS_IN_USE = "Address already in use"
 # Settings for a small test cluster: no waiting for consumer groups, internal topics
 # that fit the cluster, quick controlled shutdown.
 _BASE_SETTINGS = {
