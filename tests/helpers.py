@@ -4,7 +4,6 @@ dispatcher that records what the intake sends, and a stream intake for input tes
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,14 +42,6 @@ def shutdown_span_s(lines: Sequence[str]) -> float:
     began = next(logged_at(line) for line in lines if "pydory shutting down" in line)
     ended = max(logged_at(line) for line in lines if TOTALS_LINE.search(line))
     return ended - began
-
-
-def assert_a_clean_terminal(done: subprocess.CompletedProcess[str]) -> None:
-    """What a newcomer's terminal shows: no escape codes, and Spark's and the JVM's log
-    lines (WARN, INFO) in the log files the demo names, not here."""
-    assert "\x1b" not in done.stdout + done.stderr
-    for line in (done.stdout + done.stderr).splitlines():
-        assert not re.search(r"\b(WARN|INFO|ERROR)\b", line), line
 
 
 class SchedulingDelay(threading.Thread):
@@ -200,4 +191,3 @@ class StreamIntake:
 
     def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
         self.closed += 1
-

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from helpers import assert_a_clean_terminal
+from demo_output import assert_a_clean_terminal
 from pydory.cli import main
 from pydory.wording import counted
 from pydory_tools.demo import RATE_LIMIT_MAX_COUNT

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_a_clean_terminal, wait_until
+from demo_output import assert_a_clean_terminal
+from helpers import wait_until
 from pydory.cli import main
 from pydory_tools.testing.kill_loop import Endpoint, SurvivingClient
 

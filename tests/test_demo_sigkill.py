@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_a_clean_terminal
+from demo_output import assert_a_clean_terminal
 from pydory.cli import main
 from pydory_tools.demo_kills import what_became_of_them
 
