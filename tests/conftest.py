@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from module_costs import by_cost
 from receivers import RECEIVE_TIMEOUT_S
 
 # The Kafka fixtures, from the tools' distribution (pydory-tools), which registers no pytest
@@ -21,6 +22,14 @@ pytest_plugins = ["pydory_tools.testing.pytest_plugin"]
 # module is imported, so every @settings(...) inherits it.
 settings.register_profile("pydory", deadline=None)
 settings.load_profile("pydory")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The costliest test modules first (``tests/module_costs.py``), each module's tests
+    together and in their order: ``--dist loadfile`` hands the modules out in this order, so
+    the long poles start at once and the run ends on short modules on both workers."""
+    order = by_cost([item.path.name for item in items])
+    items[:] = [items[i] for i in order]
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException
 
+from pydory_tools.testing import kafka_broker
 from pydory_tools.testing.kafka_broker import (
     KafkaBrokerError,
     KafkaCluster,
@@ -23,6 +25,7 @@ from pydory_tools.testing.kafka_broker import (
     new_cluster_id,
 )
 from pydory_tools.testing.kafka_util import DeliveryFailed, consume_all, produce_all, unique_topic
+from pydory_tools.testing.ports import LOOPBACK, free_loopback_port, free_loopback_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -139,6 +142,37 @@ def test_tls_listener_is_verified_with_the_test_ca(kafka_broker: KafkaCluster) -
         )
     values = [r.value for r in consume_all(kafka_broker.bootstrap_servers, topic, expected=1)]
     assert values == [b"over tls"]
+
+
+def test_a_port_taken_before_the_broker_binds_it_starts_the_cluster_on_new_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process took a picked port before the broker bound it (two suites side by
+    side): the launcher starts the cluster again on new ports instead of failing."""
+    plans: list[list[int]] = []
+
+    def first_plan_takes_a_port_in_use(count: int) -> list[int]:
+        ports = free_loopback_ports(count)
+        if not plans:
+            ports[0] = taken_port  # the PLAINTEXT listener's
+        plans.append(ports)
+        return ports
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken_port = free_loopback_port()
+        taken.bind((LOOPBACK, taken_port))
+        taken.listen()
+        monkeypatch.setattr(kafka_broker, "free_loopback_ports", first_plan_takes_a_port_in_use)
+        with KafkaCluster(1, base_dir=tmp_path) as cluster:
+            topic = unique_topic("rebound")
+            cluster.create_topic(topic, 1)
+            produce_all(cluster.bootstrap_servers, topic, [(None, b"after a bind failure")])
+            assert cluster.bootstrap_servers == f"{LOOPBACK}:{plans[1][0]}"
+            records = consume_all(cluster.bootstrap_servers, topic, expected=1)
+
+    assert len(plans) == 2  # the second plan, after the bind failure, took new ports
+    assert taken_port not in plans[1]
+    assert [record.value for record in records] == [b"after a bind failure"]
 
 
 def test_a_listener_that_was_not_asked_for_is_an_error(tmp_path: Path) -> None:

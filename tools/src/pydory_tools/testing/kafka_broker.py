@@ -77,6 +77,11 @@ _JVM_OPTIONS = (
     "-XX:TieredStopAtLevel=1",
     "-Djava.awt.headless=true",
 )
+#: Starts of the whole cluster when a node could not bind a port it was given: another
+#: process (a test suite beside this one) took it between its pick and the bind, which
+#: ``ports.py`` asks its callers to treat as retryable (seen with five suites on a machine).
+_BIND_ATTEMPTS = 3
+_ADDRESS_IN_USE = "Address already in use"
 # Settings for a small test cluster: no waiting for consumer groups, internal topics
 # that fit the cluster, quick controlled shutdown.
 _BASE_SETTINGS = {
@@ -158,6 +163,14 @@ class _Node:
         return self.directory / "server.properties"
 
 
+def _bind_failed(node: _Node) -> bool:
+    """Whether the node's log says it could not bind one of its ports."""
+    try:
+        return _ADDRESS_IN_USE in node.log_path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def new_cluster_id() -> str:
     """A KRaft cluster id as Kafka's ``Uuid.randomUuid()`` makes one: 16 random bytes,
     URL-safe base64 without padding, never starting with ``-`` (one in 64 would, and
@@ -209,17 +222,30 @@ class KafkaCluster(StopsOnExit):
         try:
             if tls:
                 self.ca_path = kafka_tls.write_certificates(self.base_dir / "tls")
+            self._start(startup_timeout_s, tls)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, startup_timeout_s: float, tls: bool) -> None:
+        """Format and start every node; when one could not bind a port it was given (taken
+        since it was picked), all of them again on new ports, ``_BIND_ATTEMPTS`` at most."""
+        for attempt in range(1, _BIND_ATTEMPTS + 1):
             for node in self._nodes:
                 self._write_config(node)
             _in_parallel(self._format, self._nodes)
             started = time.monotonic()
             for node in self._nodes:
                 self._spawn(node)
-            self.wait_until_ready(startup_timeout_s)
+            try:
+                self.wait_until_ready(startup_timeout_s)
+            except KafkaBrokerError:
+                if attempt == _BIND_ATTEMPTS or not any(map(_bind_failed, self._nodes)):
+                    raise
+                self._plan_again(tls)
+                continue
             self.startup_s = time.monotonic() - started
-        except BaseException:
-            self.stop()
-            raise
+            return
 
     # --- addresses ---------------------------------------------------------------------
 
@@ -441,6 +467,15 @@ class KafkaCluster(StopsOnExit):
             sasl_port=sasl_port if self._sasl_users else None,
             ssl_port=ssl_port if tls else None,
         )
+
+    def _plan_again(self, tls: bool) -> None:
+        """After a failed start: every node killed, its directory removed, planned anew
+        (new ports, a new cluster id)."""
+        for node in self._nodes:
+            self.kill_broker(node.node_id)
+            shutil.rmtree(node.directory, ignore_errors=True)
+        self._cluster_id = new_cluster_id()
+        self._nodes = [self._plan_node(node.node_id, tls) for node in self._nodes]
 
     def _write_config(self, node: _Node) -> None:
         voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.controller_port}" for n in self._nodes)
