@@ -12,6 +12,7 @@ import io
 from collections.abc import Callable, Iterator
 
 import pytest
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pydory.daemon.books.durable import CLEAN
@@ -38,6 +39,12 @@ H = 0xE
 
 @pytest.fixture(scope="module")
 def spark(spark_cluster: SparkCluster) -> Iterator[SparkSession]:
+    # A local session an earlier module of this worker left running for the next one to
+    # reuse would be reused here too (one per process), and these tests would run on it:
+    # stop it first.
+    earlier = SparkContext._active_spark_context
+    if earlier is not None and earlier.master != spark_cluster.master_url:
+        earlier.stop()
     # An executor per worker (1 core each), small enough for a worker's 1 GiB.
     session = spark_session(
         master=spark_cluster.master_url,
