@@ -1047,7 +1047,7 @@ def test_a_damaged_spool_is_repaired_and_replayed(
     log = (daemon_dir / "daemon.log").read_text()
     assert (
         f"spool: replayed {len(good)} messages from 4 segments (1 repaired, {cut} bytes cut); "
-        "1 messages lost to damage (spool_corrupt)"
+        "1 message lost to damage (spool_corrupt)"
     ) in log
     assert "segment-00000000000000000002.spool: torn frame" in log
     assert "segment-00000000000000000003.spool: bad CRC" in log
