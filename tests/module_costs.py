@@ -1,19 +1,19 @@
-"""What each test module costs, and so the order the suite's two workers get the modules in.
+"""What each test module costs, and so the order the suite's workers get the modules in.
 
-``./dev test`` runs ``pytest -n 2 --dist loadfile``: pytest-xdist hands out whole modules, in
+``./dev test`` runs ``pytest -n 3 --dist loadfile``: pytest-xdist hands out whole modules, in
 the order the tests were collected (``--no-loadscope-reorder`` in ``pyproject.toml``: by
 default xdist reorders them by their number of tests, which says nothing of their time).
 ``tests/conftest.py`` orders the collected tests by their module's cost here, the costliest
 module first (:func:`by_cost`): the long poles (a demo of a fleet, a kill loop) start at once
-on both workers and the run ends on short modules on both, where alphabetical order left one
-worker on a late long module while the other idled.
+on every worker and the run ends on short modules on all, where alphabetical order left one
+worker on a late long module while the others idled.
 
 ``COSTS`` is a module's seconds in a whole run (setup, call and teardown of its tests
 summed, ``--durations=0``); only their ranking matters. A module not listed counts
 as ``UNLISTED_S``, among the middling ones. After a change that moves a module far (a long
 test added, split off or made short), refresh the table from a whole run::
 
-    .venv/bin/pytest -n 2 --dist loadfile --durations=0 -q > /tmp/durations.log
+    .venv/bin/pytest -n 3 --dist loadfile --durations=0 -q > /tmp/durations.log
     .venv/bin/python tests/module_costs.py /tmp/durations.log   # prints the new COSTS
 """
 
@@ -28,39 +28,127 @@ from pathlib import Path
 #: Seconds a module not in ``COSTS`` counts as (a new module is rarely a long pole).
 UNLISTED_S = 5.0
 
-#: Seconds per test module in a quiet whole run. This first table is an estimate: the 15
-#: slowest tests of a quiet fresh-clone run (1,025 s), each module's other tests guessed from
-#: their kind (Kafka, Spark, a build); a whole run's ``--durations=0`` replaces it.
+#: Seconds per test module in a quiet whole run: ``--durations=0`` of a fresh clone on three
+#: workers, 2026-11-28 13:10 UTC (1,083 s; the machine otherwise idle).
 COSTS: dict[str, float] = {
-    "test_demo_fleet.py": 220.0,
-    "test_fleet_exactly_once.py": 142.0,
-    "test_spool_daemon.py": 130.0,
-    "test_pipeline_faults.py": 100.0,
-    "test_pipeline_land.py": 90.0,
-    "test_pipeline_connectors.py": 80.0,
-    "test_distributed.py": 70.0,
-    "test_demo_sigkill.py": 63.0,
-    "test_pipeline_source.py": 50.0,
-    "test_demo.py": 45.0,
-    "test_pipeline_dedup.py": 45.0,
-    "test_daemon_kafka.py": 45.0,
-    "test_pipeline_fleet_audit.py": 40.0,
-    "test_daemon_kafka_faults.py": 40.0,
-    "test_kafka_broker.py": 35.0,
-    "test_pipeline_audit.py": 35.0,
-    "test_wheel.py": 30.0,
-    "test_reload_daemon.py": 30.0,
-    "test_pipeline_second_copies.py": 25.0,
-    "test_install_steps.py": 25.0,
-    "test_daemon_faults.py": 25.0,
-    "test_bench.py": 20.0,
-    "test_build.py": 20.0,
-    "test_cwire.py": 20.0,
-    "test_quotas_daemon.py": 15.0,
-    "test_daemon_tansu.py": 15.0,
-    "test_overload.py": 15.0,
-    "test_msg_debug_daemon.py": 12.0,
-    "test_daemon_kafka_start.py": 12.0,
+    "test_demo_fleet.py": 330.0,
+    "test_pipeline_land.py": 317.8,
+    "test_fleet_exactly_once.py": 298.2,
+    "test_pipeline_faults.py": 271.4,
+    "test_spool_daemon.py": 237.5,
+    "test_daemon_kafka_faults.py": 143.2,
+    "test_distributed.py": 142.6,
+    "test_pipeline_connectors.py": 122.1,
+    "test_demo.py": 119.0,
+    "test_demo_sigkill.py": 101.8,
+    "test_pipeline_dedup.py": 93.8,
+    "test_kafka_broker.py": 81.6,
+    "test_daemon_faults.py": 73.5,
+    "test_daemon_kafka_start.py": 71.8,
+    "test_pipeline_fleet_audit.py": 69.3,
+    "test_pipeline_second_copies.py": 33.8,
+    "test_client_isolation.py": 32.2,
+    "test_dory_dropin.py": 31.7,
+    "test_pipeline_audit.py": 30.4,
+    "test_status.py": 29.5,
+    "test_partial_frames.py": 28.1,
+    "test_daemon_kafka.py": 26.7,
+    "test_cwire.py": 25.1,
+    "test_install_steps.py": 22.9,
+    "test_overload.py": 22.4,
+    "test_dory_monitoring.py": 22.1,
+    "test_dashboard.py": 19.0,
+    "test_possibly_persisted.py": 18.9,
+    "test_bench.py": 18.3,
+    "test_quotas_daemon.py": 18.1,
+    "test_restarts.py": 16.7,
+    "test_shutdown_outage.py": 15.7,
+    "test_wire.py": 13.6,
+    "test_books_durable.py": 13.4,
+    "test_wheel.py": 13.2,
+    "test_books_durable_kafka.py": 13.1,
+    "test_daemon.py": 12.0,
+    "test_daemon_tansu.py": 10.7,
+    "test_reload_daemon.py": 10.6,
+    "test_serve_command.py": 10.1,
+    "test_message_identity.py": 10.0,
+    "test_spool.py": 9.2,
+    "test_wait_command.py": 9.2,
+    "test_spool_acks_kafka.py": 8.2,
+    "test_status_limits.py": 7.7,
+    "test_reload_command.py": 7.7,
+    "test_quotas.py": 7.0,
+    "test_msg_debug_daemon.py": 7.0,
+    "test_datagram_sizes.py": 6.6,
+    "test_layout.py": 6.1,
+    "test_spool_recovery.py": 6.0,
+    "test_build.py": 6.0,
+    "test_hotpath_daemon.py": 5.9,
+    "test_mock_cluster.py": 5.5,
+    "test_pipeline_source.py": 5.2,
+    "test_send_command.py": 4.9,
+    "test_topic_cardinality.py": 4.3,
+    "test_daemon_teardown.py": 4.1,
+    "test_spool_replay.py": 3.6,
+    "test_cli_startup.py": 3.5,
+    "test_fd_limit.py": 3.2,
+    "test_client_shares.py": 2.9,
+    "test_quota_clients.py": 2.9,
+    "test_status_client.py": 2.9,
+    "test_discard_log.py": 2.8,
+    "test_health.py": 2.6,
+    "test_spool_acks.py": 2.0,
+    "test_pipeline_fleet_reconcile.py": 2.0,
+    "test_metrics.py": 1.8,
+    "test_test_deadlines.py": 1.8,
+    "test_commit_point.py": 1.7,
+    "test_kafka_topics.py": 1.7,
+    "test_systemd.py": 1.6,
+    "test_poll_faults.py": 1.6,
+    "test_pool.py": 1.5,
+    "test_inputs_fairness.py": 1.4,
+    "test_status_schemas.py": 1.3,
+    "test_status_rendering.py": 1.1,
+    "test_accounting.py": 1.1,
+    "test_cproducer.py": 1.1,
+    "test_metadata_failure_line.py": 1.0,
+    "test_router.py": 1.0,
+    "test_reload_plan.py": 0.9,
+    "test_config_values.py": 0.9,
+    "test_cli.py": 0.9,
+    "test_inputs_shutdown.py": 0.9,
+    "test_config.py": 0.8,
+    "test_docs.py": 0.8,
+    "test_framer.py": 0.8,
+    "test_tansu.py": 0.7,
+    "test_client.py": 0.7,
+    "test_status_command.py": 0.7,
+    "test_send_lines.py": 0.6,
+    "test_config_cli.py": 0.6,
+    "test_outcomes.py": 0.6,
+    "test_socket_handover.py": 0.5,
+    "test_intake.py": 0.4,
+    "test_msg_debug.py": 0.4,
+    "test_daemon_location.py": 0.4,
+    "test_pipeline_offsets.py": 0.3,
+    "test_client_charges.py": 0.3,
+    "test_spool_slow_disk.py": 0.2,
+    "test_datagram_drain.py": 0.2,
+    "test_status_escaping.py": 0.2,
+    "test_datagram_shares.py": 0.2,
+    "test_dev_script.py": 0.2,
+    "test_log_handler_daemon.py": 0.2,
+    "test_client_log_limits.py": 0.1,
+    "test_systemd_unit.py": 0.1,
+    "test_pipeline_nothing_new.py": 0.1,
+    "test_inputs_retire.py": 0.1,
+    "test_librdkafka_settings.py": 0.0,
+    "test_tcp_gathering.py": 0.0,
+    "test_client_turns.py": 0.0,
+    "test_pipeline_lake_binding.py": 0.0,
+    "test_python_versions.py": 0.0,
+    "test_ratelimit.py": 0.0,
+    "test_sample_config.py": 0.0,
 }
 
 #: A line of ``--durations=0``: seconds, phase, node id.

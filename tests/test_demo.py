@@ -1,7 +1,7 @@
 """`pydory demo` end to end, as CI and a new user run it: clients to daemon to lake to audit.
 
 ``demo --sigkill`` is in ``test_demo_sigkill.py``, ``demo --fleet`` in ``test_demo_fleet.py``:
-each a long run of its own, in a module of its own so that the suite's two workers can run
+each a long run of its own, in a module of its own so that the suite's workers can run
 them at once (``tests/module_costs.py``)."""
 
 from __future__ import annotations
