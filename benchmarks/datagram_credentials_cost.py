@@ -8,7 +8,8 @@ socketpair and reads each burst with VARIANT; INTAKE is ``null`` (the read path 
 Run it under callgrind with two round counts; the difference over 40 x 256 datagrams is
 the cost per datagram (start-up cancels)::
 
-    for v in send pure pure_creds compiled compiled_creds drain drain_creds large large_creds; do
+    for v in send pure pure_creds compiled compiled_creds drain drain_creds \
+             large large_pure large_creds; do
       for r in 10 50; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$v.$r \
           .venv/bin/python benchmarks/datagram_credentials_cost.py $v null $r
@@ -25,9 +26,10 @@ credentials read and the runs of one uid cut in C: the daemon's loop reader now)
 ``drain`` (the C drain thread, no credentials), ``drain_creds`` (the thread reading
 credentials, the runs cut in C at ``take``: the daemon's default now); at a
 ``maxDatagramMsgSize`` of 256 KiB, read one datagram at a time, each size peeked:
-``large`` (the compiled reader's ``read``, no credentials: the compiled path before it
-named them) and ``large_creds`` (the daemon's read there now, on both paths: the peek's
-``recvmsg_into`` takes the credentials).
+``large`` (the compiled reader's ``read``, in C, no credentials), ``large_pure`` (the
+pure path's read there, no credentials) and ``large_creds`` (the read a datagram quota
+makes there, on both paths, with a quota no sender reaches: the peek's ``recvmsg_into``
+takes the credentials; what naming the senders there in Python would cost).
 """
 
 from __future__ import annotations
@@ -97,11 +99,12 @@ inp._drain = None
 inp._sock = None
 large = variant.startswith("large")
 max_size = dg.LARGE_DATAGRAM_BYTES if large else 1000
-if variant.startswith(("pure", "large")):
-    dg.DatagramReader = None  # the daemon's reads in Python (from 256 KiB on, every path's)
+if variant.startswith(("pure", "large_")):
+    dg.DatagramReader = None  # the daemon's reads in Python
 inp._set_max(max_size)
 inp.quota = None
 inp._clock = time.monotonic
+nobody_reaches = dg.DatagramQuota(dg.ClientRate(msgs_per_sec=10**9, window_ms=1000))
 reader = None
 if variant.startswith("compiled") or variant == "large":
     assert hotpath.DatagramReader is not None
@@ -150,8 +153,10 @@ for _ in range(rounds):
     elif variant == "compiled_creds":  # the loop's read now
         items, oversized, _, runs = reader.read_runs(K + 1)
         inp._hand_on(items, oversized, runs)
-    elif variant in ("pure_creds", "large_creds"):  # the daemon's read now
+    elif variant in ("pure_creds", "large_pure"):  # the daemon's pure read now
         inp._read(receiver, K + 1)
+    elif variant == "large_creds":
+        inp._read_metered(receiver, K + 1, nobody_reaches)
     else:
         got = 0
         while got < K:

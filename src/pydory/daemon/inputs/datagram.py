@@ -11,9 +11,11 @@ quota: the socket sets SO_PASSCRED, and each datagram's SCM_CREDENTIALS comes wi
 The compiled ``recvmmsg`` reads (the loop's and the drain thread's) cut each burst into
 runs of one uid in C; the pure reference reads each datagram with ``recvmsg_into`` into
 its preallocated buffer and cuts the runs as it reads (a run goes on while the ancillary
-data is unchanged, so one uid per run, not per datagram, is parsed). From
-:data:`LARGE_DATAGRAM_BYTES` on, both hot paths read one datagram at a time here, its
-credentials taken by the ``recvmsg_into`` that peeks at its size.
+data is unchanged, so one uid per run, not per datagram, is parsed). The one exception:
+from :data:`LARGE_DATAGRAM_BYTES` on, datagrams are read one at a time (the compiled
+``read_one`` takes no credentials), so there a sender is named only with a quota (the
+``recvmsg_into`` that peeks at each size then takes them), else the senders are one
+client, :data:`DATAGRAM_CLIENT`, on both paths alike.
 Consecutive datagrams of one uid are handed on as one burst, the bursts in the order read
 (docs/operations.md, "Datagram senders", has what it costs). With a quota, a datagram
 over its uid's quota is handed to the intake's ``over_quota`` at the end of its burst
@@ -76,11 +78,10 @@ _PEEK_SIZE = socket.MSG_PEEK | socket.MSG_TRUNC
 # SO_RCVBUF is a C int.
 _MAX_SOCKET_BUFFER = 2**31 - 1
 
-#: Who a datagram's message is charged to in the pool's shares (books/shares.py) when no
-#: credentials came with it (the kernel names every sender once SO_PASSCRED is on, so
-#: this is a fallback): the unnamed senders as one client. Every other datagram is
-#: charged to its sender's uid's share (:func:`sender_client`), the one its stream
-#: connections have.
+#: Who a datagram's message is charged to in the pool's shares (books/shares.py) when its
+#: sender is not named (from LARGE_DATAGRAM_BYTES on without a quota, or no credentials
+#: came): the unnamed senders as one client. Every other datagram is charged to its
+#: sender's uid's share (:func:`sender_client`), the one its stream connections have.
 DATAGRAM_CLIENT = ("unix_dgram", "senders")
 #: A burst's items, as the compiled reads give them: bytes, or (size, prefix) if too large.
 Items = list[bytes | tuple[int, bytes]]
@@ -153,8 +154,7 @@ class DatagramInput:
     @property
     def _runs_in_c(self) -> bool:
         """The compiled reads give each burst's runs of one sender (below
-        :data:`LARGE_DATAGRAM_BYTES`: ``recvmmsg``, the loop's or a drain thread's); else
-        this module reads the socket, a datagram per ``recvmsg_into``."""
+        :data:`LARGE_DATAGRAM_BYTES`: ``recvmmsg``, the loop's or a drain thread's)."""
         return DatagramReader is not None and not self._large
 
     @property
@@ -209,7 +209,7 @@ class DatagramInput:
         """The compiled reader of ``sock`` at this limit, built now (not at the first read:
         a limit it cannot honour is a config error, never an error on every loop turn)."""
         fd = sock.fileno()
-        reader = _new_reader(fd, self._max, credentials=True) if self._runs_in_c else None
+        reader = _new_reader(fd, self._max, credentials=True)
         self._batch_reader = None if reader is None else (fd, reader)
 
     def set_quota(self, rate: ClientRate) -> None:
@@ -309,7 +309,7 @@ class DatagramInput:
     def _read(self, sock: socket.socket, limit: int) -> bool:
         """Read up to ``limit`` datagrams into the intake, each run of one sender in one
         call; True if the queue ran empty."""
-        if self._runs_in_c:
+        if DatagramReader is not None:
             return self._read_batched(sock, limit)
         if self._large:
             return self._read_large(sock, limit)
@@ -361,43 +361,47 @@ class DatagramInput:
         return drained
 
     def _read_large(self, sock: socket.socket, limit: int) -> bool:
-        """:meth:`_read` from :data:`LARGE_DATAGRAM_BYTES` on: one datagram at a time,
-        its sender's credentials taken by its peek, in runs (:class:`_SenderRuns`)."""
+        """:meth:`_read` from :data:`LARGE_DATAGRAM_BYTES` on: one datagram at a time, the
+        senders unnamed (as the compiled one-at-a-time read, which takes no credentials:
+        the two paths charge the same shares)."""
         intake = self._intake
-        runs = _SenderRuns(intake)
+        burst: list[bytes] = []
         read = 0
         drained = False
         try:
             while read < limit:
                 try:
-                    size, data, ancdata = self._receive_large(sock)
+                    size, data, _ = self._receive_large(sock, 0)
                 except (BlockingIOError, InterruptedError):
                     drained = True
                     break
                 read += 1
                 if len(data) == size:
-                    runs.add(data, credentials_uid(ancdata))
+                    burst.append(data)
                     continue
-                runs.flush()  # the ones before it first, in order
+                if burst:  # the ones before it first, in order
+                    intake.datagrams(burst, DATAGRAM_CLIENT)
+                    burst = []
                 intake.datagram_too_large(size, data)
         finally:
-            runs.flush()
+            if burst:
+                intake.datagrams(burst, DATAGRAM_CLIENT)
             self.datagrams_read += read
             if drained:
                 self._times_drained += 1
         return drained
 
     def _receive_large(
-        self, sock: socket.socket
+        self, sock: socket.socket, ancillary: int
     ) -> tuple[int, bytes, list[tuple[int, int, bytes]]]:
         """One datagram, from :data:`LARGE_DATAGRAM_BYTES` on: ``(its size, its bytes,
         its ancillary data)``, the bytes whole if their length is the size, else the
         prefix of one too large (or one there was no memory for: consumed all the same,
-        so it is not met again). Its size is peeked first, its sender's credentials with
-        it (the kernel gives a peek the datagram's own; nothing else reads the socket
-        between the two calls); a large one is received into memory of its own size,
-        taken now."""
-        size, ancdata, _, _ = sock.recvmsg_into(self._buffers, CREDENTIALS_SPACE, _PEEK_SIZE)
+        so it is not met again). Its size is peeked first, its ancillary data (room for
+        ``ancillary`` bytes) with it: the kernel gives a peek the datagram's own
+        credentials, and nothing else reads the socket between the two calls. A large one
+        is received into memory of its own size, taken now."""
+        size, ancdata, _, _ = sock.recvmsg_into(self._buffers, ancillary, _PEEK_SIZE)
         if len(self._buffer) <= size <= self._max:
             with contextlib.suppress(MemoryError):  # raised before anything is consumed
                 return size, sock.recv(size), ancdata
@@ -510,7 +514,7 @@ class DatagramInput:
             while read < limit:
                 try:
                     if self._large:
-                        size, data, ancdata = self._receive_large(sock)
+                        size, data, ancdata = self._receive_large(sock, CREDENTIALS_SPACE)
                     else:
                         size, ancdata, _, _ = recvmsg_into(
                             buffers, CREDENTIALS_SPACE, socket.MSG_TRUNC
