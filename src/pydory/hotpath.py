@@ -85,7 +85,7 @@ def _pure_identity_headers(name: str, prefix: bytes, first: int, count: int) -> 
 
 StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
 #: recvmmsg(2) for the datagram input, or None (inputs/datagram.py then reads one
-#: datagram per recv_into, the reference).
+#: datagram per recvmsg_into, the reference).
 DatagramReader: type[_cwire.DatagramReader] | None
 #: The datagram socket's drain thread (compiled only), or None.
 DatagramDrain: type[_cwire.DatagramDrain] | None
