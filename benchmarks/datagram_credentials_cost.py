@@ -1,6 +1,6 @@
-"""What reading each datagram's sender's credentials would cost the plain datagram read
-(issue 33, point 1: naming every datagram sender as a client of the pool's shares without
-a datagram quota), in instructions per datagram, not time: the machine is shared.
+"""What reading each datagram's sender's credentials costs the datagram read (issue 33,
+point 1: naming every datagram sender as a client of the pool's shares without a datagram
+quota), in instructions per datagram, not time: the machine is shared.
 
 Not a test. One process sends bursts of 256 100-byte messages on a UNIX datagram
 socketpair and reads each burst with VARIANT; INTAKE is ``null`` (the read path alone) or
@@ -8,7 +8,8 @@ socketpair and reads each burst with VARIANT; INTAKE is ``null`` (the read path 
 Run it under callgrind with two round counts; the difference over 40 x 256 datagrams is
 the cost per datagram (start-up cancels)::
 
-    for v in send pure pure_creds compiled compiled_creds drain drain_creds; do
+    for v in send pure pure_creds compiled compiled_creds drain drain_creds \
+             large large_pure large_creds; do
       for r in 10 50; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$v.$r \
           .venv/bin/python benchmarks/datagram_credentials_cost.py $v null $r
@@ -16,13 +17,19 @@ the cost per datagram (start-up cancels)::
       done
     done
 
-VARIANT: ``send`` (the sends only), ``pure`` (recv_into), ``pure_creds`` (recvmsg_into
-with SCM_CREDENTIALS, runs of one uid: what the pure path would do), ``compiled``
+VARIANT: ``send`` (the sends only), ``pure`` (recv_into, the senders one client: the
+pure path before it named them), ``pure_creds`` (the daemon's pure read now:
+recvmsg_into with SCM_CREDENTIALS, runs of one uid cut as it reads), ``compiled``
 (recvmmsg on the loop, no credentials: the senders one client, as before issue 33's
 datagram shares), ``compiled_creds`` (the same with SO_PASSCRED, each datagram's
 credentials read and the runs of one uid cut in C: the daemon's loop reader now),
 ``drain`` (the C drain thread, no credentials), ``drain_creds`` (the thread reading
-credentials, the runs cut in C at ``take``: the daemon's default now).
+credentials, the runs cut in C at ``take``: the daemon's default now); at a
+``maxDatagramMsgSize`` of 256 KiB, read one datagram at a time, each size peeked:
+``large`` (the compiled reader's ``read``, in C, no credentials), ``large_pure`` (the
+pure path's read there, no credentials) and ``large_creds`` (the read a datagram quota
+makes there, on both paths, with a quota no sender reaches: the peek's ``recvmsg_into``
+takes the credentials; what naming the senders there in Python would cost).
 """
 
 from __future__ import annotations
@@ -36,7 +43,6 @@ sys.path.insert(0, "tests")
 
 from pydory import hotpath
 from pydory.daemon.inputs import datagram as dg
-from pydory.daemon.inputs.peers import CREDENTIALS_SPACE, credentials_uid
 from pydory.wire import encode_any_partition
 
 K = 256
@@ -91,31 +97,38 @@ inp.datagrams_read = 0
 inp._times_drained = 0
 inp._drain = None
 inp._sock = None
-inp._set_max(1000)
+large = variant.startswith("large")
+max_size = dg.LARGE_DATAGRAM_BYTES if large else 1000
+if variant.startswith(("pure", "large_")):
+    dg.DatagramReader = None  # the daemon's reads in Python
+inp._set_max(max_size)
 inp.quota = None
 inp._clock = time.monotonic
-if variant == "pure":
-    dg.DatagramReader = None
+nobody_reaches = dg.DatagramQuota(dg.ClientRate(msgs_per_sec=10**9, window_ms=1000))
 reader = None
-if variant.startswith("compiled"):
+if variant.startswith("compiled") or variant == "large":
     assert hotpath.DatagramReader is not None
-    reader = hotpath.DatagramReader(fd, 1000, creds)
+    reader = hotpath.DatagramReader(fd, max_size, creds)
 
 
-def pure_creds(sock: socket.socket, limit: int) -> None:
-    """The plain path reading credentials: recvmsg_into, each sender's uid, runs."""
-    recvmsg_into = sock.recvmsg_into
-    buffers, view = [inp._buffer], inp._view
-    runs = dg._SenderRuns(intake)
+def pure_unnamed(sock: socket.socket, limit: int) -> None:
+    """The pure path's read before it named the senders: recv_into, one client."""
+    recv_into = sock.recv_into
+    buffer, view, max_size = inp._buffer, inp._view, inp._max
+    capacity = len(buffer)
+    burst: list[bytes] = []
+    keep = burst.append
     read = 0
     while read < limit:
         try:
-            size, ancdata, _, _ = recvmsg_into(buffers, CREDENTIALS_SPACE, socket.MSG_TRUNC)
+            size = recv_into(buffer, capacity, socket.MSG_TRUNC)
         except BlockingIOError:
             break
         read += 1
-        runs.add(bytes(view[:size]), credentials_uid(ancdata))
-    runs.flush()
+        if size <= max_size:
+            keep(bytes(view[:size]))
+    if burst:
+        intake.datagrams(burst, dg.DATAGRAM_CLIENT)
 
 
 drain = None
@@ -133,15 +146,17 @@ for _ in range(rounds):
     if variant == "send":
         continue
     if variant == "pure":
-        inp._read(receiver, K + 1)
-    elif variant == "compiled":  # as the loop read before: read(), the senders unnamed
+        pure_unnamed(receiver, K + 1)
+    elif variant in ("compiled", "large"):  # as the loop read before: the senders unnamed
         items, oversized, _ = reader.read(K + 1)
         inp._hand_on(items, oversized, None)
     elif variant == "compiled_creds":  # the loop's read now
         items, oversized, _, runs = reader.read_runs(K + 1)
         inp._hand_on(items, oversized, runs)
-    elif variant == "pure_creds":
-        pure_creds(receiver, K + 1)
+    elif variant in ("pure_creds", "large_pure"):  # the daemon's pure read now
+        inp._read(receiver, K + 1)
+    elif variant == "large_creds":
+        inp._read_metered(receiver, K + 1, nobody_reaches)
     else:
         got = 0
         while got < K:

@@ -1,14 +1,15 @@
 """Datagrams charged to their sender's uid's share of the pool (issue 33, point 1).
 
-Where the sender's uid is read (always on the compiled ``recvmmsg`` reads, the loop's and
-the drain thread's, their runs of one uid cut in C; on the pure path only with a datagram
-quota, the loop's ``recvmsg``), each datagram goes to the intake with its uid's key, the
-key a stream connection of that uid has (``peers.uid_client``): consecutive datagrams of
-one uid as one burst, the bursts in the order read. Real sockets, two real uids (a forked
-sender drops to ``nobody`` after connecting: the kernel names the sender at each send);
-then, on the real intake, a datagram flooder at its share meets ``no_memory`` while
-another uid's datagrams are all accepted, and the flooder's stream messages share its one
-share.
+On every reader (the pure reference's ``recvmsg_into``, the compiled loop's ``recvmmsg``
+and the drain thread's), with or without a datagram quota (from ``LARGE_DATAGRAM_BYTES``
+on, where datagrams are read one at a time, only with one: both paths alike), each
+datagram goes to the intake with its sender's uid's key, the key a stream
+connection of that uid has (``peers.uid_client``): consecutive datagrams of one uid as
+one burst, the bursts in the order read. Real sockets, two real uids (a forked sender
+drops to another uid after connecting: the kernel names the sender at each send); then,
+through each reader into the real intake, a datagram flooder uid at its share meets
+``no_memory`` while another uid's datagrams are all accepted; and, on the intake, the
+flooder's stream messages share its one share.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import os
 import pwd
 import socket
+from collections.abc import Sequence
 
 import pytest
 import uvloop
@@ -73,21 +75,25 @@ def other_sender(path: str, uid: int) -> tuple[int, int, int]:
     return pid, to_child, from_child
 
 
-def two_senders_interleaved(path: str, quota: ClientRate) -> list[tuple[list[bytes], object]]:
+def two_senders_interleaved(
+    path: str, quota: ClientRate, max_size: int = 100
+) -> list[tuple[list[bytes], object]]:
     """Our uid and ``nobody`` send, interleaved, to a datagram input on ``path`` (with
-    ``quota``), a datagram too large among them: the bursts the intake got, runs of one
-    client merged (the drain thread may have read the first six in more than one burst:
-    runs of one uid may be split at a burst's end, never merged across uids nor
-    reordered)."""
+    ``quota``, at ``max_size``), a datagram too large among them: the bursts the intake
+    got, runs of one client merged (the drain thread may have read the first six in more
+    than one burst: runs of one uid may be split at a burst's end, never merged across
+    uids nor reordered)."""
     nobody = pwd.getpwnam("nobody").pw_uid
     intake = Recording()
 
     async def scenario() -> None:
-        datagram_input = DatagramInput(path, None, 100, False, intake, quota)
+        datagram_input = DatagramInput(path, None, max_size, True, intake, quota)
         datagram_input.start(asyncio.get_running_loop())
         pid, to_child, from_child = other_sender(path, nobody)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as mine:
+                # Room for a datagram too large for LARGE_DATAGRAM_BYTES (wmem_max doubled).
+                mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
                 mine.connect(path)
 
                 def theirs(*datagrams: bytes) -> None:
@@ -103,7 +109,7 @@ def two_senders_interleaved(path: str, quota: ClientRate) -> list[tuple[list[byt
                 await intake.until(6)
                 theirs(b"b3")
                 await intake.until(7)
-                mine.send(b"x" * 101)  # too large: after the ones before it
+                mine.send(b"x" * (max_size + 1))  # too large: after the ones before it
                 mine.send(b"a3")
                 await intake.until(9)
         finally:
@@ -135,48 +141,56 @@ def uid_runs() -> list[tuple[list[bytes], object]]:
     ]
 
 
+#: The read paths: recvmmsg (compiled) or one recvmsg_into per datagram (pure) below
+#: LARGE_DATAGRAM_BYTES; from it on, one at a time, each datagram's size peeked first.
+MAX_SIZES = [100, LARGE_DATAGRAM_BYTES]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
+@pytest.mark.parametrize("max_size", MAX_SIZES)
 def test_datagrams_go_to_their_senders_uid_share_in_runs_in_the_order_read(
-    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
+    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory, max_size: int
 ) -> None:
     """With a datagram quota, on every reader: each sender's uid, in runs, in order."""
     path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
-    assert two_senders_interleaved(path, GENEROUS) == uid_runs()
+    assert two_senders_interleaved(path, GENEROUS, max_size) == uid_runs()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
-def test_without_a_quota_the_compiled_reads_name_each_sender_the_pure_one_does_not(
-    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
+@pytest.mark.parametrize("max_size", MAX_SIZES)
+def test_without_a_quota_every_reader_names_each_sender_in_runs_in_the_order_read(
+    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory, max_size: int
 ) -> None:
-    """No quota: the compiled reads (the loop's recvmmsg, the drain thread) still charge
-    each datagram to its sender's uid, in runs cut in C; the pure reference reads no
-    credentials (its cost: docs/operations.md) and charges the senders as one client."""
+    """No quota: every reader still charges each datagram to its sender's uid, in runs
+    of one uid in the order sent: the compiled reads (runs cut in C) and the pure
+    reference (recvmsg_into, runs cut as it reads). From LARGE_DATAGRAM_BYTES on (read
+    one at a time, no credentials without a quota) the senders are one client, on every
+    reader alike."""
     path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
-    runs = two_senders_interleaved(path, NO_CLIENT_RATE)
-    if datagram_implementation == "pure":
+    runs = two_senders_interleaved(path, NO_CLIENT_RATE, max_size)
+    if max_size < LARGE_DATAGRAM_BYTES:
+        assert runs == uid_runs()
+    else:
         assert runs == [
             ([b"a0", b"a1", b"b0", b"b1", b"b2", b"a2", b"b3"], DATAGRAM_CLIENT),
             ([b"x" * 64], "too large"),
             ([b"a3"], DATAGRAM_CLIENT),
         ]
-    else:
-        assert runs == uid_runs()
 
 
-@pytest.mark.parametrize("max_size", [100, LARGE_DATAGRAM_BYTES])
-def test_without_a_quota_one_sender_is_its_uid_on_the_compiled_reads(
+@pytest.mark.parametrize("max_size", MAX_SIZES)
+def test_without_a_quota_one_sender_is_its_uid_on_every_reader(
     datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory, max_size: int
 ) -> None:
-    """No quota, one sender: its uid's share on the compiled recvmmsg reads; the senders
-    as one client (DATAGRAM_CLIENT) on the pure path and from LARGE_DATAGRAM_BYTES on
-    (read one at a time, no credentials)."""
+    """No quota, one sender: its uid's share on every reader, never the unnamed
+    senders' (DATAGRAM_CLIENT), below LARGE_DATAGRAM_BYTES; from it on, the unnamed
+    senders' on every reader alike. Its datagrams in order."""
     path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
 
     async def scenario() -> Recording:
         intake = Recording()
         datagram_input = DatagramInput(path, None, max_size, True, intake)
         datagram_input.start(asyncio.get_running_loop())
-        named = datagram_input.names_senders
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as mine:
                 mine.connect(path)
@@ -185,14 +199,99 @@ def test_without_a_quota_one_sender_is_its_uid_on_the_compiled_reads(
                 await intake.until(5)
         finally:
             datagram_input.close()
-        assert named == (datagram_implementation != "pure" and max_size < LARGE_DATAGRAM_BYTES)
         return intake
 
     intake = uvloop.run(scenario())
-    named = datagram_implementation != "pure" and max_size < LARGE_DATAGRAM_BYTES
+    named = max_size < LARGE_DATAGRAM_BYTES
     expected = uid_client(os.geteuid()) if named else DATAGRAM_CLIENT
     assert {client for _, client in intake.bursts} == {expected}
     assert [d for burst, _ in intake.bursts for d in burst] == [b"m%d" % n for n in range(5)]
+
+
+def send_as(path: str, uid: int, data: bytes, count: int) -> int:
+    """A forked sender connected to ``path`` as root, then running as ``uid``: sends
+    ``data`` ``count`` times (blocking while the socket's queue is full) and exits. Returns
+    its pid."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.connect(path)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            for _ in range(count):
+                sock.send(data)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+class CountedIntake(Recording):
+    """The real intake, behind a recording one that counts what it is handed (to wait
+    for) and keeps the client of each burst."""
+
+    def __init__(self, real: object) -> None:
+        super().__init__(keep_bytes=False)
+        self.real = real
+        self.clients: set[object] = set()
+
+    def datagrams(self, burst: Sequence[bytes], client: object = None) -> None:
+        self.real.datagrams(burst, client)  # type: ignore[attr-defined]
+        self.clients.add(client)
+        super().datagrams(burst, client)
+
+
+#: Two uids other than ours (root) and the kernel's overflow uid (65534).
+FLOODER_UID, OTHER_UID = 4201, 4202
+#: The flooder's datagrams: more than the whole pool, waiting for a topic's creation.
+FLOOD = BUDGET // 1000
+OTHER_DATAGRAMS = 512
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
+def test_a_datagram_flooder_uid_at_its_share_costs_another_uids_datagrams_nothing_on_every_reader(
+    datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No quota, on every reader into the real intake: two uids send at once; the
+    flooder's datagrams wait (a topic creation never answered) until its share is full,
+    then meet ``no_memory``; every one of the other uid's datagrams is accepted and
+    delivered. (On the pure reader before it named senders, both were one client and
+    the other uid's datagrams met ``no_memory`` too.)"""
+    path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
+    d = daemon()
+    intake = CountedIntake(d.intake)
+    held = encode_any_partition("being-created", b"h" * 1000)
+    good = encode_any_partition("known", b"good")
+
+    async def scenario() -> None:
+        datagram_input = DatagramInput(path, None, 2048, False, intake)
+        datagram_input.start(asyncio.get_running_loop())
+        pids = []
+        try:
+            pids.append(send_as(path, FLOODER_UID, held, FLOOD))
+            pids.append(send_as(path, OTHER_UID, good, OTHER_DATAGRAMS))
+            await intake.until(FLOOD + OTHER_DATAGRAMS)
+        finally:
+            datagram_input.close()  # first: a sender still blocked then gets an error
+            assert [os.waitpid(pid, 0)[1] for pid in pids] == [0] * len(pids)
+
+    uvloop.run(scenario())
+    topics = d.books.per_topic()
+    refused = topics["being-created"].discarded_by_reason.get(DiscardReason.NO_MEMORY, 0)
+    assert 0 < refused < FLOOD
+    assert d.books.lifetime_discards_by_reason()[DiscardReason.NO_MEMORY] == refused
+    # Refused for its share, never for a full pool.
+    assert d.books.counters.get(counter_names.NO_MEMORY_CLIENT_SHARE) == refused
+    assert not d.pool.is_depleted
+    assert topics["known"].accepted == OTHER_DATAGRAMS
+    assert DiscardReason.NO_MEMORY not in topics["known"].discarded_by_reason
+    deliver_all(d)
+    assert d.books.per_topic()["known"].delivered == OTHER_DATAGRAMS
+    assert d.pool.shares.held(uid_client(OTHER_UID)) == 0
+    assert intake.clients == {uid_client(FLOODER_UID), uid_client(OTHER_UID)}
 
 
 def test_a_datagram_flooder_at_its_share_costs_another_uids_datagrams_nothing() -> None:

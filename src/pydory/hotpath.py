@@ -19,7 +19,7 @@ What differs by implementation, each a drop-in for the other:
 - ``DatagramReader(fd, max_size, credentials).read(limit)``: up to 64 datagrams per system
   call (recvmmsg), and ``read_runs(limit)``: the same with their runs of one sender (each
   datagram's SCM_CREDENTIALS, cut in C); or None: inputs/datagram.py reads one per
-  ``recv_into`` (and its senders' uids only with a quota, one ``recvmsg`` each);
+  ``recvmsg_into``, its sender's uid with it, and cuts the runs itself;
 - ``DatagramDrain(fd, max_size, burst_datagrams)``: a thread of its own that empties the
   datagram socket into bursts for the loop, or None (whether the daemon uses it is
   daemon/inputs/datagram_drain.py's choice);
@@ -85,7 +85,7 @@ def _pure_identity_headers(name: str, prefix: bytes, first: int, count: int) -> 
 
 StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
 #: recvmmsg(2) for the datagram input, or None (inputs/datagram.py then reads one
-#: datagram per recv_into, the reference).
+#: datagram per recvmsg_into, the reference).
 DatagramReader: type[_cwire.DatagramReader] | None
 #: The datagram socket's drain thread (compiled only), or None.
 DatagramDrain: type[_cwire.DatagramDrain] | None

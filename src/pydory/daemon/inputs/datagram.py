@@ -1,26 +1,30 @@
 """The UNIX datagram input: one Dory message per datagram, read a burst at a time.
 
-A raw non-blocking socket read with ``recv_into`` from a reader callback (measured:
-several times faster than asyncio's datagram transport). At shutdown the socket is shut
+A raw non-blocking socket read from a reader callback (measured: several times faster
+than asyncio's datagram transport). At shutdown the socket is shut
 for reading (a client sending from then on gets EPIPE), its file removed, and the
 datagrams already queued are handed to the intake before it closes.
 
 Each datagram is charged to its sender's uid's share of the pool, the same share as that
-uid's stream connections (books/shares.py), wherever the sender is read: always on the
-compiled ``recvmmsg`` reads (the loop's and the drain thread's: the socket sets
-SO_PASSCRED, each datagram's SCM_CREDENTIALS comes with it, and the C cuts the burst into
-runs of one uid, so Python meets one run per change of sender, not one uid per datagram);
-on the pure path (and from :data:`LARGE_DATAGRAM_BYTES` on) only with a rate quota on the
-socket (``<quotas><unixDatagram>``), read with ``recvmsg`` one datagram at a time (+89 %
-instructions per datagram there, so only then: docs/operations.md, "Datagram senders");
-otherwise the senders share one client, :data:`DATAGRAM_CLIENT`. Runs are handed on in
-the order read. With a quota, a datagram over its uid's quota is handed to the intake's
-``over_quota`` at the end of its burst (pydory.daemon.inputs.quotas says why it is
-discarded, not held).
+uid's stream connections (books/shares.py), on every reader, with or without a datagram
+quota: the socket sets SO_PASSCRED, and each datagram's SCM_CREDENTIALS comes with it.
+The compiled ``recvmmsg`` reads (the loop's and the drain thread's) cut each burst into
+runs of one uid in C; the pure reference reads each datagram with ``recvmsg_into`` into
+its preallocated buffer and cuts the runs as it reads (a run goes on while the ancillary
+data is unchanged, so one uid per run, not per datagram, is parsed). The one exception:
+from :data:`LARGE_DATAGRAM_BYTES` on, datagrams are read one at a time (the compiled
+``read_one`` takes no credentials), so there a sender is named only with a quota (the
+``recvmsg_into`` that peeks at each size then takes them), else the senders are one
+client, :data:`DATAGRAM_CLIENT`, on both paths alike.
+Consecutive datagrams of one uid are handed on as one burst, the bursts in the order read
+(docs/operations.md, "Datagram senders", has what it costs). With a quota, a datagram
+over its uid's quota is handed to the intake's ``over_quota`` at the end of its burst
+(pydory.daemon.inputs.quotas says why it is discarded, not held).
 
-With the compiled hot path (pydory.hotpath), the unmetered read takes up to 64 datagrams
-per system call (``recvmmsg``, which Python's socket module lacks) with the same order,
-the same oversized rule and the same "found empty" count; ``recv_into`` is the reference.
+With the compiled hot path (pydory.hotpath), below :data:`LARGE_DATAGRAM_BYTES` the read
+takes up to 64 datagrams per system call (``recvmmsg``, which Python's socket module
+lacks) with the same order, the same runs, the same oversized rule and the same "found
+empty" count; ``recvmsg_into`` is the reference.
 Where pydory.daemon.inputs.datagram_drain chooses it (on by default), the socket is
 instead emptied by a thread of its own, its bursts handed on here the same way (with a
 quota, each datagram's uid kept by the thread and judged here).
@@ -74,11 +78,10 @@ _PEEK_SIZE = socket.MSG_PEEK | socket.MSG_TRUNC
 # SO_RCVBUF is a C int.
 _MAX_SOCKET_BUFFER = 2**31 - 1
 
-#: Who the datagrams' messages are charged to in the pool's shares (books/shares.py) when
-#: their senders' uids are not read (the pure path without a datagram quota, or no
-#: credentials came): the socket's senders as one client. Where they are read, each
-#: datagram is charged to its sender's uid's share (:func:`sender_client`), the one its
-#: stream connections have.
+#: Who a datagram's message is charged to in the pool's shares (books/shares.py) when its
+#: sender is not named (from LARGE_DATAGRAM_BYTES on without a quota, or no credentials
+#: came): the unnamed senders as one client. Every other datagram is charged to its
+#: sender's uid's share (:func:`sender_client`), the one its stream connections have.
 DATAGRAM_CLIENT = ("unix_dgram", "senders")
 #: A burst's items, as the compiled reads give them: bytes, or (size, prefix) if too large.
 Items = list[bytes | tuple[int, bytes]]
@@ -149,19 +152,10 @@ class DatagramInput:
         return self._kernel_queue_limit + self._drain.position()[0]
 
     @property
-    def names_senders(self) -> bool:
-        """Whether each datagram's sender's uid is read: always on the compiled
-        ``recvmmsg`` reads (their runs cut in C), else only with a rate quota."""
-        return self.quota is not None or self._runs_in_c
-
-    @property
     def _runs_in_c(self) -> bool:
         """The compiled reads give each burst's runs of one sender (below
         :data:`LARGE_DATAGRAM_BYTES`: ``recvmmsg``, the loop's or a drain thread's)."""
         return DatagramReader is not None and not self._large
-
-    def _pass_credentials(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, self.names_senders)
 
     @property
     def reader(self) -> str:
@@ -204,10 +198,10 @@ class DatagramInput:
         # From LARGE_DATAGRAM_BYTES on, the buffer only holds the small ones whole.
         self._large = max_msg_size >= LARGE_DATAGRAM_BYTES
         self._buffer = bytearray(LARGE_DATAGRAM_BYTES if self._large else max_msg_size + 1)
+        self._buffers = [self._buffer]  # recvmsg_into's, made once
         self._view = memoryview(self._buffer)
         self._batch_reader: tuple[int, object] | None = None  # (fd, its reader)
         if self._sock is not None:
-            self._pass_credentials(self._sock)  # the large path reads none without a quota
             self._build_reader(self._sock)
             self._watch()
 
@@ -219,12 +213,10 @@ class DatagramInput:
         self._batch_reader = None if reader is None else (fd, reader)
 
     def set_quota(self, rate: ClientRate) -> None:
-        """The senders' rate quota (a config reload: windows start afresh); on the pure
-        path credentials are asked of the kernel only while one is set."""
+        """The senders' rate quota (a config reload: windows start afresh)."""
         self._retire_drain()  # rebuilt below: it judges the quota it was made with
         self.quota = DatagramQuota(rate) if rate.limited else None
         if self._sock is not None:
-            self._pass_credentials(self._sock)
             self._watch()
 
     @property
@@ -247,7 +239,9 @@ class DatagramInput:
             receive_buffer = min(max(4 * self._max, 1 << 20), _MAX_SOCKET_BUFFER)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
             sock.setblocking(False)
-            self._pass_credentials(sock)
+            # Every datagram's sender named, on every reader, quota or not (a datagram
+            # queued before this reads as the overflow uid: inputs/peers.py).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             self._build_reader(sock)
         except BaseException:
             sock.close()
@@ -271,7 +265,7 @@ class DatagramInput:
         if datagram_drain.fits(self._max):
             if self._drain is None:
                 self._drain = SocketDrain(
-                    sock.fileno(), self._max, self._hand_on_drained, self.names_senders
+                    sock.fileno(), self._max, self._hand_on_drained, credentials=True
                 )
             if not self._paused:
                 self._drain.watch(loop)
@@ -313,45 +307,63 @@ class DatagramInput:
             self._read_metered(self._sock, DATAGRAM_BURST, self.quota)
 
     def _read(self, sock: socket.socket, limit: int) -> bool:
-        """Read up to ``limit`` datagrams into the intake; True if the queue ran empty."""
+        """Read up to ``limit`` datagrams into the intake, each run of one sender in one
+        call; True if the queue ran empty."""
         if DatagramReader is not None:
             return self._read_batched(sock, limit)
         if self._large:
             return self._read_large(sock, limit)
-        recv_into = sock.recv_into
-        buffer, view, max_size = self._buffer, self._view, self._max
-        capacity = len(buffer)
+        # The pure reference of read_runs, inlined: one recvmsg_into per datagram (Python
+        # has no recvmmsg), the ancillary buffer the one SCM_CREDENTIALS needs.
+        recvmsg_into = sock.recvmsg_into
+        buffers, view, max_size = self._buffers, self._view, self._max
         intake = self._intake
         burst: list[bytes] = []
         keep = burst.append
+        uid: int | None = None  # the run's sender
+        # The last datagram's ancillary data: while the next one's is equal (the same
+        # process, or no credentials), it is the same sender and nothing is parsed.
+        last: object = None
         read = 0
         drained = False
         try:
             while read < limit:
                 try:
-                    size = recv_into(buffer, capacity, socket.MSG_TRUNC)
+                    size, ancdata, _, _ = recvmsg_into(buffers, CREDENTIALS_SPACE, socket.MSG_TRUNC)
                 except (BlockingIOError, InterruptedError):
                     drained = True
                     break
                 read += 1
+                if ancdata != last:
+                    last = ancdata
+                    sender = credentials_uid(ancdata)
+                    if sender != uid:  # another uid: the run so far goes first
+                        if burst:
+                            intake.datagrams(burst, sender_client(uid))
+                            burst = []
+                            keep = burst.append
+                        uid = sender
                 if size <= max_size:
                     keep(bytes(view[:size]))
                     continue
                 if burst:  # the ones before it first, in order
-                    intake.datagrams(burst, DATAGRAM_CLIENT)
-                    burst.clear()
+                    intake.datagrams(burst, sender_client(uid))
+                    burst = []
+                    keep = burst.append
                 intake.datagram_too_large(size, bytes(view[: min(size, OVERSIZED_PREFIX)]))
         finally:
-            # Handed over as one burst: the intake counts and books once per burst.
+            # A run handed over as one burst: the intake counts and books once per burst.
             if burst:
-                intake.datagrams(burst, DATAGRAM_CLIENT)
+                intake.datagrams(burst, sender_client(uid))
             self.datagrams_read += read
             if drained:
                 self._times_drained += 1
         return drained
 
     def _read_large(self, sock: socket.socket, limit: int) -> bool:
-        """:meth:`_read` from :data:`LARGE_DATAGRAM_BYTES` on: one datagram at a time."""
+        """:meth:`_read` from :data:`LARGE_DATAGRAM_BYTES` on: one datagram at a time, the
+        senders unnamed (as the compiled one-at-a-time read, which takes no credentials:
+        the two paths charge the same shares)."""
         intake = self._intake
         burst: list[bytes] = []
         read = 0
@@ -385,15 +397,15 @@ class DatagramInput:
         """One datagram, from :data:`LARGE_DATAGRAM_BYTES` on: ``(its size, its bytes,
         its ancillary data)``, the bytes whole if their length is the size, else the
         prefix of one too large (or one there was no memory for: consumed all the same,
-        so it is not met again). Its size is peeked first; a large one is received into
-        memory of its own size, taken now."""
-        buffers = [self._buffer]
-        size, ancdata, _, _ = sock.recvmsg_into(buffers, ancillary, _PEEK_SIZE)
+        so it is not met again). Its size is peeked first, its ancillary data (room for
+        ``ancillary`` bytes) with it: the kernel gives a peek the datagram's own
+        credentials, and nothing else reads the socket between the two calls. A large one
+        is received into memory of its own size, taken now."""
+        size, ancdata, _, _ = sock.recvmsg_into(self._buffers, ancillary, _PEEK_SIZE)
         if len(self._buffer) <= size <= self._max:
-            with contextlib.suppress(MemoryError):
-                data, ancdata, _, _ = sock.recvmsg(size, ancillary)
-                return size, data, ancdata
-        size, ancdata, _, _ = sock.recvmsg_into(buffers, ancillary, socket.MSG_TRUNC)
+            with contextlib.suppress(MemoryError):  # raised before anything is consumed
+                return size, sock.recv(size), ancdata
+        size = sock.recv_into(self._buffer, len(self._buffer), socket.MSG_TRUNC)
         if size < len(self._buffer):
             return size, bytes(self._view[:size]), ancdata
         return size, bytes(self._view[:OVERSIZED_PREFIX]), ancdata
@@ -493,7 +505,7 @@ class DatagramInput:
         within it charged to that uid's share, in runs (:class:`_SenderRuns`); those over
         it are handed to the intake's ``over_quota`` after the burst."""
         recvmsg_into = sock.recvmsg_into
-        buffers, view, max_size = [self._buffer], self._view, self._max
+        buffers, view, max_size = self._buffers, self._view, self._max
         intake, now = self._intake, self._clock()
         runs = _SenderRuns(intake)
         over: list[bytes] = []

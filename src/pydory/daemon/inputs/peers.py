@@ -5,8 +5,8 @@ transport within a listener) does not buy a program more than its quota:
 
 - **UNIX stream**: the peer's credentials, ``SO_PEERCRED``, fixed at connect.
 - **UNIX datagram**: each datagram's ``SCM_CREDENTIALS`` (the socket sets
-  ``SO_PASSCRED``, only while a datagram quota is configured: the receive path then uses
-  ``recvmsg`` instead of ``recv_into``). The kernel fills them in; an unprivileged sender
+  ``SO_PASSCRED`` always, and every reader asks for them: ``recvmmsg`` compiled,
+  ``recvmsg_into`` on the pure path). The kernel fills them in; an unprivileged sender
   cannot forge them. A datagram queued before ``SO_PASSCRED`` was set reads as the
   kernel's overflow uid (65534) with pid 0.
 - **Loopback TCP**: the uid owning the client's socket. The client's socket is the one
