@@ -50,21 +50,27 @@ SLOW_START_S = 900.0
 OUT_DIR = Path(".")
 
 
-def under_callgrind() -> None:
+def under_callgrind(instr_later: bool = False) -> None:
     """Make the harness start ``pydory serve`` under callgrind (one file per thread, in
     OUT_DIR), and zero its counts when the harness reads the daemon's CPU time before the
-    load starts: start-up and imports are left out (the slope removes shutdown)."""
+    load starts: start-up and imports are left out (the slope removes shutdown).
+    ``instr_later``: callgrind's instrumentation is off until then instead (start-up runs
+    under valgrind's plain translation, several times faster than counted; the counts are
+    the same, but a function already running when it starts, the loop's ``run``, has no
+    inclusive figure)."""
     plain_command, plain_cpu = daemon_process.serve_command, procfs.cpu_seconds
+    later = ["--instr-atstart=no"] if instr_later else []
 
     def serve_command(*args: Any, **kwargs: Any) -> list[str]:
         return [
-            "valgrind", "--tool=callgrind", "--separate-threads=yes",
+            "valgrind", "--tool=callgrind", "--separate-threads=yes", *later,
             f"--callgrind-out-file={OUT_DIR}/callgrind.out.%p", *plain_command(*args, **kwargs),
         ]  # fmt: skip
 
     def cpu_seconds(pid: int) -> float:
         if not list(OUT_DIR.glob("zeroed")):  # the first look: the load starts next
-            subprocess.run(["callgrind_control", "--zero", str(pid)], check=True,
+            command = ["--instr=on"] if instr_later else ["--zero"]
+            subprocess.run(["callgrind_control", *command, str(pid)], check=True,
                            capture_output=True)  # fmt: skip
             (OUT_DIR / "zeroed").touch()
         return plain_cpu(pid)
@@ -73,6 +79,8 @@ def under_callgrind() -> None:
     procfs.cpu_seconds = cpu_seconds  # type: ignore[assignment]
     runs.STARTUP_TIMEOUT_S = SLOW_START_S
     daemon.STOP_GRACE_S = SLOW_START_S  # type: ignore[misc]  # callgrind writes at exit
+    # A look at /books/json under callgrind, on a loaded machine, can take over 5 s.
+    daemon.HTTP_TIMEOUT_S = 120.0  # type: ignore[misc]
 
 
 def thread_totals(out_dir: Path) -> dict[int, int]:
@@ -109,7 +117,8 @@ def measure(tree: str, cell: str, spool: str, messages: int, keep: Path | None) 
 
 
 #: The loop thread's system calls counted in a native run (--syscalls): its reads and turns.
-SYSCALLS = ("read", "recvfrom", "recvmsg", "recvmmsg", "epoll_wait", "write", "pwrite64")
+SYSCALLS = ("read", "recvfrom", "recvmsg", "recvmmsg", "epoll_wait", "epoll_ctl", "write",
+            "pwrite64", "setsockopt", "futex")  # fmt: skip
 
 
 def count_syscalls(tree: str, cell: str, spool: str, messages: int) -> dict[str, Any]:
@@ -148,14 +157,20 @@ def count_syscalls(tree: str, cell: str, spool: str, messages: int) -> dict[str,
             if perf and perf[0].poll() is None:
                 perf[0].kill()
         counts: dict[str, int] = {}
+        every: dict[str, int] = {}  # every thread's (librdkafka's, the disk worker's too)
         for line in output.read_text().splitlines():
             fields = line.split(",")
+            if len(fields) <= 3 or not fields[1].isdigit():
+                continue
+            name = fields[3].removeprefix("syscalls:sys_enter_")
+            every[name] = every.get(name, 0) + int(fields[1])
             # "comm-tid,count,,event,...": the loop's thread is the one whose tid is the pid
-            if len(fields) > 3 and fields[0].endswith(f"-{daemon_pid[0]}"):
-                name = fields[3].removeprefix("syscalls:sys_enter_")
+            if fields[0].endswith(f"-{daemon_pid[0]}"):
                 counts[name] = counts.get(name, 0) + int(fields[1])
     return {"messages": messages, "delivered": run.delivered,
-            **{f"{name}_per_msg": count / messages for name, count in counts.items()}}  # fmt: skip
+            "cpu_us_per_msg": run.cpu_us_per_msg, "system_us_per_msg": run.system_us_per_msg,
+            **{f"{name}_per_msg": count / messages for name, count in counts.items()},
+            **{f"all_{name}_per_msg": count / messages for name, count in every.items()}}  # fmt: skip
 
 
 def main() -> int:
@@ -166,6 +181,9 @@ def main() -> int:
     parser.add_argument("-n", default="20000,100000", help="the two Ns (default 20000,100000)")
     parser.add_argument("--output", type=Path, help="append one JSON line per tree and cell")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files under this dir")
+    parser.add_argument("--instr-later", action="store_true",
+                        help="callgrind's instrumentation off until the load starts (a faster "
+                        "start-up; the same counts)")  # fmt: skip
     parser.add_argument("--syscalls", action="store_true",
                         help="instead: count the loop's system calls per message in a native "
                         "run of the larger N (perf stat)")  # fmt: skip
@@ -179,7 +197,7 @@ def main() -> int:
                 row = count_syscalls(directory, cell, args.spool, large)
                 print(json.dumps({"tree": name, "cell": cell, "spool": args.spool, **row}))
         return 0
-    under_callgrind()
+    under_callgrind(args.instr_later)
     for cell in args.cell:
         for tree_text in args.tree:
             name, _, directory = tree_text.partition("=")

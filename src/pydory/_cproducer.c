@@ -79,13 +79,58 @@ RDK_FUNCTIONS(DECLARE_POINTER)
 static void *library = NULL;
 static char library_path[4096];
 
-/* bind(module_path) -> (version, library_path): resolve the functions this module uses
- * from the librdkafka the extension module at ``module_path`` (confluent-kafka's cimpl)
+/* The librdkafka the extension module at ``module_path`` (confluent-kafka's cimpl)
  * actually loaded: dlsym on that module's handle searches its own dependencies, so the
  * symbol found is in the copy it links, and dladdr names that copy. RTLD_NOLOAD only:
- * nothing is ever mapped here, so the process never holds a second librdkafka. The
- * library must be at least the version of the header this file was compiled against
- * (its ABI only grows). */
+ * nothing is ever mapped here, so the process never holds a second librdkafka. Returns
+ * that library's handle (the caller closes it), its rd_kafka_version() in *version and
+ * its path in *info; NULL with an ImportError set if there is none. */
+static void *
+find_library(const char *module_path, int *version, Dl_info *info)
+{
+    void *owner = dlopen(module_path, RTLD_NOW | RTLD_NOLOAD);
+    if (owner == NULL) {
+        PyErr_Format(PyExc_ImportError, "%s is not loaded: %s", module_path, dlerror());
+        return NULL;
+    }
+    void *symbol = dlsym(owner, "rd_kafka_version");
+    void *handle = NULL;
+    if (symbol != NULL && dladdr(symbol, info) != 0 && info->dli_fname != NULL)
+        handle = dlopen(info->dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    dlclose(owner);
+    if (handle == NULL) {
+        PyErr_Format(PyExc_ImportError, "%s links no loaded librdkafka", module_path);
+        return NULL;
+    }
+    *version = ((int (*)(void))symbol)();
+    return handle;
+}
+
+/* library_version(module_path) -> (version, library_path): the rd_kafka_version() and
+ * path of the librdkafka that module loaded, binding nothing: the start decides from it
+ * (compiled_producer.check_librdkafka) before bind(). */
+static PyObject *
+library_version(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    const char *module_path = PyUnicode_AsUTF8(arg);
+    if (module_path == NULL)
+        return NULL;
+    int version;
+    Dl_info info;
+    void *handle = find_library(module_path, &version, &info);
+    if (handle == NULL)
+        return NULL;
+    PyObject *result = Py_BuildValue("(is)", version, info.dli_fname);
+    dlclose(handle);
+    return result;
+}
+
+/* bind(module_path) -> (version, library_path): resolve the functions this module uses
+ * from the librdkafka find_library names. The library must be at least the version of
+ * the header this file was compiled against (HEADER_VERSION; its ABI only grows): the
+ * start checks that first, in Python, with the words a user needs
+ * (compiled_producer.check_librdkafka); this guard keeps the module itself from binding
+ * an older one when called otherwise. */
 static PyObject *
 bind_library(PyObject *Py_UNUSED(module), PyObject *arg)
 {
@@ -94,22 +139,11 @@ bind_library(PyObject *Py_UNUSED(module), PyObject *arg)
         return NULL;
     if (library != NULL)
         return Py_BuildValue("(ss)", p_rd_kafka_version_str(), library_path);
-    void *owner = dlopen(module_path, RTLD_NOW | RTLD_NOLOAD);
-    if (owner == NULL) {
-        PyErr_Format(PyExc_ImportError, "%s is not loaded: %s", module_path, dlerror());
-        return NULL;
-    }
-    void *symbol = dlsym(owner, "rd_kafka_version");
+    int version;
     Dl_info info;
-    void *handle = NULL;
-    if (symbol != NULL && dladdr(symbol, &info) != 0 && info.dli_fname != NULL)
-        handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-    dlclose(owner);
-    if (handle == NULL) {
-        PyErr_Format(PyExc_ImportError, "%s links no loaded librdkafka", module_path);
+    void *handle = find_library(module_path, &version, &info);
+    if (handle == NULL)
         return NULL;
-    }
-    int version = ((int (*)(void))symbol)();
     if (version < RD_KAFKA_VERSION) {
         PyErr_Format(PyExc_ImportError,
                      "librdkafka %s (0x%08x) is older than the header pydory._cproducer "
@@ -1374,6 +1408,9 @@ static PyTypeObject ProducerType = {
 static PyMethodDef module_methods[] = {
     {"burst_topics", (PyCFunction)(void (*)(void))burst_topics, METH_FASTCALL,
      "burst_topics(parsed, max_data) -> {topic: (count, data_bytes)} or None"},
+    {"library_version", library_version, METH_O,
+     "library_version(module_path) -> (version, library_path): the librdkafka the "
+     "extension module at module_path loaded (its rd_kafka_version()), binding nothing"},
     {"bind", bind_library, METH_O,
      "bind(module_path) -> (version, library_path): resolve librdkafka's functions from "
      "the librdkafka the extension module at module_path loaded"},
@@ -1409,7 +1446,9 @@ PyInit__cproducer(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Producer", (PyObject *)&ProducerType) < 0) {
+    /* The librdkafka version of the header this file was compiled against. */
+    if (PyModule_AddIntConstant(m, "HEADER_VERSION", RD_KAFKA_VERSION) < 0 ||
+        PyModule_AddObjectRef(m, "Producer", (PyObject *)&ProducerType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompiledBackend", "bind", "burst_topics"]
+__all__ = ["CompiledBackend", "LibrdkafkaTooOld", "bind", "burst_topics", "check_librdkafka"]
 
 #: rd_kafka_msg_status_t: librdkafka knows the message never reached a broker's log.
 MSG_STATUS_NOT_PERSISTED: Final = 0
@@ -49,12 +49,49 @@ _module: Any = None
 in_use = False
 
 
+class LibrdkafkaTooOld(ImportError):
+    """The librdkafka confluent-kafka loaded is older than the header ``pydory._cproducer``
+    was compiled against: the functions and fields that header declares may not all be
+    there, so the compiled backend does not bind to it (the reference runs instead)."""
+
+
+def version_text(version: int) -> str:
+    """librdkafka's ``0xMMmmrrxx`` version number as ``MM.mm.rr``."""
+    return f"{version >> 24 & 0xFF}.{version >> 16 & 0xFF}.{version >> 8 & 0xFF}"
+
+
+def check_librdkafka(found: int, built_against: int, library: str) -> None:
+    """Whether the compiled backend may bind the librdkafka ``library`` (version ``found``)
+    when it was compiled against the header of ``built_against`` (both as
+    ``rd_kafka_version()`` gives them): at least that version (its ABI only grows), else
+    :class:`LibrdkafkaTooOld` naming both and what to do."""
+    if found >= built_against:
+        return
+    raise LibrdkafkaTooOld(
+        f"librdkafka {version_text(found)} ({library}, loaded by confluent-kafka) is older "
+        f"than librdkafka {version_text(built_against)}, whose header pydory._cproducer was "
+        f"compiled against; to run the compiled producer, install a confluent-kafka that "
+        f"bundles librdkafka {version_text(built_against)} or newer, or rebuild pydory "
+        f"against librdkafka {version_text(found)}'s header (./dev setup)"
+    )
+
+
+def _found_librdkafka(module: Any) -> tuple[int, str]:
+    """The version and path of the librdkafka confluent-kafka's cimpl loaded (a seam: a
+    test names an older one)."""
+    found: tuple[int, str] = module.library_version(cimpl.__file__)
+    return found
+
+
 def bind() -> str:
     """Bind ``pydory._cproducer`` to the librdkafka confluent-kafka loaded; what runs (raises
-    ImportError or OSError: why it cannot)."""
+    ImportError or OSError: why it cannot; :class:`LibrdkafkaTooOld`: an older librdkafka
+    than the extension was compiled against)."""
     global _module
     from pydory import _cproducer
 
+    found, path = _found_librdkafka(_cproducer)
+    check_librdkafka(found, _cproducer.HEADER_VERSION, path)
     version, library = _cproducer.bind(cimpl.__file__)
     _module = _cproducer
     return f"pydory._cproducer on librdkafka {version} ({library.rsplit('/', 1)[-1]})"
