@@ -1565,16 +1565,29 @@ folded_crc32(uint32_t crc, const unsigned char *buf, size_t len) {
 }
 #endif
 
+/* zlib's CRC-32 a byte at a time (the bit-reflected 0x04C11DB7), for the 0-15 bytes the
+ * folding leaves: a call into zlib cost ~130 instructions for a 14-byte tail, this ~6 a
+ * byte. Filled at import. */
+static uint32_t crc_table[256];
+
+static void fill_crc_table(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[n] = c;
+    }
+}
+
 /* crc32(crc, buf, len) as zlib computes it: folded where the CPU can and the bytes are
- * enough (>= 64), zlib's table for the rest. */
+ * enough (>= 64), the last 0-15 bytes by the table above; zlib's for the rest. */
 static unsigned long spool_crc32(unsigned long crc, const unsigned char *buf, size_t len) {
 #ifdef HAVE_FOLDED_CRC32
     if (cpu_folds_crc32 && len >= 64) {
         size_t chunk = len & ~(size_t)15;
-        crc = (~folded_crc32(~(uint32_t)crc, buf, chunk)) & 0xFFFFFFFFul;
-        buf += chunk;
-        len -= chunk;
-        if (len == 0) return crc;
+        uint32_t c = folded_crc32(~(uint32_t)crc, buf, chunk);
+        for (const unsigned char *end = buf + len, *at = buf + chunk; at < end; at++)
+            c = crc_table[(c ^ *at) & 0xFF] ^ (c >> 8);
+        return (~c) & 0xFFFFFFFFul;
     }
 #endif
     return zlib_crc32(crc, buf, (unsigned int)len);
@@ -1833,6 +1846,7 @@ PyMODINIT_FUNC PyInit__cwire(void) {
     cpu_folds_crc32 = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
     find_crc32();
+    fill_crc_table();
     if (zlib_crc32 != NULL) { /* else the spool encodes its frames in Python */
         static PyMethodDef functions[] = {
             {"encode_payload_frames", (PyCFunction)(void (*)(void))encode_payload_frames,
