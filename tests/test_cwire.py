@@ -6,6 +6,7 @@ chosen: with a C compiler the extension is there, PYDORY_PURE_PYTHON=1 refuses i
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import platform
@@ -466,6 +467,78 @@ def test_the_spool_crc32_is_folded_where_the_cpu_can() -> None:
     block = bytes(range(256)) * 40
     for length in (64, 65, 79, 80, 127, 128, 129, 1000, len(block)):
         assert cwire.crc32(block[:length], 0xFFFFFFFF) == zlib.crc32(block[:length], 0xFFFFFFFF)
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.binary(max_size=300), min_size=1, max_size=80),
+    st.integers(0, 2**32 - 81),
+    st.sampled_from([list, tuple]),
+    st.binary(max_size=50),
+)
+def test_the_compiled_spool_write_writes_the_pure_frames(
+    payloads: list[bytes], first: int, kind: type, before: bytes
+) -> None:
+    """write_payload_frames (the write-ahead's one call: frames and write) puts the pure
+    reference's frames after what the file held, and says how many bytes it wrote."""
+    write = getattr(cwire, "write_payload_frames", None)
+    if write is None:
+        pytest.skip("zlib is not a shared library here: the spool encodes in Python")
+    reference = records.encode_payloads_reference(payloads, first)
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, before)
+        head, crc, marker = records.PAYLOAD_HEAD, records.PAYLOAD_HEAD_CRC, records.SYNC_MARKER
+        assert write(write_end, kind(payloads), first, head, crc, marker, len(reference)) == len(
+            reference
+        )
+        os.close(write_end)
+        write_end = -1
+        written = b""
+        while chunk := os.read(read_end, 1 << 16):
+            written += chunk
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    assert written == before + reference
+
+
+@needs_compiled
+def test_the_compiled_spool_write_refuses_above_its_limit_and_reports_failures(
+    tmp_path: Path,
+) -> None:
+    write = getattr(cwire, "write_payload_frames", None)
+    if write is None:
+        pytest.skip("zlib is not a shared library here: the spool encodes in Python")
+    head, crc, marker = records.PAYLOAD_HEAD, records.PAYLOAD_HEAD_CRC, records.SYNC_MARKER
+    payloads = [b"a" * 10, b"b" * 20]
+    size = len(records.encode_payloads_reference(payloads, 0))
+    path = tmp_path / "segment"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        assert write(fd, payloads, 0, head, crc, marker, size - 1) == -size  # over: none
+        assert path.stat().st_size == 0
+        assert write(fd, payloads, 7, head, crc, marker, size) == size
+        assert path.read_bytes() == records.encode_payloads_reference(payloads, 7)
+        with pytest.raises(ValueError, match="sequence"):
+            write(fd, payloads, 2**32 - 1, head, crc, marker, size)
+        with pytest.raises(TypeError):
+            write(fd, ["text"], 0, head, crc, marker, size)
+        with pytest.raises(TypeError):
+            write(fd, payloads, 0, head, crc, b"xx", size)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match=os.strerror(errno.EBADF)):
+        write(fd, payloads, 0, head, crc, marker, size)  # closed
+    if Path("/dev/full").exists():
+        full = os.open("/dev/full", os.O_WRONLY)
+        try:
+            with pytest.raises(OSError, match=os.strerror(errno.ENOSPC)):
+                write(full, payloads, 0, head, crc, marker, size)
+        finally:
+            os.close(full)
 
 
 @needs_compiled

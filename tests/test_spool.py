@@ -1147,3 +1147,82 @@ def test_client_messages_as_read_come_back_as_payloads(tmp_path: Path) -> None:
     assert [r.value for r in records if r.is_payload] == payloads
     assert [r for r in records if not r.is_payload] == [SpoolRecord("t", b"k", b"v", 5)]
     assert decode_records(encode_payloads(payloads))[0][1].value == payloads[1]
+
+
+# --- the write-ahead's one call: frames and write (issue 34, lever 3) -------------------------
+
+
+def test_read_bursts_written_in_one_call_recover_one_by_one_after_damage(
+    spool_dir: Path,
+) -> None:
+    """Bursts after the first go through the compiled frame-and-write call where it is
+    built (``segments.write_payload_frames``; else the Python encoding): the same frames,
+    so each message recovers alone, and a flipped byte costs its message only."""
+    from pydory.daemon.spool import segments
+
+    bursts = [[f"burst {b} message {m}".encode() * 3 for m in range(5)] for b in range(4)]
+    spool = make_spool(spool_dir, segment_bytes=1 << 20)
+    spool.open()
+    for burst in bursts:
+        spool.append_payloads(burst)
+    spool.close()  # unsettled: left for the next start, as a SIGKILL leaves them
+    path = segment_path(spool_dir, 1)
+    expected = [payload for burst in bursts for payload in burst]
+    frames = encode_payloads(expected)
+    data = path.read_bytes()
+    assert data[HEADER_BYTES:] == frames  # one stream of frames, numbered across bursts
+    frame = len(frames) // len(expected)  # the payloads are of one length
+    damaged = bytearray(data)
+    damaged[HEADER_BYTES + 10 * frame + 30] ^= 0xFF  # inside message 10 (the third burst)
+    path.write_bytes(bytes(damaged))
+    again, recovered = recover_all(spool_dir)
+    report = again.recovery_report
+    again.close()
+    assert (report.corrupt_messages, report.corrupt_regions) == (1, 1)
+    assert [record.value for record in recovered] == expected[:10] + expected[11:]
+    assert segments.write_payload_frames is not None or os.environ.get("PYDORY_PURE_PYTHON")
+
+
+def test_a_failed_write_of_the_one_call_is_cut_away(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled frame-and-write call failing halfway (a full disk): the segment is cut
+    back to its frames before, the burst is not spooled, the next one goes on."""
+    from pydory.daemon.spool import segments
+
+    spool = make_spool(spool_dir)
+    spool.open()
+    first = [b"first"] * 3
+    spool.append_payloads(first)
+    path = segment_path(spool_dir, 1)
+    size = path.stat().st_size
+
+    def half_then_full(fd: int, payloads: list[bytes], *rest: Any) -> int:
+        os.write(fd, encode_payloads(payloads)[:7])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(segments, "write_payload_frames", half_then_full)
+    with pytest.raises(SpoolError, match="No space left on device"):
+        spool.append_payloads([b"lost"] * 4)
+    assert path.stat().st_size == size
+    assert (spool.outstanding, spool.errors_total) == (3, 1)
+    monkeypatch.undo()
+    later = [b"later"] * 2
+    spool.append_payloads(later)
+    spool.close()
+    _, recovered = recover_all(spool_dir)
+    assert [record.value for record in recovered] == first + later
+
+
+def test_the_one_call_refuses_a_burst_over_the_cap_and_writes_nothing(spool_dir: Path) -> None:
+    burst = [b"x" * 100] * 10
+    frame_bytes = len(encode_payloads(burst))
+    spool = make_spool(spool_dir, max_bytes=HEADER_BYTES + frame_bytes + frame_bytes // 2)
+    spool.open()
+    spool.append_payloads(burst)
+    size = segment_path(spool_dir, 1).stat().st_size
+    with pytest.raises(SpoolFull):
+        spool.append_payloads(burst)
+    assert segment_path(spool_dir, 1).stat().st_size == size
+    assert (spool.outstanding, spool.full_total, spool.errors_total) == (10, 1, 0)
+    spool.close()

@@ -28,7 +28,11 @@ What differs by implementation, each a drop-in for the other:
   prefix holds is daemon/spool/identity.py's business, not this one's).
 - ``payload_frames(payloads, first_sequence, head, head_crc, marker)``: the spool's frames
   of a burst (daemon/spool/records.py's ``encode_payloads_reference``, the same bytes), or
-  None: records.py then encodes them in Python.
+  None: records.py then encodes them in Python;
+- ``write_payload_frames(fd, payloads, first_sequence, head, head_crc, marker, limit)``:
+  the same frames written to ``fd`` in one call (no bytes object of them; above ``limit``
+  bytes none, and ``-size`` returned), or None: daemon/spool/segments.py then encodes
+  (``payload_frames``) and writes with ``os.write``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ __all__ = [
     "identity_headers",
     "parse_burst",
     "payload_frames",
+    "write_payload_frames",
 ]
 
 #: The environment variable that forces pure Python.
@@ -94,12 +99,13 @@ parse_burst: Callable[[Sequence[bytes]], Iterable[Fields | None]]
 WHOLE_PARSES: tuple[type, ...] = (list,)
 identity_headers: Callable[[str, bytes, int, int], HeaderLists]
 payload_frames: Callable[[Sequence[bytes], int, bytes, int, bytes], bytes] | None
+write_payload_frames: Callable[[int, Sequence[bytes], int, bytes, int, bytes, int], int] | None
 
 if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
     IMPLEMENTATION, WHY = "pure", f"{PURE_PYTHON_VARIABLE} is set"
     StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
     DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
-    DatagramDrain = None
+    DatagramDrain = write_payload_frames = None
 else:
     try:
         from pydory import _cwire
@@ -107,7 +113,7 @@ else:
         IMPLEMENTATION, WHY = "pure", f"the C extension is not built here ({error})"
         StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
         DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
-        DatagramDrain = None
+        DatagramDrain = write_payload_frames = None
     else:
         IMPLEMENTATION, WHY = "compiled", "pydory._cwire"
         StreamFramer = _cwire.StreamFramer
@@ -118,3 +124,4 @@ else:
         identity_headers = _cwire.identity_headers
         # Absent when the zlib this Python uses is not a shared library to share.
         payload_frames = getattr(_cwire, "encode_payload_frames", None)
+        write_payload_frames = getattr(_cwire, "write_payload_frames", None)

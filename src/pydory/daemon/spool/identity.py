@@ -172,6 +172,7 @@ class MessageIds:
         self.headers = headers
         self._prefix = run_prefix(host_id, incarnation).encode("ascii")
         self.unspooled_given = 0  # stream 0's sequence: messages given no spool frame
+        self._stream_prefix = (-1, b"")  # the last stream's prefix, made once per stream
 
     def render(self, incarnation: int, stream: int, sequence: int) -> bytes:
         """The header value of an identity of this host."""
@@ -185,7 +186,11 @@ class MessageIds:
         """:meth:`spooled` as an :class:`IdentityRun` (its headers made when asked for)."""
         if not self.headers:
             return [None] * count
-        return IdentityRun(HEADER_NAME, self._prefix + b"%d/" % stream, first, count)
+        known, prefix = self._stream_prefix
+        if known != stream:
+            prefix = self._prefix + b"%d/" % stream
+            self._stream_prefix = (stream, prefix)
+        return IdentityRun(HEADER_NAME, prefix, first, count)
 
     def unspooled(self, count: int) -> list[Headers | None]:
         """Messages that no spool frame holds: stream 0 of this run."""

@@ -59,8 +59,10 @@ hostile file yields a report, never an exception or a huge allocation.
 
 Rule: the byte layout of a segment file is defined here, and read only here. One other
 code writes it: ``_cwire.c``'s ``encode_payload_frames`` (``pydory.hotpath.payload_frames``)
-writes the frames of :func:`encode_payloads_reference` byte for byte, from the marker and
-the payload head given here (``tests/test_cwire.py`` holds the two equal). A replayed
+and ``write_payload_frames`` (the same frames written to a file in the same call, for
+``spool/segments.py``) write the frames of :func:`encode_payloads_reference` byte for byte,
+from the marker and the payload head given here (``PAYLOAD_HEAD``, ``PAYLOAD_HEAD_CRC``,
+``SYNC_MARKER``; ``tests/test_cwire.py`` holds them equal). A replayed
 frame's origin is ``ORIGIN_BYTES`` opaque here: what they hold, a message's first identity,
 is :mod:`pydory.daemon.spool.identity`'s (``pack_origin``, ``unpack_origin``).
 """
@@ -174,6 +176,9 @@ def encode_records(records: Sequence[SpoolRecord], first_sequence: int = 0) -> b
 
 _PAYLOAD_HEAD = _BODY_HEAD.pack(FLAG_PAYLOAD, 0, 0, 0) + _U32.pack(0)  # no topic, no key
 _PAYLOAD_HEAD_CRC = zlib.crc32(_PAYLOAD_HEAD)
+#: A client message's frame body before its value's length (flags, no topic, no key), and
+#: its CRC: what the compiled writers put before each payload.
+PAYLOAD_HEAD, PAYLOAD_HEAD_CRC = _PAYLOAD_HEAD, _PAYLOAD_HEAD_CRC
 
 
 def encode_payloads(

@@ -38,7 +38,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from pydory.daemon.spool.acks import ACK_SUFFIX, AckMarks, ack_path
@@ -48,7 +48,10 @@ from pydory.daemon.spool.identity import new_incarnation
 from pydory.daemon.spool.lock_pid import read_pid, write_pid
 from pydory.daemon.spool.records import (
     HEADER_BYTES,
+    PAYLOAD_HEAD,
+    PAYLOAD_HEAD_CRC,
     SEQUENCES_PER_SEGMENT,
+    SYNC_MARKER,
     SpoolRecord,
     decode_records,
     encode_header,
@@ -64,6 +67,7 @@ from pydory.daemon.spool.recovery import (
 )
 from pydory.daemon.spool.syncing import SegmentSync
 from pydory.daemon.spool.tallies import Tally
+from pydory.hotpath import write_payload_frames
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +120,11 @@ class Spool:
             raise ValueError("segment_bytes and max_bytes must be positive")
         # The daemon's worker takes the interval's syncs and the deletions off its loop.
         self._worker = disk_worker
+        #: Segments whose sync failed on the worker (an append then takes the slow path,
+        #: which retires such a segment: SegmentSync.failed).
+        self._failed_syncs: Collection[int] = (
+            disk_worker.failed_segments if disk_worker is not None else ()
+        )
         self._sync = SegmentSync(directory, fsync_interval_ms, clock, disk_worker)
         self.directory = directory
         self.segment_bytes = segment_bytes
@@ -315,8 +324,44 @@ class Spool:
     ) -> int:
         """:meth:`append` for client messages as read (see :func:`encode_payloads`);
         ``origins``: replayed messages' first identities, kept in their frames."""
+        current = self._current
+        if (
+            origins is None
+            and write_payload_frames is not None
+            and current is not None
+            and payloads
+            and current.size < self.segment_bytes
+            and current.next_sequence + len(payloads) <= SEQUENCES_PER_SEGMENT
+            and not self._failed_syncs
+        ):
+            return self._append_read(current, payloads)
         encode = functools.partial(encode_payloads, payloads, origins=origins)
         return self._append_encoded(encode, len(payloads))
+
+    def _append_read(self, current: _Segment, payloads: Sequence[bytes]) -> int:
+        """:meth:`append_payloads` where nothing is to rotate or retire first (the write
+        ahead of a read burst, nearly every time): framed and written in one compiled call
+        (``pydory.hotpath.write_payload_frames``), no bytes object of the frames, the size
+        cap checked by it before anything is written (issue 34, lever 3)."""
+        assert write_payload_frames is not None
+        assert current.fd is not None
+        before = current.size
+        try:
+            written = write_payload_frames(
+                current.fd,
+                payloads,
+                current.next_sequence,
+                PAYLOAD_HEAD,
+                PAYLOAD_HEAD_CRC,
+                SYNC_MARKER,
+                self.max_bytes - self._live_bytes,
+            )
+        except OSError as exc:
+            self._cut_back(current, before)
+            raise self._error(f"cannot write spool segment [{current.path}]", exc) from exc
+        if written < 0:
+            raise self._full(-written)
+        return self._written(current, before, written, len(payloads))
 
     def _append_encoded(self, encode: Callable[[int], bytes], count: int) -> int:
         """Append the frames ``encode(first sequence)`` makes for ``count`` messages."""
@@ -335,11 +380,7 @@ class Spool:
         data = encode(0 if current is None else current.next_sequence)
         new_bytes = len(data) + (HEADER_BYTES if current is None else 0)
         if self._live_bytes + new_bytes > self.max_bytes:
-            self.full_total += 1
-            raise SpoolFull(
-                f"spool [{self.directory}] is full: {self._live_bytes} bytes + a burst of "
-                f"{new_bytes} > maxSize {self.max_bytes}"
-            )
+            raise self._full(new_bytes)
         if current is None:
             current = self._start_segment()
         if not data:
@@ -353,6 +394,19 @@ class Spool:
         except OSError as exc:
             self._cut_back(current, before)
             raise self._error(f"cannot write spool segment [{current.path}]", exc) from exc
+        return self._written(current, before, written, count)
+
+    def _full(self, new_bytes: int) -> SpoolFull:
+        """A burst of ``new_bytes`` refused: it would take the spool above its cap."""
+        self.full_total += 1
+        return SpoolFull(
+            f"spool [{self.directory}] is full: {self._live_bytes} bytes + a burst of "
+            f"{new_bytes} > maxSize {self.max_bytes}"
+        )
+
+    def _written(self, current: _Segment, before: int, written: int, count: int) -> int:
+        """``count`` messages' frames, ``written`` bytes from ``before``, are in
+        ``current``: synced if the policy says so now, then counted."""
         current.size += written
         self._live_bytes += written
         self._sync.current_dirty = True

@@ -171,9 +171,9 @@ class WriteAhead:
         if self._failing:
             log.warning("spool: writing ahead again")
             self._failing = False
-        self._stream, self._first = self._spool.last_identity
-        fresh = self._ids.spooled_run(self._stream, self._first, len(burst))
-        return self._headers(origins, fresh)
+        self._stream, self._first = stream, first = self._spool.last_identity
+        fresh = self._ids.spooled_run(stream, first, self._burst_size)
+        return fresh if origins is None else self._ids.replayed(origins, fresh)
 
     def _headers(
         self, origins: Sequence[bytes | None] | None, fresh: Sequence[Headers | None]
