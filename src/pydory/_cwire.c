@@ -1616,13 +1616,6 @@ static unsigned long spool_crc32(unsigned long crc, const unsigned char *buf, si
     return zlib_crc32(crc, buf, (unsigned int)len);
 }
 
-static void put_u32(unsigned char *at, uint32_t value) {
-    at[0] = (unsigned char)(value >> 24);
-    at[1] = (unsigned char)(value >> 16);
-    at[2] = (unsigned char)(value >> 8);
-    at[3] = (unsigned char)value;
-}
-
 /* The checks and the size of a burst's spool frames (encode_payload_frames' arguments):
  * 0 and *total set, or -1 with an exception. */
 static int payload_frames_size(PyObject *payloads, unsigned long long first,
