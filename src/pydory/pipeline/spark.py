@@ -39,6 +39,7 @@ __all__ = [
     "spark_kafka_jars_dir",
     "spark_session",
     "with_spark_kafka_jars",
+    "worker_python",
 ]
 
 #: Spark's master URL when none is given. ``spark://HOST:PORT`` runs the jobs on a standalone
@@ -49,6 +50,9 @@ DEFAULT_MASTER = "local[*]"
 #: Names a directory holding Spark's Kafka connector and its dependencies (overrides the
 #: checkout's ``.jars/spark-kafka``).
 SPARK_KAFKA_JARS_ENV = "PYDORY_SPARK_KAFKA_JARS"
+
+#: The console script of :mod:`pydory.pipeline.worker_python`, beside the interpreter.
+WORKER_PYTHON = "pydory-spark-python"
 
 # Local jobs here are small: Spark's default of 200 shuffle partitions would mostly
 # schedule empty tasks. On a cluster, Spark's defaults (or --conf) apply.
@@ -209,7 +213,17 @@ def _use_this_interpreter_for_workers() -> None:
     """Make Spark's Python workers run this interpreter (this venv, with its packages).
 
     Without it they run the first ``python3`` on PATH, which lacks confluent-kafka and
-    pyarrow, and the worker processes must import pydory's source by module name.
+    pyarrow, and the worker processes must import pydory's source by module name. They
+    run it through ``pydory-spark-python`` beside it when installed (:func:`worker_python`).
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def worker_python() -> str:
+    """The interpreter for Spark's Python workers: this environment's
+    ``pydory-spark-python`` (:mod:`pydory.pipeline.worker_python`: PySpark imported from
+    its package, compiled once, not from Spark's ``pyspark.zip`` at every worker's start),
+    else this interpreter."""
+    launcher = Path(sys.executable).with_name(WORKER_PYTHON)
+    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable
