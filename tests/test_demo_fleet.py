@@ -41,6 +41,7 @@ def test_the_fleet_demo_lands_every_accepted_message_once_on_hdfs_and_names_the_
         timeout=1800,  # a safety net only
         check=False,
     )  # fmt: skip
+    print(done.stdout)  # with -s: the stages and their times
 
     assert_a_clean_terminal(done)
     lines = done.stdout.rstrip().splitlines()

@@ -110,6 +110,33 @@ def first_accepted(run: dict[str, Any]) -> int:
     return owed
 
 
+def start_daemons(bootstrap: str, books_topic: str, tmp_path: Path) -> dict[str, KilledDaemon]:
+    """A daemon per host, each with its own host id, directory and spool, started at
+    once. A daemon that started is stopped if another did not."""
+
+    def start(host: str) -> KilledDaemon:
+        workdir = tmp_path / host
+        workdir.mkdir()
+        config = DaemonConfig(
+            bootstrap,
+            str(workdir),
+            spool_path=str(workdir / "spool"),
+            host_id=host,
+            books_topic=books_topic,
+        )
+        return KilledDaemon(config, workdir)
+
+    with ThreadPoolExecutor(len(HOSTS)) as pool:
+        starting = {host: pool.submit(start, host) for host in HOSTS}
+    errors = [error for future in starting.values() if (error := future.exception()) is not None]
+    if errors:
+        for future in starting.values():
+            if future.exception() is None:
+                future.result().stop()
+        raise errors[0]
+    return {host: future.result() for host, future in starting.items()}
+
+
 @pytest.fixture
 def landing_jobs() -> Iterator[list[LandingJob]]:
     """The landing jobs a test starts; any still running at its end is killed."""
@@ -135,27 +162,17 @@ def test_a_fleet_killed_again_and_again_lands_every_accepted_message_exactly_onc
     land = ["--bootstrap", bootstrap, "--topics", topic, "--lake", str(lake)]
     land += ["--checkpoint", str(checkpoint), "--master", "local[1]"]
 
-    # The landing job runs while the daemons are killed, and is killed itself.
+    # The landing job runs while the daemons are killed, and is killed itself. The daemons
+    # start (at once: none needs another) while its JVM does; the clients once it lands.
     landing_jobs.append(LandingJob([*land, "--trigger-interval", "1"], tmp_path / "land.err"))
-    landing_jobs[0].wait_for_line("landing query started")
-    daemons: dict[str, KilledDaemon] = {}
-    for host in HOSTS:
-        workdir = tmp_path / host
-        workdir.mkdir()
-        config = DaemonConfig(
-            bootstrap,
-            str(workdir),
-            spool_path=str(workdir / "spool"),
-            host_id=host,
-            books_topic=books_topic,
-        )
-        daemons[host] = KilledDaemon(config, workdir)
+    daemons = start_daemons(bootstrap, books_topic, tmp_path)
     clients = [
         SurvivingClient(f"{host}/{transport}", endpoint, topic, limit=PER_CLIENT, rate=RATE)
         for host, daemon in daemons.items()
         for transport, endpoint in endpoints(daemon.config).items()
     ]
     try:
+        landing_jobs[0].wait_for_line("landing query started")
         for client in clients:
             client.start()
         with ThreadPoolExecutor(len(daemons)) as pool:

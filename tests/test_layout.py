@@ -320,7 +320,7 @@ def test_the_pipeline_is_a_wing_of_its_own_grouped_by_job() -> None:
     jobs = sorted(p.name for p in pipeline.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert jobs == ["audits", "landing", "source"]
     shared = sorted(p.stem for p in pipeline.glob("*.py"))
-    assert shared == ["__init__", "errors", "faults", "lake_files", "spark"]
+    assert shared == ["__init__", "errors", "faults", "lake_files", "spark", "worker_python"]
     for job in jobs:
         init = pipeline / job / "__init__.py"
         assert "Rule:" in (ast.get_docstring(ast.parse(init.read_text())) or ""), job

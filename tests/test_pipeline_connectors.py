@@ -43,6 +43,7 @@ from pydory.pipeline.spark import (
     SPARK_KAFKA_JARS_ENV,
     find_spark_kafka_jars,
     spark_kafka_connector_jar,
+    spark_kafka_connector_may_load,
     spark_session,
     with_spark_kafka_jars,
 )
@@ -348,6 +349,36 @@ def test_native_without_the_jars_fails_clearly_and_lands_nothing(tmp_path: Path)
     assert "Run ./dev jars" in message
     assert "or use --connector python" in message
     assert not (tmp_path / "lake").exists()
+    # Said before Spark started (and before Kafka, which is not there, was asked).
+    assert "Spark's default log4j profile" not in finished.stderr, finished.stderr[-2000:]
+
+
+def test_the_connector_may_load_wherever_spark_could_take_it_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only where nothing could put Spark's kafka source on a new JVM's classpath does
+    the landing refuse before starting Spark; a setting naming it leaves it to the JVM."""
+    empty = tmp_path / "no-jars"
+    empty.mkdir()
+    monkeypatch.setenv(SPARK_KAFKA_JARS_ENV, str(empty))
+    for name in ("SPARK_HOME", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "SPARK_CLASSPATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SPARK_DIST_CLASSPATH", raising=False)
+
+    assert not spark_kafka_connector_may_load({"spark.executor.memory": "512m"})
+    package = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+    assert spark_kafka_connector_may_load({"spark.jars.packages": package})
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--packages {package} pyspark-shell")
+    assert spark_kafka_connector_may_load({})
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(f"spark.jars.packages {package}\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    assert spark_kafka_connector_may_load({})
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    (empty / spark_kafka_connector_jar()).write_bytes(b"")
+    assert spark_kafka_connector_may_load({})
 
 
 def test_both_connectors_get_the_same_options() -> None:

@@ -421,28 +421,17 @@ def test_every_worker_gone_while_the_landing_runs_is_one_line_and_exit_2(
             *("--master", cluster.master_url, "--trigger-interval", "1", "--executor-wait", "5"),
             *("--conf", "spark.executor.memory=512m", "--conf", "spark.sql.shuffle.partitions=2"),
         ]
-        with (tmp_path / "stderr").open("w+") as stderr:
-            landing = subprocess.Popen(
-                [sys.executable, "-c", _LAND_THEN_TELL_SESSION, *command],
-                stdout=subprocess.PIPE,
-                stderr=stderr,  # a file: Spark's log cannot fill a pipe no one reads
-                text=True,
-            )
-            try:
-                said = _until_a_batch_landed(landing)
-                assert cluster.worker_executors(1) == 1, said
-                cluster.kill_worker(1)  # SIGKILL, by its PID
-                # not a deadline: a safety net; it ends seconds after the wait of 5 s
-                out, _ = landing.communicate(timeout=600)
-            finally:
-                if landing.poll() is None:
-                    landing.kill()
-                    landing.wait()
-            stderr.seek(0)
-            err = stderr.read()
-        said += out
 
-    assert landing.returncode == EXIT_COULD_NOT_RUN, said + err[-3000:]
+        def kill_the_worker(said: str) -> None:
+            assert cluster.worker_executors(1) == 1, said
+            cluster.kill_worker(1)  # SIGKILL, by its PID
+
+        # It ends seconds after the wait of 5 s.
+        status, said, err = _land_until_a_batch_then(
+            [sys.executable, "-c", _LAND_THEN_TELL_SESSION, *command], tmp_path, kill_the_worker
+        )
+
+    assert status == EXIT_COULD_NOT_RUN, said + err[-3000:]
     (line,) = [line for line in (said + err).splitlines() if line.startswith("pydory ")]
     assert line == (
         f"pydory pipeline land: could not run: no Spark executor for 5 s on "
@@ -452,6 +441,26 @@ def test_every_worker_gone_while_the_landing_runs_is_one_line_and_exit_2(
     assert "spark session left active: False" in said.splitlines(), said
     assert "Traceback" not in said + err, err[-3000:]
     assert any(lake.glob("topic=*/date=*/*.parquet"))
+
+
+def _land_until_a_batch_then(
+    command: list[str], tmp_path: Path, fault: Callable[[str], None]
+) -> tuple[int, str, str]:
+    """Run the landing ``command`` as a process, call ``fault`` with its output once its
+    first batch has landed, and wait for its end: its exit status, all its output, and
+    its stderr (Spark's log: kept in a file, which cannot fill as a pipe no one reads)."""
+    with (tmp_path / "stderr").open("w+") as stderr:
+        landing = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            said = _until_a_batch_landed(landing)
+            fault(said)
+            out, _ = landing.communicate(timeout=600)  # not a deadline: a safety net
+        finally:
+            if landing.poll() is None:
+                landing.kill()
+                landing.wait()
+        stderr.seek(0)
+        return landing.returncode, said + out, stderr.read()
 
 
 def _until_a_batch_landed(landing: subprocess.Popen[str]) -> str:
@@ -493,23 +502,11 @@ def test_the_namenode_dying_mid_run_is_one_line_and_exit_2_and_a_rerun_lands_the
             # Told at once, not after Hadoop's 10 retries a second apart (docs/pipeline.md).
             *("--conf", "spark.hadoop.ipc.client.connect.max.retries=0"),
         ]
-        with (tmp_path / "stderr").open("w+") as stderr:
-            landing = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
-            try:
-                said = _until_a_batch_landed(landing)
-                namenode = hdfs.pid
-                hdfs.kill()  # SIGKILL, by the PID the launcher started
-                # not a deadline: a safety net; it ends seconds after the kill
-                out, _ = landing.communicate(timeout=600)
-            finally:
-                if landing.poll() is None:
-                    landing.kill()
-                    landing.wait()
-            stderr.seek(0)
-            err = stderr.read()
-        said += out
+        namenode = hdfs.pid
+        # SIGKILL, by the PID the launcher started; the landing ends seconds after it.
+        status, said, err = _land_until_a_batch_then(command, tmp_path, lambda _: hdfs.kill())
 
-        assert landing.returncode == EXIT_COULD_NOT_RUN, said + err[-3000:]
+        assert status == EXIT_COULD_NOT_RUN, said + err[-3000:]
         lines = said.strip().splitlines()
         assert [line for line in lines if "could not run" in line] == lines[-1:], said
         assert lines[-1].startswith("pydory pipeline land: could not run: "), said

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -60,6 +61,20 @@ def spark() -> Iterator[SparkSession]:
     session = spark_session(master="local[2]", app_name="pydory-test-land")
     yield session
     session.stop()
+
+
+def test_spark_s_python_workers_import_pyspark_from_its_installed_package(
+    spark: SparkSession,
+) -> None:
+    """Not from the bytecode-less pyspark.zip Spark puts first on every worker's path,
+    where each worker compiled PySpark again at its start (pydory.pipeline.worker_python)."""
+    imported = (
+        spark.sparkContext.parallelize([0], 1)
+        .map(lambda _: __import__("pyspark").__file__)
+        .collect()
+    )
+
+    assert imported == [pyspark.__file__]
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@
 - beside them, shared by the jobs: ``spark`` (the one place a SparkSession is built),
   ``errors``, ``faults`` (a fault of the surroundings said in one line, exit 2),
   ``lake_files`` (the small files the driver reads and writes itself, the checkpoint's
-  logs and the fleet audit's state among them, on any filesystem a URI names).
+  logs and the fleet audit's state among them, on any filesystem a URI names),
+  ``worker_python`` (``pydory-spark-python``, the interpreter of every session's Python
+  workers).
 
 The wing imports nothing of ``daemon/``, ``server`` or ``commands/`` (tests/test_layout.py):
 the message identity it shares with the daemon is :mod:`pydory.message_identity`. The

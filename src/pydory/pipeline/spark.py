@@ -9,7 +9,9 @@ Those jars come from Maven Central at set-up: ``./dev jars`` copies what
 ``jvm/spark-kafka/pom.xml`` pins into the checkout's ``.jars/spark-kafka/``;
 ``$PYDORY_SPARK_KAFKA_JARS`` names another directory. Nothing downloads at run time.
 Without them the session starts all the same, and only ``--connector native`` fails
-(:func:`pydory.pipeline.landing.land.landing_writer` says where the jars were looked for).
+(:func:`pydory.pipeline.landing.land.landing_writer` says where the jars were looked for;
+the landing job says it before Spark starts when :func:`spark_kafka_connector_may_load`
+finds the connector nowhere a JVM could load it from).
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ __all__ = [
     "find_spark_kafka_jars",
     "job_session",
     "spark_kafka_connector_jar",
+    "spark_kafka_connector_may_load",
     "spark_kafka_jars_dir",
     "spark_session",
     "with_spark_kafka_jars",
+    "worker_python",
 ]
 
 #: Spark's master URL when none is given. ``spark://HOST:PORT`` runs the jobs on a standalone
@@ -46,6 +50,9 @@ DEFAULT_MASTER = "local[*]"
 #: Names a directory holding Spark's Kafka connector and its dependencies (overrides the
 #: checkout's ``.jars/spark-kafka``).
 SPARK_KAFKA_JARS_ENV = "PYDORY_SPARK_KAFKA_JARS"
+
+#: The console script of :mod:`pydory.pipeline.worker_python`, beside the interpreter.
+WORKER_PYTHON = "pydory-spark-python"
 
 # Local jobs here are small: Spark's default of 200 shuffle partitions would mostly
 # schedule empty tasks. On a cluster, Spark's defaults (or --conf) apply.
@@ -134,6 +141,42 @@ def find_spark_kafka_jars() -> tuple[Path, ...]:
     return tuple(sorted(directory.glob("*.jar")))
 
 
+def spark_kafka_connector_may_load(conf: Mapping[str, str]) -> bool:
+    """Whether a session started now with ``conf`` may have Spark's ``kafka`` source on
+    its classpath, as far as can be told before a JVM starts: False only when it is
+    nowhere a JVM could load it from (not in :func:`spark_kafka_jars_dir`, not among the
+    Spark distribution's own jars, and no setting, ``PYSPARK_SUBMIT_ARGS``, class path
+    variable or ``spark-defaults.conf`` naming anything Kafka), so that a job can say so
+    at once instead of after starting Spark. Anything that may name it: True, and the
+    session's JVM tells."""
+    if find_spark_kafka_jars():
+        return True
+    homes = {Path(pyspark.__file__).resolve().parent}
+    if os.environ.get("SPARK_HOME"):
+        homes.add(Path(os.environ["SPARK_HOME"]))
+    if any(any((home / "jars").glob("spark-sql-kafka*.jar")) for home in homes):
+        return True
+    conf_dirs = [Path(os.environ["SPARK_CONF_DIR"])] if os.environ.get("SPARK_CONF_DIR") else []
+    named = [
+        *conf.values(),
+        *(os.environ.get(name, "") for name in _JAR_VARIABLES),
+        *(_text_of(directory / "spark-defaults.conf") for directory in conf_dirs),
+        *(_text_of(home / "conf" / "spark-defaults.conf") for home in homes),
+    ]
+    return any("kafka" in text.lower() for text in named)
+
+
+#: The environment variables through which Spark's launcher may take more jars.
+_JAR_VARIABLES = ("PYSPARK_SUBMIT_ARGS", "SPARK_CLASSPATH", "SPARK_DIST_CLASSPATH")
+
+
+def _text_of(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def with_spark_kafka_jars(conf: Mapping[str, str]) -> dict[str, str]:
     """``conf`` with the jars of :func:`find_spark_kafka_jars` first in ``spark.jars``
     (a ``spark.jars`` given there is kept after them); unchanged when there are none."""
@@ -170,7 +213,17 @@ def _use_this_interpreter_for_workers() -> None:
     """Make Spark's Python workers run this interpreter (this venv, with its packages).
 
     Without it they run the first ``python3`` on PATH, which lacks confluent-kafka and
-    pyarrow, and the worker processes must import pydory's source by module name.
+    pyarrow, and the worker processes must import pydory's source by module name. They
+    run it through ``pydory-spark-python`` beside it when installed (:func:`worker_python`).
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def worker_python() -> str:
+    """The interpreter for Spark's Python workers: this environment's
+    ``pydory-spark-python`` (:mod:`pydory.pipeline.worker_python`: PySpark imported from
+    its package, compiled once, not from Spark's ``pyspark.zip`` at every worker's start),
+    else this interpreter."""
+    launcher = Path(sys.executable).with_name(WORKER_PYTHON)
+    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable

@@ -7,10 +7,13 @@ progress lines, :mod:`pydory_tools.testing.kill_loop` the clients, kills and lan
 1. Apache Kafka, three KRaft nodes, the events topic and the books topic (compacted);
 2. HDFS (Hadoop's MiniDFSCluster, its own JVM): the lake, the checkpoint, the audit state;
 3. a Spark standalone cluster: a master and two workers, each a process of its own;
+   (these three need nothing of each other: they start at once, each in a thread of its
+   own, and each stage's line comes when its part is ready;)
 4. three daemons (``pydory serve``), each with its own host id (``fleet-a``, ...), config,
-   sockets and spool, publishing each run's books to the books topic;
+   sockets and spool, publishing each run's books to the books topic, started at once;
 5. the landing job (``pydory pipeline land --trigger-interval 1``) on the Spark cluster,
-   into the lake on HDFS;
+   into the lake on HDFS (started before the daemons, which it does not need: its JVM
+   starts while they do);
 6. clients on all three transports to every daemon, while every daemon is SIGKILLed at
    random moments (``kills`` each) and restarted on its spool, except the last daemon's
    last kill: that host never comes back. Meanwhile the landing job (driver and JVM) is
@@ -32,15 +35,17 @@ audit balances. Everything it started is stopped by its PID on the way out.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydory.errors import PydoryError
 from pydory.wording import counted
@@ -50,6 +55,7 @@ from pydory_tools.demo import (
     SETTLE_TIMEOUT_S,
     DemoFailed,
     DemoPaths,
+    DemoTopics,
     Progress,
     demo_daemon_config,
     embedded_kafka,
@@ -75,6 +81,8 @@ from pydory_tools.testing.lifecycle import StopsOnExit
 from pydory_tools.testing.spark_cluster import SparkCluster, SparkClusterError
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from pydory.pipeline.audits.fleet_reconcile import FleetReport
 
 STAGES = 9
@@ -228,45 +236,36 @@ def _run_stages(
 ) -> FleetReport:
     paths = fleet.paths
     with contextlib.ExitStack() as running:
+        # Kafka, HDFS and the Spark cluster need nothing of each other: all three start at
+        # once, each stage below waits for its own (stopped in the reverse order).
+        kafka = _start_beside(running, "kafka", lambda own: _kafka(own, paths))
+        hdfs = _start_beside(running, "hdfs", lambda own: _hdfs(own, paths))
+        spark = _start_beside(running, "spark", lambda own: _spark(own, paths))
         with progress.stage("kafka") as result:
-            bootstrap, described, topics = running.enter_context(
-                embedded_kafka("kafka", BROKERS, paths.workdir)
-            )
-            admin_create_topic(
-                bootstrap,
-                topics.books,
-                1,
-                replication_factor=BROKERS,
-                config={"cleanup.policy": "compact"},
-            )
+            bootstrap, described, topics = kafka.result()
             fleet.kafka = f"{described} at {bootstrap}"
             result.append(f"{fleet.kafka}; topics {topics.listed()}; books {topics.books}")
         with progress.stage("hdfs") as result:
-            fleet.hdfs = running.enter_context(
-                _launched(
-                    lambda: HdfsCluster(DATANODES, base_dir=paths.workdir / "hdfs"),
-                    HdfsError,
-                    "HDFS",
-                )
-            )
+            fleet.hdfs = hdfs.result()
             fleet.on_hdfs = HdfsPaths(f"{fleet.hdfs.uri}/pydory-demo")
-            result.append(f"{fleet.hdfs.describe()} (pid {fleet.hdfs.pid})")
-        with progress.stage("spark") as result:
-            fleet.spark = running.enter_context(
-                _launched(
-                    lambda: SparkCluster(WORKERS, base_dir=paths.workdir / "spark"),
-                    SparkClusterError,
-                    "the Spark cluster",
-                )
+            result.append(
+                f"{fleet.hdfs.describe()} (pid {fleet.hdfs.pid}), started beside the others "
+                f"in {fleet.hdfs.startup_s:.1f} s"
             )
+        with progress.stage("spark") as result:
+            fleet.spark = spark.result()
             pids = ", ".join(str(fleet.spark.worker_pid(n)) for n in range(1, WORKERS + 1))
-            result.append(f"{fleet.spark.describe()} (worker pids {pids})")
+            result.append(
+                f"{fleet.spark.describe()} (worker pids {pids}), started beside the others "
+                f"in {fleet.spark.startup_s:.1f} s"
+            )
+        land_args = _land_args(bootstrap, topics.events, fleet.on_hdfs, fleet.spark.master_url)
+        # The landing job needs Kafka, HDFS and Spark, not the daemons: its JVM starts
+        # while they do.
+        job = LandingJob([*land_args, "--trigger-interval", "1"], paths.workdir / "landing.log")
+        running.callback(_kill_if_running, job)
         with progress.stage("daemons") as result:
-            fleet.daemons = {}
-            for host in HOSTS:
-                daemon = _start_daemon(bootstrap, paths.workdir / host, host, topics.books)
-                running.callback(daemon.stop)
-                fleet.daemons[host] = daemon
+            fleet.daemons = _start_daemons(running, bootstrap, paths.workdir, topics.books)
             result.append(
                 ", ".join(
                     f"{host} (pid {d.process.process.pid}, status "
@@ -275,10 +274,7 @@ def _run_stages(
                 )
                 + ": spools on, each its own host id"
             )
-        land_args = _land_args(bootstrap, topics.events, fleet.on_hdfs, fleet.spark.master_url)
         with progress.stage("landing") as result:
-            job = LandingJob([*land_args, "--trigger-interval", "1"], paths.workdir / "landing.log")
-            running.callback(_kill_if_running, job)
             job.wait_for_line("landing query started", LANDING_TIMEOUT_S)
             result.append(
                 f"pydory pipeline land (pid {job.process.pid}) on {fleet.spark.master_url}, "
@@ -324,44 +320,161 @@ def _run_stages(
                 f"{', '.join(alive)} settled every message and stopped cleanly (exit 0); "
                 f"{counted(replayed, 'message')} replayed from the spools in all; {GONE} is gone"
             )
-        with progress.stage("land") as result:
-            again = LandingJob([*land_args, "--available-now"], paths.workdir / "landing.log")
-            running.callback(_kill_if_running, again)
-            try:
-                fleet.worker_killed_in = _kill_a_worker_mid_batch(fleet, again)
-            except KillLoopError as error:
-                raise DemoFailed(f"{error}; see {paths.workdir / 'landing.log'}") from None
-            status = again.wait(LANDING_TIMEOUT_S)
-            summary = next(
-                (line for line in again.lines if _LANDING_SUMMARY.match(line)), again.output
-            ).strip()
-            if status != 0:
-                raise DemoFailed(
-                    f"the restarted landing job exited with status {status}: {summary}; "
-                    f"see {paths.workdir / 'landing.log'}"
+        # Spark's log lines (the audit's JVM inherits stderr) go to the file, not the terminal.
+        with stderr_to(paths.spark_log):
+            with progress.stage("land") as result:
+                again = LandingJob([*land_args, "--available-now"], paths.workdir / "landing.log")
+                running.callback(_kill_if_running, again)
+                try:
+                    fleet.worker_killed_in = _kill_a_worker_mid_batch(fleet, again)
+                except KillLoopError as error:
+                    raise DemoFailed(f"{error}; see {paths.workdir / 'landing.log'}") from None
+                # The audit's session (its JVM, its app registered) starts while the job
+                # lands: the master gives it the cores the job leaves when it ends. Only
+                # now, the job's executors placed: an app registered before the job's
+                # would be given them first.
+                audit_session = _start_beside(
+                    running, "audit session", lambda own: _audit_session(own, fleet)
                 )
-            result.append(
-                f"restarted on its checkpoint, Spark worker {KILLED_WORKER} SIGKILLed in batch "
-                f"{fleet.worker_killed_in}: {summary}"
-            )
-        with stderr_to(paths.spark_log), progress.stage("audit") as result:
-            report = fleet_audit(
-                bootstrap,
-                topics,
-                paths,
-                fleet.spark.master_url,
-                "kafka",
-                lake=fleet.on_hdfs.lake,
-                state_dir=fleet.on_hdfs.audit_state,
-                conf=SPARK_CONF,
-            )
-            _stop_spark_session()
-            balanced = "balanced" if report.balanced else "DOES NOT BALANCE"
-            result.append(
-                f"books topic {topics.books} against {fleet.on_hdfs.lake} on "
-                f"{fleet.spark.master_url}: {balanced}"
-            )
+                status = again.wait(LANDING_TIMEOUT_S)
+                summary = next(
+                    (line for line in again.lines if _LANDING_SUMMARY.match(line)), again.output
+                ).strip()
+                if status != 0:
+                    raise DemoFailed(
+                        f"the restarted landing job exited with status {status}: {summary}; "
+                        f"see {paths.workdir / 'landing.log'}"
+                    )
+                result.append(
+                    f"restarted on its checkpoint, Spark worker {KILLED_WORKER} SIGKILLed in "
+                    f"batch {fleet.worker_killed_in}: {summary}"
+                )
+            with progress.stage("audit") as result:
+                session = audit_session.result()  # fleet_audit reuses the one running
+                report = fleet_audit(
+                    bootstrap,
+                    topics,
+                    paths,
+                    fleet.spark.master_url,
+                    "kafka",
+                    lake=fleet.on_hdfs.lake,
+                    state_dir=fleet.on_hdfs.audit_state,
+                    conf=SPARK_CONF,
+                )
+                session.stop()  # its executors leave the cluster, its JVM exits
+                balanced = "balanced" if report.balanced else "DOES NOT BALANCE"
+                result.append(
+                    f"books topic {topics.books} against {fleet.on_hdfs.lake} on "
+                    f"{fleet.spark.master_url}: {balanced}"
+                )
     return report
+
+
+def _kafka(own: contextlib.ExitStack, paths: DemoPaths) -> tuple[str, str, DemoTopics]:
+    """The 3-node Apache Kafka with the demo's topics and its books topic (compacted)."""
+    bootstrap, described, topics = own.enter_context(
+        embedded_kafka("kafka", BROKERS, paths.workdir)
+    )
+    admin_create_topic(
+        bootstrap,
+        topics.books,
+        1,
+        replication_factor=BROKERS,
+        config={"cleanup.policy": "compact"},
+    )
+    return bootstrap, described, topics
+
+
+def _hdfs(own: contextlib.ExitStack, paths: DemoPaths) -> HdfsCluster:
+    """HDFS with its datanodes, its data and log in the work directory."""
+    return own.enter_context(
+        _launched(
+            lambda: HdfsCluster(DATANODES, base_dir=paths.workdir / "hdfs"), HdfsError, "HDFS"
+        )
+    )
+
+
+def _spark(own: contextlib.ExitStack, paths: DemoPaths) -> SparkCluster:
+    """The Spark standalone cluster, its logs and work directories in the work directory."""
+    return own.enter_context(
+        _launched(
+            lambda: SparkCluster(WORKERS, base_dir=paths.workdir / "spark"),
+            SparkClusterError,
+            "the Spark cluster",
+        )
+    )
+
+
+class _Beside(Generic[_Part]):
+    """A part of the fleet started in a thread of its own, beside the others.
+
+    The launchers tie each process they start to the thread that started it
+    (``PR_SET_PDEATHSIG``, :func:`pydory_tools.testing.lifecycle.die_with_parent`), so
+    that thread lives as long as the part: it enters the part's context, hands the part
+    over (:meth:`result`), waits to be told to stop, and leaves the context itself.
+    """
+
+    def __init__(self, name: str, enter: Callable[[contextlib.ExitStack], _Part]) -> None:
+        self._enter = enter
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._part: _Part | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"demo {name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with contextlib.ExitStack() as own:
+            try:
+                self._part = self._enter(own)
+            except BaseException as error:  # noqa: BLE001 -- raised in the caller by result()
+                self._error = error
+                return  # what it started is stopped on the way out
+            finally:
+                self._ready.set()
+            self._stop.wait()
+
+    def result(self) -> _Part:
+        """The part, once started; what its start raised, raised here."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return _started(self._part)
+
+    def stop(self) -> None:
+        """Stop the part (in its thread) and wait until it is stopped."""
+        self._stop.set()
+        self._thread.join()
+
+
+def _start_beside(
+    running: contextlib.ExitStack, name: str, enter: Callable[[contextlib.ExitStack], _Part]
+) -> _Beside[_Part]:
+    """Start a part in a thread of its own (:class:`_Beside`), stopped with ``running``."""
+    part = _Beside(name, enter)
+    running.callback(part.stop)
+    return part
+
+
+def _start_daemons(
+    running: contextlib.ExitStack, bootstrap: str, workdir: Path, books_topic: str
+) -> dict[str, KilledDaemon]:
+    """The fleet's daemons, started at once (none needs another); every one that started
+    is stopped with ``running``, also when another did not start."""
+    with ThreadPoolExecutor(len(HOSTS)) as pool:
+        starting = {
+            host: pool.submit(_start_daemon, bootstrap, workdir / host, host, books_topic)
+            for host in HOSTS
+        }
+        concurrent.futures.wait(starting.values())
+    daemons: dict[str, KilledDaemon] = {}
+    for host, future in starting.items():
+        if future.exception() is None:
+            daemons[host] = future.result()
+            running.callback(daemons[host].stop)
+    for future in starting.values():
+        future.result()  # the first daemon that did not start fails the demo
+    return daemons
 
 
 def _send_while_killing(
@@ -472,13 +585,16 @@ def _start_daemon(bootstrap: str, workdir: Path, host: str, books_topic: str) ->
         raise DemoFailed(f"daemon {host} did not start; see {paths.daemon_log}") from None
 
 
-def _stop_spark_session() -> None:
-    """Stop the audit's session: its executors leave the cluster, its JVM exits."""
-    from pyspark.sql import SparkSession
+def _audit_session(own: contextlib.ExitStack, fleet: Fleet) -> SparkSession:
+    """The fleet audit's session on the cluster, stopped with ``own`` (if the audit has
+    not stopped it already)."""
+    from pydory.pipeline.spark import spark_session
 
-    session = SparkSession.getActiveSession()
-    if session is not None:
-        session.stop()
+    session = spark_session(
+        master=_started(fleet.spark).master_url, app_name="pydory-demo", conf=SPARK_CONF
+    )
+    own.callback(session.stop)
+    return session
 
 
 def _kill_if_running(job: LandingJob) -> None:

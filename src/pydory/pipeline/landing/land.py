@@ -94,6 +94,7 @@ from pydory.pipeline.spark import (
     DEFAULT_MASTER,
     SPARK_KAFKA_JARS_ENV,
     spark_kafka_connector_jar,
+    spark_kafka_connector_may_load,
     spark_kafka_jars_dir,
     spark_session,
 )
@@ -320,6 +321,12 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
     """
     out = out or sys.stdout
     began = time.monotonic()
+    starts_spark = SparkContext._active_spark_context is None
+    conf = {**SESSION_CONF, **SINK_CONF, **settings.spark_conf}
+    if settings.connector == "native" and starts_spark and not spark_kafka_connector_may_load(conf):
+        # Said before anything else (Kafka asked, Spark started): nothing could land.
+        _say(out, f"cannot start: {_native_kafka_missing()}")
+        return 1
     pairing: Pairing | None = None
     if is_local(settings.lake) and is_local(settings.checkpoint):
         # Before Spark starts: a pair that does not belong together is told at once.
@@ -330,10 +337,8 @@ def run_landing(settings: LandSettings, out: TextIO | None = None) -> int:
         nothing = _nothing_new(settings, pairing, LocalFiles(), out, "Spark not started", began)
         if nothing is not None:
             return nothing
-    starts_spark = SparkContext._active_spark_context is None
     progress = _ProgressPrinter(out, settings.lake, settings.topics)
     try:
-        conf = {**SESSION_CONF, **SINK_CONF, **settings.spark_conf}
         spark = spark_session(settings.master, app_name="pydory-land", conf=conf)
         spark.streams.addListener(progress)
     except CouldNotRun as error:  # the master is gone
@@ -780,13 +785,18 @@ def _require_native_kafka(spark: SparkSession) -> None:
     try:
         lookup("kafka", spark._jsparkSession.sessionState().conf())
     except (PySparkException, Py4JJavaError):  # Spark's "Failed to find data source: kafka"
-        raise ConnectorUnavailable(
-            "--connector native needs Spark's kafka source, which is not on the classpath: "
-            f"no {spark_kafka_connector_jar()} in {spark_kafka_jars_dir()}. Run ./dev jars "
-            "(it fetches Spark's Kafka connector from Maven Central into .jars/spark-kafka/), "
-            f"or set {SPARK_KAFKA_JARS_ENV} to a directory holding it and its dependencies "
-            "(the jars join the SparkSession when it starts), or use --connector python"
-        ) from None
+        raise _native_kafka_missing() from None
+
+
+def _native_kafka_missing() -> ConnectorUnavailable:
+    """What a native landing says when Spark's ``kafka`` source is not on the classpath."""
+    return ConnectorUnavailable(
+        "--connector native needs Spark's kafka source, which is not on the classpath: "
+        f"no {spark_kafka_connector_jar()} in {spark_kafka_jars_dir()}. Run ./dev jars "
+        "(it fetches Spark's Kafka connector from Maven Central into .jars/spark-kafka/), "
+        f"or set {SPARK_KAFKA_JARS_ENV} to a directory holding it and its dependencies "
+        "(the jars join the SparkSession when it starts), or use --connector python"
+    )
 
 
 # --- progress ------------------------------------------------------------------------------

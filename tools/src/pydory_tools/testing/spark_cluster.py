@@ -5,8 +5,10 @@ workers, each a process of its own, from PySpark's own distribution.
 the same release as the driver); each daemon is ``spark-class
 org.apache.spark.deploy.master.Master`` or ``... worker.Worker spark://...``, as Spark's
 ``sbin/start-master.sh`` and ``start-worker.sh`` start them, bound to 127.0.0.1 on free
-ports, with its log and the workers' work directories under our directory. The cluster is
-ready when the master's own status (``/json/`` on its web UI) lists every worker ALIVE;
+ports, with its log and the workers' work directories under our directory. The workers
+start once the master's own status (``/json/`` on its web UI) says it is ALIVE (a worker
+registering earlier waits 5 to 15 s for its next try), and the cluster is ready when that
+status lists every worker ALIVE;
 :meth:`SparkCluster.stop` ends every process by its PID. A job reaches it with
 ``spark_session(master=cluster.master_url)``.
 
@@ -115,10 +117,15 @@ class SparkCluster(StopsOnExit):
         ]
         try:
             started = time.monotonic()
+            deadline = started + startup_timeout_s
             self._spawn(self._master)
+            # The workers only once the master leads: a worker that registers earlier is
+            # told the master is in standby, ignores it, and tries again 5 to 15 s later
+            # (Spark's fixed, randomised first retry), long after the master is ready.
+            self._wait_until_master_alive(deadline)
             for worker in self._workers:
                 self._spawn(worker)
-            self.wait_until_ready(startup_timeout_s)
+            self.wait_until_ready(deadline - time.monotonic())
             self.startup_s = time.monotonic() - started
         except BaseException:
             self.stop()
@@ -180,6 +187,24 @@ class SparkCluster(StopsOnExit):
                 raise SparkClusterError(
                     self._failure(self._master, f"listed fewer than {wanted} workers ALIVE")
                 )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def _wait_until_master_alive(self, deadline: float) -> None:
+        """Wait until the master's own status says it leads (``ALIVE``): it then takes
+        registrations."""
+        while True:
+            try:
+                if self._master_status().get("status") == "ALIVE":
+                    return
+            except (OSError, ValueError):
+                pass  # its web UI is not up yet
+            process = self._master.process
+            if process is not None and process.poll() is not None:
+                raise SparkClusterError(
+                    self._failure(self._master, f"exited with status {process.returncode}")
+                )
+            if time.monotonic() >= deadline:
+                raise SparkClusterError(self._failure(self._master, "never became ALIVE"))
             time.sleep(_POLL_INTERVAL_S)
 
     def stop(self, grace_s: float = 20.0) -> None:
