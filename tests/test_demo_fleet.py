@@ -90,6 +90,17 @@ def test_the_fleet_demo_lands_every_accepted_message_once_on_hdfs_and_names_the_
                         "lake exactly once") for line in lines
     ), done.stdout  # fmt: skip
     assert report["balanced"] is True
+    counts = re.search(
+        r"^demo: the clients sent ([\d,]+) messages?; the daemons accepted ([\d,]+)[ ;].*?"
+        r"([\d,]+) are in the lake, once each",
+        done.stdout,
+        re.MULTILINE,
+    )
+    assert counts is not None, done.stdout
+    sent, accepted, landed = (int(n.replace(",", "")) for n in counts.groups())
+    # What a lost host took on after its last books is in the lake: accepted, never more
+    # than was sent, and never fewer than landed.
+    assert sent >= accepted >= landed > 0, counts[0]
 
 
 def test_the_fleet_demo_starts_its_own_parts(capsys: pytest.CaptureFixture[str]) -> None:

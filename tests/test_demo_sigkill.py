@@ -101,3 +101,30 @@ def test_the_sigkill_demo_says_what_became_of_the_messages_sent() -> None:
         "demo: the clients sent 8,958 messages; the daemon accepted 8,958; 8,958 are in the "
         "lake, once each"
     )
+
+
+def test_messages_landed_past_a_lost_hosts_last_books_count_as_accepted_not_as_never_read() -> None:
+    # The fleet demo's host that never came back: its last run's books stop at its last
+    # periodic record (820), while 3,940 of its messages are in the lake.
+    lost = {**_EVERY_ONE_LANDED, "accepted": 820, "landed": 3_940}
+    kept = {**_EVERY_ONE_LANDED, "accepted": 11_760, "landed": 11_760}
+    report = {"hosts": [{"topics": [kept]}, {"topics": [lost]}]}
+
+    line = what_became_of_them(16_020, report, "the daemons")
+
+    assert line == (
+        "demo: the clients sent 16,020 messages; the daemons accepted 15,700 (3,120 of them "
+        "after the last books of a run that never ended, known from the lake); 15,700 are in "
+        "the lake, once each. The 320 never accepted were in a killed daemon's socket buffers "
+        "(written by the clients, not yet read: a SIGKILL drops them, so no daemon ever took "
+        "them on)"
+    )
+
+
+_EVERY_ONE_LANDED = {
+    "discarded": {},
+    "possibly_delivered": 0,
+    "possibly_delivered_found": 0,
+    "outstanding": 0,
+    "in_flight": 0,
+}

@@ -170,14 +170,24 @@ def fleet_audit(
 
 def what_became_of_them(sent: int, report: dict[str, Any], who: str = "the daemon") -> str:
     """Sent, accepted (by ``who``), in the lake, and why the three differ: the line a
-    reader needs beside "exactly once" (which speaks of the accepted ones only)."""
+    reader needs beside "exactly once" (which speaks of the accepted ones only).
+
+    A run that ended without final books (a host that never came back) counts in its books
+    only what it had accepted at its last periodic record; what it accepted after that is
+    known from the lake alone (``landed`` over ``accepted``), and counts as accepted here:
+    those messages were taken on, not lost in a socket buffer."""
     topics = [topic for host in report["hosts"] for topic in host["topics"]]
-    accepted = sum(topic["accepted"] for topic in topics)
+    booked = sum(topic["accepted"] for topic in topics)
+    past_the_books = sum(max(0, topic["landed"] - topic["accepted"]) for topic in topics)
+    accepted = booked + past_the_books
     landed = sum(topic["landed"] for topic in topics)
-    line = (
-        f"demo: the clients sent {counted(sent, 'message')}; {who} accepted {accepted:,}; "
-        f"{landed:,} are in the lake, once each"
-    )
+    line = f"demo: the clients sent {counted(sent, 'message')}; {who} accepted {accepted:,}"
+    if past_the_books:
+        line += (
+            f" ({past_the_books:,} of them after the last books of a run that never ended, "
+            "known from the lake)"
+        )
+    line += f"; {landed:,} are in the lake, once each"
     if sent > accepted:
         line += (
             f". The {sent - accepted:,} never accepted were in a killed daemon's socket "
