@@ -9,7 +9,7 @@ Run it under callgrind with two round counts; the difference over 40 x 256 datag
 the cost per datagram (start-up cancels)::
 
     for v in send pure pure_creds compiled compiled_creds drain drain_creds \
-             large large_pure large_creds; do
+             large large_pure large_creds large_named; do
       for r in 10 50; do
         valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$v.$r \
           .venv/bin/python benchmarks/datagram_credentials_cost.py $v null $r
@@ -29,7 +29,9 @@ credentials, the runs cut in C at ``take``: the daemon's default now); at a
 ``large`` (the compiled reader's ``read``, in C, no credentials), ``large_pure`` (the
 pure path's read there, no credentials) and ``large_creds`` (the read a datagram quota
 makes there, on both paths, with a quota no sender reaches: the peek's ``recvmsg_into``
-takes the credentials; what naming the senders there in Python would cost).
+takes the credentials; what naming the senders there in Python would cost), and
+``large_named`` (the compiled reader's ``read_runs`` there: each sender named by its
+peek, in C, the runs cut in C: the daemon's compiled read at that size now).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ else:
 
 
 message = encode_any_partition("known", b"v" * 100)
-creds = "creds" in variant
+creds = "creds" in variant or variant == "large_named"
 
 
 def pair():
@@ -106,7 +108,7 @@ inp.quota = None
 inp._clock = time.monotonic
 nobody_reaches = dg.DatagramQuota(dg.ClientRate(msgs_per_sec=10**9, window_ms=1000))
 reader = None
-if variant.startswith("compiled") or variant == "large":
+if variant.startswith("compiled") or variant in ("large", "large_named"):
     assert hotpath.DatagramReader is not None
     reader = hotpath.DatagramReader(fd, max_size, creds)
 
@@ -150,7 +152,7 @@ for _ in range(rounds):
     elif variant in ("compiled", "large"):  # as the loop read before: the senders unnamed
         items, oversized, _ = reader.read(K + 1)
         inp._hand_on(items, oversized, None)
-    elif variant == "compiled_creds":  # the loop's read now
+    elif variant in ("compiled_creds", "large_named"):  # the loop's read now
         items, oversized, _, runs = reader.read_runs(K + 1)
         inp._hand_on(items, oversized, runs)
     elif variant in ("pure_creds", "large_pure"):  # the daemon's pure read now

@@ -1,9 +1,8 @@
 """Datagrams charged to their sender's uid's share of the pool (issue 33, point 1).
 
 On every reader (the pure reference's ``recvmsg_into``, the compiled loop's ``recvmmsg``
-and the drain thread's), with or without a datagram quota (from ``LARGE_DATAGRAM_BYTES``
-on, where datagrams are read one at a time, only with one: both paths alike), each
-datagram goes to the intake with its sender's uid's key, the key a stream
+and the drain thread's, and from ``LARGE_DATAGRAM_BYTES`` on the one-at-a-time reads of
+both paths), with or without a datagram quota, each datagram goes to the intake with its sender's uid's key, the key a stream
 connection of that uid has (``peers.uid_client``): consecutive datagrams of one uid as
 one burst, the bursts in the order read. Real sockets, two real uids (a forked sender
 drops to another uid after connecting: the kernel names the sender at each send); then,
@@ -30,7 +29,6 @@ from pydory.daemon.books import counters as counter_names
 from pydory.daemon.books.events import DiscardReason, Transport
 from pydory.daemon.books.pool import message_cost
 from pydory.daemon.inputs.datagram import (
-    DATAGRAM_CLIENT,
     LARGE_DATAGRAM_BYTES,
     NO_CLIENT_RATE,
     DatagramInput,
@@ -163,28 +161,18 @@ def test_without_a_quota_every_reader_names_each_sender_in_runs_in_the_order_rea
 ) -> None:
     """No quota: every reader still charges each datagram to its sender's uid, in runs
     of one uid in the order sent: the compiled reads (runs cut in C) and the pure
-    reference (recvmsg_into, runs cut as it reads). From LARGE_DATAGRAM_BYTES on (read
-    one at a time, no credentials without a quota) the senders are one client, on every
-    reader alike."""
+    reference (recvmsg_into, runs cut as it reads); from LARGE_DATAGRAM_BYTES on, read
+    one at a time, each sender named by the peek that takes its datagram's size."""
     path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
-    runs = two_senders_interleaved(path, NO_CLIENT_RATE, max_size)
-    if max_size < LARGE_DATAGRAM_BYTES:
-        assert runs == uid_runs()
-    else:
-        assert runs == [
-            ([b"a0", b"a1", b"b0", b"b1", b"b2", b"a2", b"b3"], DATAGRAM_CLIENT),
-            ([b"x" * 64], "too large"),
-            ([b"a3"], DATAGRAM_CLIENT),
-        ]
+    assert two_senders_interleaved(path, NO_CLIENT_RATE, max_size) == uid_runs()
 
 
 @pytest.mark.parametrize("max_size", MAX_SIZES)
 def test_without_a_quota_one_sender_is_its_uid_on_every_reader(
     datagram_implementation: str, tmp_path_factory: pytest.TempPathFactory, max_size: int
 ) -> None:
-    """No quota, one sender: its uid's share on every reader, never the unnamed
-    senders' (DATAGRAM_CLIENT), below LARGE_DATAGRAM_BYTES; from it on, the unnamed
-    senders' on every reader alike. Its datagrams in order."""
+    """No quota, one sender: its uid's share on every reader and every read path, never
+    the unnamed senders' (DATAGRAM_CLIENT). Its datagrams in order."""
     path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
 
     async def scenario() -> Recording:
@@ -202,9 +190,7 @@ def test_without_a_quota_one_sender_is_its_uid_on_every_reader(
         return intake
 
     intake = uvloop.run(scenario())
-    named = max_size < LARGE_DATAGRAM_BYTES
-    expected = uid_client(os.geteuid()) if named else DATAGRAM_CLIENT
-    assert {client for _, client in intake.bursts} == {expected}
+    assert {client for _, client in intake.bursts} == {uid_client(os.geteuid())}
     assert [d for burst, _ in intake.bursts for d in burst] == [b"m%d" % n for n in range(5)]
 
 

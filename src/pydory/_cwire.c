@@ -431,7 +431,7 @@ typedef struct {
     int one_at_a_time;      /* max_size >= SLOT_BYTES: peek each datagram's size */
     size_t slot_bytes;      /* each slot's buffer */
     unsigned char *buffers; /* DATAGRAM_SLOTS slots, or one when one_at_a_time */
-    int credentials;        /* each datagram's SCM_CREDENTIALS asked for (recvmmsg only) */
+    int credentials;        /* each datagram's SCM_CREDENTIALS asked for (recvmmsg, or the peek) */
     struct mmsghdr messages[DATAGRAM_SLOTS];
     struct iovec vectors[DATAGRAM_SLOTS];
     CredentialsControl control[DATAGRAM_SLOTS];
@@ -498,15 +498,37 @@ static Py_ssize_t recv_retrying(int fd, void *buffer, size_t length, int flags) 
     }
 }
 
+/* recv_retrying's MSG_PEEK | MSG_TRUNC with the datagram's SCM_CREDENTIALS: the kernel
+ * gives a peek the datagram's own credentials, and nothing else reads the socket between
+ * this peek and the read that consumes the datagram. *uid: its sender, or NO_UID. */
+static Py_ssize_t peek_named(DatagramReader *self, void *buffer, size_t length,
+                             uint32_t *uid) {
+    struct iovec vector = {buffer, length};
+    for (;;) {
+        struct msghdr header = {.msg_iov = &vector, .msg_iovlen = 1};
+        header.msg_control = self->control[0].bytes;
+        header.msg_controllen = sizeof self->control[0].bytes;
+        Py_ssize_t got = recvmsg(self->fd, &header, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
+        if (got >= 0) {
+            *uid = control_uid(&header);
+            return got;
+        }
+        if (errno != EINTR) return got;
+        if (PyErr_CheckSignals() < 0) return -2;
+    }
+}
+
 /* The next datagram, one_at_a_time: its size peeked; small, already copied by the peek
  * and then dropped from the queue; up to max_size, received into a bytes object of its
- * own size; larger, consumed as (size, prefix). NULL with *again = 1 on EAGAIN (no
- * Python error); NULL otherwise: a Python error is set. */
-static PyObject *read_one(DatagramReader *self, int *again) {
+ * own size; larger, consumed as (size, prefix). With `uid`, its sender is named by the
+ * peek (peek_named). NULL with *again = 1 on EAGAIN (no Python error); NULL otherwise: a
+ * Python error is set. */
+static PyObject *read_one(DatagramReader *self, int *again, uint32_t *uid) {
     unsigned char *buffer = self->buffers;
     size_t held = self->slot_bytes;
     *again = 0;
-    Py_ssize_t size = recv_retrying(self->fd, buffer, held, MSG_PEEK | MSG_TRUNC);
+    Py_ssize_t size = uid != NULL ? peek_named(self, buffer, held, uid)
+                                  : recv_retrying(self->fd, buffer, held, MSG_PEEK | MSG_TRUNC);
     if (size == -2) return NULL;
     if (size < 0) goto os_error;
     if ((size_t)size < held) { /* whole in the buffer: drop it from the queue */
@@ -542,14 +564,18 @@ os_error:
 }
 
 /* read_one's loop for read(): the same (items, oversized, drained) contract; `runs`, if
- * not NULL, gets one run of no sender (this path reads no credentials). */
+ * not NULL, gets the items' runs of one sender, as recvmmsg's reads cut them (each
+ * sender named by its datagram's peek when credentials are asked for). */
 static PyObject *read_one_at_a_time(DatagramReader *self, Py_ssize_t limit, PyObject *runs) {
     PyObject *items = PyList_New(0);
     if (items == NULL) return NULL;
     int oversized = 0, drained = 0;
+    int credentials = self->credentials && runs != NULL;
+    RunCutter cutter = {NO_UID};
     while (PyList_GET_SIZE(items) < limit) {
         int again;
-        PyObject *item = read_one(self, &again);
+        uint32_t uid = NO_UID;
+        PyObject *item = read_one(self, &again, credentials ? &uid : NULL);
         if (item == NULL) {
             if (again) {
                 drained = 1;
@@ -563,14 +589,15 @@ static PyObject *read_one_at_a_time(DatagramReader *self, Py_ssize_t limit, PyOb
             return NULL;
         }
         oversized |= !PyBytes_CheckExact(item);
-        int failed = PyList_Append(items, item);
+        int failed = (runs != NULL && run_next(&cutter, runs, PyList_GET_SIZE(items), uid) < 0) ||
+                     PyList_Append(items, item) < 0;
         Py_DECREF(item);
-        if (failed < 0) {
+        if (failed) {
             Py_DECREF(items);
             return NULL;
         }
     }
-    if (runs != NULL && run_end(&(RunCutter){NO_UID}, runs, PyList_GET_SIZE(items)) < 0) {
+    if (runs != NULL && run_end(&cutter, runs, PyList_GET_SIZE(items)) < 0) {
         Py_DECREF(items);
         return NULL;
     }

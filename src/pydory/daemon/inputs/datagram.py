@@ -11,11 +11,9 @@ quota: the socket sets SO_PASSCRED, and each datagram's SCM_CREDENTIALS comes wi
 The compiled ``recvmmsg`` reads (the loop's and the drain thread's) cut each burst into
 runs of one uid in C; the pure reference reads each datagram with ``recvmsg_into`` into
 its preallocated buffer and cuts the runs as it reads (a run goes on while the ancillary
-data is unchanged, so one uid per run, not per datagram, is parsed). The one exception:
-from :data:`LARGE_DATAGRAM_BYTES` on, datagrams are read one at a time (the compiled
-``read_one`` takes no credentials), so there a sender is named only with a quota (the
-``recvmsg_into`` that peeks at each size then takes them), else the senders are one
-client, :data:`DATAGRAM_CLIENT`, on both paths alike.
+data is unchanged, so one uid per run, not per datagram, is parsed). From
+:data:`LARGE_DATAGRAM_BYTES` on, datagrams are read one at a time, and the peek that
+takes each one's size takes its sender's credentials too, on both paths.
 Consecutive datagrams of one uid are handed on as one burst, the bursts in the order read
 (docs/operations.md, "Datagram senders", has what it costs). With a quota, a datagram
 over its uid's quota is handed to the intake's ``over_quota`` at the end of its burst
@@ -79,9 +77,9 @@ _PEEK_SIZE = socket.MSG_PEEK | socket.MSG_TRUNC
 _MAX_SOCKET_BUFFER = 2**31 - 1
 
 #: Who a datagram's message is charged to in the pool's shares (books/shares.py) when its
-#: sender is not named (from LARGE_DATAGRAM_BYTES on without a quota, or no credentials
-#: came): the unnamed senders as one client. Every other datagram is charged to its
-#: sender's uid's share (:func:`sender_client`), the one its stream connections have.
+#: sender is not named (no credentials came with it): the unnamed senders as one client.
+#: Every other datagram is charged to its sender's uid's share (:func:`sender_client`),
+#: the one its stream connections have.
 DATAGRAM_CLIENT = ("unix_dgram", "senders")
 #: A burst's items, as the compiled reads give them: bytes, or (size, prefix) if too large.
 Items = list[bytes | tuple[int, bytes]]
@@ -153,9 +151,10 @@ class DatagramInput:
 
     @property
     def _runs_in_c(self) -> bool:
-        """The compiled reads give each burst's runs of one sender (below
-        :data:`LARGE_DATAGRAM_BYTES`: ``recvmmsg``, the loop's or a drain thread's)."""
-        return DatagramReader is not None and not self._large
+        """The compiled reads give each burst's runs of one sender (``recvmmsg``, the
+        loop's or a drain thread's; from :data:`LARGE_DATAGRAM_BYTES` on, one datagram at
+        a time, each sender named by its peek)."""
+        return DatagramReader is not None
 
     @property
     def reader(self) -> str:
@@ -361,31 +360,34 @@ class DatagramInput:
         return drained
 
     def _read_large(self, sock: socket.socket, limit: int) -> bool:
-        """:meth:`_read` from :data:`LARGE_DATAGRAM_BYTES` on: one datagram at a time, the
-        senders unnamed (as the compiled one-at-a-time read, which takes no credentials:
-        the two paths charge the same shares)."""
+        """:meth:`_read` from :data:`LARGE_DATAGRAM_BYTES` on: one datagram at a time,
+        each sender named by the peek that takes its size (as the compiled one-at-a-time
+        read does), consecutive datagrams of one uid handed on as one burst."""
         intake = self._intake
         burst: list[bytes] = []
+        uid: int | None = None  # the run's sender
         read = 0
         drained = False
         try:
             while read < limit:
                 try:
-                    size, data, _ = self._receive_large(sock, 0)
+                    size, data, ancdata = self._receive_large(sock, CREDENTIALS_SPACE)
                 except (BlockingIOError, InterruptedError):
                     drained = True
                     break
                 read += 1
+                sender = credentials_uid(ancdata)
+                if burst and (len(data) != size or sender != uid):
+                    intake.datagrams(burst, sender_client(uid))  # the ones before it first
+                    burst = []
+                uid = sender
                 if len(data) == size:
                     burst.append(data)
-                    continue
-                if burst:  # the ones before it first, in order
-                    intake.datagrams(burst, DATAGRAM_CLIENT)
-                    burst = []
-                intake.datagram_too_large(size, data)
+                else:
+                    intake.datagram_too_large(size, data)
         finally:
             if burst:
-                intake.datagrams(burst, DATAGRAM_CLIENT)
+                intake.datagrams(burst, sender_client(uid))
             self.datagrams_read += read
             if drained:
                 self._times_drained += 1
