@@ -2,13 +2,13 @@
 
 On every reader (the pure reference's ``recvmsg_into``, the compiled loop's ``recvmmsg``
 and the drain thread's, and from ``LARGE_DATAGRAM_BYTES`` on the one-at-a-time reads of
-both paths), with or without a datagram quota, each datagram goes to the intake with its sender's uid's key, the key a stream
-connection of that uid has (``peers.uid_client``): consecutive datagrams of one uid as
-one burst, the bursts in the order read. Real sockets, two real uids (a forked sender
-drops to another uid after connecting: the kernel names the sender at each send); then,
-through each reader into the real intake, a datagram flooder uid at its share meets
-``no_memory`` while another uid's datagrams are all accepted; and, on the intake, the
-flooder's stream messages share its one share.
+both paths), with or without a datagram quota, each datagram goes to the intake with its
+sender's uid's key, the key a stream connection of that uid has (``peers.uid_client``):
+consecutive datagrams of one uid as one burst, the bursts in the order read. Real sockets,
+two real uids (a forked sender drops to another uid after connecting: the kernel names the
+sender at each send); then, through each reader into the real intake, a datagram flooder
+uid at its share meets ``no_memory`` while another uid's datagrams are all accepted; and,
+on the intake, the flooder's stream messages share its one share.
 """
 
 from __future__ import annotations
