@@ -167,10 +167,14 @@ def count_syscalls(tree: str, cell: str, spool: str, messages: int) -> dict[str,
             # "comm-tid,count,,event,...": the loop's thread is the one whose tid is the pid
             if fields[0].endswith(f"-{daemon_pid[0]}"):
                 counts[name] = counts.get(name, 0) + int(fields[1])
-    return {"messages": messages, "delivered": run.delivered,
-            "cpu_us_per_msg": run.cpu_us_per_msg, "system_us_per_msg": run.system_us_per_msg,
-            **{f"{name}_per_msg": count / messages for name, count in counts.items()},
-            **{f"all_{name}_per_msg": count / messages for name, count in every.items()}}  # fmt: skip
+    return {
+        "messages": messages,
+        "delivered": run.delivered,
+        "cpu_us_per_msg": run.cpu_us_per_msg,
+        "system_us_per_msg": run.system_us_per_msg,
+        **{f"{name}_per_msg": count / messages for name, count in counts.items()},
+        **{f"all_{name}_per_msg": count / messages for name, count in every.items()},
+    }
 
 
 def main() -> int:
