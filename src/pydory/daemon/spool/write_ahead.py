@@ -172,8 +172,7 @@ class WriteAhead:
             log.warning("spool: writing ahead again")
             self._failing = False
         self._stream, self._first = stream, first = self._spool.last_identity
-        fresh = self._ids.spooled_run(stream, first, self._burst_size)
-        return fresh if origins is None else self._ids.replayed(origins, fresh)
+        return self._headers(origins, self._ids.spooled_run(stream, first, self._burst_size))
 
     def _headers(
         self, origins: Sequence[bytes | None] | None, fresh: Sequence[Headers | None]
