@@ -24,6 +24,7 @@ from pydory.pipeline.landing.land import LandSettings, run_landing
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.hdfs_cluster import HdfsCluster
 from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.lifecycle import SHORT_LIVED_EXECUTOR_CONF
 from pydory_tools.testing.spark_cluster import SparkCluster
 from test_pipeline_fleet_audit import name, produce, publish, run_books
 
@@ -49,7 +50,11 @@ def spark(spark_cluster: SparkCluster) -> Iterator[SparkSession]:
     session = spark_session(
         master=spark_cluster.master_url,
         app_name="pydory-test-distributed",
-        conf={"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2"},
+        conf={
+            "spark.executor.memory": "512m",
+            "spark.sql.shuffle.partitions": "2",
+            **SHORT_LIVED_EXECUTOR_CONF,
+        },
     )
     yield session
     session.stop()

@@ -50,6 +50,7 @@ from pydory.pipeline.landing.land import (
 from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.hdfs_cluster import HdfsCluster
 from pydory_tools.testing.kafka_broker import KafkaCluster
+from pydory_tools.testing.lifecycle import SHORT_LIVED_EXECUTOR_CONF
 from pydory_tools.testing.spark_cluster import SparkCluster
 from test_pipeline_dedup import identity, produce
 from test_pipeline_second_copies import file_sink_lake
@@ -420,6 +421,7 @@ def test_every_worker_gone_while_the_landing_runs_is_one_line_and_exit_2(
             *("--topics", topic, "--lake", str(lake), "--checkpoint", str(tmp_path / "cp")),
             *("--master", cluster.master_url, "--trigger-interval", "1", "--executor-wait", "5"),
             *("--conf", "spark.executor.memory=512m", "--conf", "spark.sql.shuffle.partitions=2"),
+            *(f"--conf={key}={value}" for key, value in SHORT_LIVED_EXECUTOR_CONF.items()),
         ]
 
         def kill_the_worker(said: str) -> None:

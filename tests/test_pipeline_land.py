@@ -46,6 +46,7 @@ from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from pydory_tools.testing.kafka_util import admin_create_topic
 from pydory_tools.testing.kill_loop import jvm_child_of
+from pydory_tools.testing.lifecycle import SHORT_LIVED_JVM_FLAGS
 from pydory_tools.testing.mock_cluster import MockCluster
 
 # 2024-03-01 23:59:59.500 UTC and half a second later, the next UTC day.
@@ -75,6 +76,17 @@ def test_spark_s_python_workers_import_pyspark_from_its_installed_package(
     )
 
     assert imported == [pyspark.__file__]
+
+
+def test_the_tests_spark_driver_runs_without_the_optimising_jit(spark: SparkSession) -> None:
+    """The suite's drivers are short-lived: C2 cost more CPU than it won back (lifecycle.py),
+    and the flags reach the JVM through Spark's launcher, not only the environment."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(runtime.getInputArguments())
+
+    assert set(SHORT_LIVED_JVM_FLAGS) <= set(arguments), arguments
 
 
 @pytest.fixture

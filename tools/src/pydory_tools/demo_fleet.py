@@ -77,7 +77,7 @@ from pydory_tools.testing.kill_loop import (
     endpoints,
     kill_thresholds,
 )
-from pydory_tools.testing.lifecycle import StopsOnExit
+from pydory_tools.testing.lifecycle import SHORT_LIVED_EXECUTOR_CONF, StopsOnExit
 from pydory_tools.testing.spark_cluster import SparkCluster, SparkClusterError
 
 if TYPE_CHECKING:
@@ -99,7 +99,11 @@ KILLED_WORKER = 1
 CLIENT_RATE = 200
 LANDING_TIMEOUT_S = 600.0
 #: Small executors and shuffles: two 1-core workers on a machine that also runs the rest.
-SPARK_CONF = {"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2"}
+SPARK_CONF = {
+    "spark.executor.memory": "512m",
+    "spark.sql.shuffle.partitions": "2",
+    **SHORT_LIVED_EXECUTOR_CONF,
+}
 _Part = TypeVar("_Part")
 _Launched = TypeVar("_Launched", bound=StopsOnExit)
 #: The landing job's last line (``pipeline/land.py``'s summary).

@@ -104,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"pydory demo: {problem}", file=sys.stderr)
         return 1
+    from pydory_tools.testing.lifecycle import short_lived_spark_drivers
+
+    # The demo's Spark jobs are short: their drivers run without the JIT's C2 (lifecycle.py).
+    short_lived_spark_drivers()
     if args.fleet:
         from pydory_tools.demo_fleet import run_fleet_demo  # the clusters, Spark, the kill loop
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from pydory.errors import PydoryError
 from pydory_tools.testing.lifecycle import (
+    SHORT_LIVED_JVM_FLAGS,
     StopsOnExit,
     die_with_parent,
     find_java,
@@ -59,13 +60,11 @@ __all__ = ["HdfsCluster", "HdfsError", "find_hadoop_jars", "main"]
 _JARS_ENV = "PYDORY_HADOOP_JARS"
 _MAIN_CLASS = "org.apache.hadoop.test.MiniDFSClusterManager"
 _POLL_INTERVAL_S = 0.1
-# A namenode and a datanode for tests fit a small heap; Serial GC keeps the footprint and
-# the background threads low beside Kafka and Spark on a 2-core machine.
+# A namenode and a datanode for tests fit a small heap.
 _JVM_OPTIONS = (
     "-Xms64m",
     "-Xmx384m",
-    "-XX:+UseSerialGC",
-    "-XX:TieredStopAtLevel=1",
+    *SHORT_LIVED_JVM_FLAGS,
     "-Djava.awt.headless=true",
     "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
     "-Dorg.slf4j.simpleLogger.showDateTime=true",

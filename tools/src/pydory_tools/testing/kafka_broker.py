@@ -48,6 +48,7 @@ from pydory_tools.testing import kafka_tls
 from pydory_tools.testing.kafka_util import admin_create_topic
 from pydory_tools.testing.lifecycle import (
     LOG_TAIL_BYTES,
+    SHORT_LIVED_JVM_FLAGS,
     StopsOnExit,
     die_with_parent,
     find_java,
@@ -68,13 +69,11 @@ __all__ = [
 
 _JARS_ENV = "PYDORY_KAFKA_JARS"
 _POLL_INTERVAL_S = 0.05
-# A broker on this 2-core machine serves the tests well in a small heap; Serial GC
-# keeps its footprint and its background threads low beside two other brokers.
+# A broker on this 2-core machine serves the tests well in a small heap.
 _JVM_OPTIONS = (
     "-Xms64m",
     "-Xmx512m",
-    "-XX:+UseSerialGC",
-    "-XX:TieredStopAtLevel=1",
+    *SHORT_LIVED_JVM_FLAGS,
     "-Djava.awt.headless=true",
 )
 #: Starts of the whole cluster when a node could not bind a port it was given: another

@@ -1,7 +1,8 @@
 """What every launcher of a process shares: ``with`` stops what the constructor started,
 a process is stopped with SIGTERM, then SIGKILL if it outlasts its grace period, a child
-dies with the thread that started it, Java is found one way, a log is quoted by its tail,
-and a launcher run as ``python -m`` serves until SIGTERM or SIGINT (:func:`serve_until_signalled`).
+dies with the thread that started it, Java is found one way and run with one set of flags
+for short lives (:data:`SHORT_LIVED_JVM_FLAGS`), a log is quoted by its tail, and a launcher
+run as ``python -m`` serves until SIGTERM or SIGINT (:func:`serve_until_signalled`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
@@ -22,6 +23,20 @@ from typing import Any, Protocol, Self, TypeVar
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 #: How much of a log's end an error quotes.
 LOG_TAIL_BYTES = 4000
+
+#: The JVM flags of every JVM the tests and demos start (brokers, HDFS, Spark's daemons,
+#: drivers and executors): each lives seconds to minutes and moves little data, where the
+#: JIT's optimising compiler (C2) costs more CPU than it wins back. Measured on a Spark
+#: driver of the suite: C2's thread took 41 of its 107 CPU-s; with C1 alone a local session's
+#: start-up took 15 CPU-s against 26, and two pipeline test modules 88 and 68 machine CPU-s
+#: against 138 and 98. Serial GC: no GC threads beside the others on a 2-core machine.
+#: Production JVMs (a user's Kafka, a landing job run by hand) are not started here.
+SHORT_LIVED_JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+#: :data:`SHORT_LIVED_JVM_FLAGS` as Spark's executors of a test or demo job take them.
+SHORT_LIVED_EXECUTOR_CONF = {"spark.executor.defaultJavaOptions": " ".join(SHORT_LIVED_JVM_FLAGS)}
+#: Spark's launcher adds this variable to the driver JVM's command line (``spark-submit``,
+#: which PySpark runs to start a session); a local master's executors run in that JVM.
+SPARK_DRIVER_OPTIONS_ENV = "SPARK_SUBMIT_OPTS"
 
 
 def terminate_then_kill(process: subprocess.Popen[Any], grace_s: float) -> bool:
@@ -65,6 +80,12 @@ def die_with_parent() -> None:
     """
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def short_lived_spark_drivers(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Start every Spark driver started from here on (in this process or its children)
+    with :data:`SHORT_LIVED_JVM_FLAGS`, unless the caller set ``SPARK_SUBMIT_OPTS``."""
+    environ.setdefault(SPARK_DRIVER_OPTIONS_ENV, " ".join(SHORT_LIVED_JVM_FLAGS))
 
 
 def find_java(error: type[Exception], service: str) -> str:

@@ -12,6 +12,9 @@ names it in ``pytest_plugins``; elsewhere ``pytest -p pydory_tools.testing.pytes
 - ``hdfs_cluster``: HDFS (Hadoop's MiniDFSCluster, one datanode) per session.
 - ``spark_cluster``: a Spark standalone master and two workers per session.
 
+Loading it also starts every Spark driver of the run (a test's session, a ``pipeline``
+command it runs) with the short-lived JVM flags (``lifecycle.short_lived_spark_drivers``).
+
 The helpers behind them live in plain modules (``pydory_tools.testing.kafka_util`` and
 friends) so the demo can use them without pytest.
 """
@@ -25,9 +28,15 @@ import pytest
 from pydory_tools.testing import kafka_util
 from pydory_tools.testing.hdfs_cluster import HdfsCluster
 from pydory_tools.testing.kafka_broker import KafkaCluster, SaslUser
+from pydory_tools.testing.lifecycle import short_lived_spark_drivers
 from pydory_tools.testing.mock_cluster import MockCluster
 from pydory_tools.testing.spark_cluster import SparkCluster
 from pydory_tools.testing.tansu import TansuBroker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test: Spark drivers the tests start skip the JIT's optimising compiler."""
+    short_lived_spark_drivers()
 
 
 @pytest.fixture

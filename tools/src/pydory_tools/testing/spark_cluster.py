@@ -44,6 +44,7 @@ import pyspark
 
 from pydory.errors import PydoryError
 from pydory_tools.testing.lifecycle import (
+    SHORT_LIVED_JVM_FLAGS,
     StopsOnExit,
     die_with_parent,
     log_tail,
@@ -59,7 +60,7 @@ _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 _POLL_INTERVAL_S = 0.2
 # The daemons only schedule; the executors they start get the job's own memory setting.
 _DAEMON_MEMORY = "256m"
-_DAEMON_JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true"
+_DAEMON_JAVA_OPTS = " ".join((*SHORT_LIVED_JVM_FLAGS, "-Djava.awt.headless=true"))
 
 
 class SparkClusterError(PydoryError):
