@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,11 +94,28 @@ _BASE_SETTINGS = {
     "num.io.threads": "2",
     "num.recovery.threads.per.data.dir": "1",
     "background.threads": "2",
-    # Notice a killed broker within ~3 s (default 9 s), so fault tests move on quickly.
+    # Idle brokers (a test session keeps two clusters and runs others): measured over 40 s
+    # of a 3-node cluster holding a 4-partition topic of RF 3 (JVM ticks at 100 Hz, per
+    # minute), the defaults cost 729 and these settings 332; a SASL+TLS node 144 and 90.
+    # Notice a killed broker within ~3 s (default 9 s), so fault tests move on quickly;
+    # a heartbeat a second (default 2 s, was 500 ms here) still misses two before that.
     "broker.session.timeout.ms": "3000",
-    "broker.heartbeat.interval.ms": "500",
+    "broker.heartbeat.interval.ms": "1000",
+    # No no-op record from the controller every 500 ms (an idle metadata log stays idle):
+    # raft's I/O thread took 60 of 486 ticks, 16 without. Brokers are still fenced by
+    # their heartbeats, the quorum's voters still fetch from its leader.
+    "metadata.max.idle.interval.ms": "0",
+    # A follower's fetch waits up to 5 s at an idle leader (default 0.5 s); new records end
+    # it at once, so acks=all and catching up are not slowed: 590 -> 356 ticks a minute.
+    "replica.fetch.wait.max.ms": "5000",
+    # __consumer_offsets in 1 partition, not 50 (read-backs with a group.id make it): its
+    # creation cost a 3-node cluster 2.5 CPU-s, now 0.8, and its replicas idle fetches.
+    "offsets.topic.num.partitions": "1",
 }
 _SUPER_USER = "admin"
+# What ``kafka-storage format`` writes into a node's metadata log directory.
+_META_PROPERTIES = "meta.properties"
+_BOOTSTRAP_CHECKPOINT = "bootstrap.checkpoint"
 
 
 class KafkaBrokerError(PydoryError):
@@ -161,6 +177,11 @@ class _Node:
     def config_path(self) -> Path:
         return self.directory / "server.properties"
 
+    @property
+    def data_path(self) -> Path:
+        """``log.dirs``, also the metadata log's directory (the first of ``log.dirs``)."""
+        return self.directory / "data"
+
 
 def _bind_failed(node: _Node) -> bool:
     """Whether the node's log says it could not bind one of its ports."""
@@ -173,7 +194,8 @@ def _bind_failed(node: _Node) -> bool:
 def new_cluster_id() -> str:
     """A KRaft cluster id as Kafka's ``Uuid.randomUuid()`` makes one: 16 random bytes,
     URL-safe base64 without padding, never starting with ``-`` (one in 64 would, and
-    ``kafka-storage format --cluster-id -...`` then takes it for an option)."""
+    ``kafka-storage format --cluster-id -...`` then takes it for an option). A log
+    directory's id (``directory.id``) is drawn the same way."""
     while True:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
@@ -232,7 +254,10 @@ class KafkaCluster(StopsOnExit):
         for attempt in range(1, _BIND_ATTEMPTS + 1):
             for node in self._nodes:
                 self._write_config(node)
-            _in_parallel(self._format, self._nodes)
+            first, *others = self._nodes
+            self._format(first)
+            for node in others:
+                self._format_like(first, node)
             started = time.monotonic()
             for node in self._nodes:
                 self._spawn(node)
@@ -502,7 +527,7 @@ class KafkaCluster(StopsOnExit):
             "listener.security.protocol.map": ",".join(
                 f"{name}:{name}" for name in listeners
             ).replace("CONTROLLER:CONTROLLER", "CONTROLLER:PLAINTEXT"),
-            "log.dirs": str(node.directory / "data"),
+            "log.dirs": str(node.data_path),
             "offsets.topic.replication.factor": replication,
             "transaction.state.log.replication.factor": replication,
             "transaction.state.log.min.isr": "1",
@@ -556,6 +581,27 @@ class KafkaCluster(StopsOnExit):
         if result.returncode != 0:
             output = (result.stdout + result.stderr).decode(errors="replace")[-LOG_TAIL_BYTES:]
             raise KafkaBrokerError(f"formatting node {node.node_id} failed:\n{output}")
+
+    def _format_like(self, formatted: _Node, node: _Node) -> None:
+        """Give ``node`` the storage ``kafka-storage format`` gave ``formatted``, without a
+        JVM of its own (one costs 1.3-1.8 CPU-s): the bootstrap metadata, the same for
+        every node of the cluster (feature levels, no id of a node), and ``meta.properties``
+        with the node's own id and a new directory id. A directory already formatted is
+        left as it is, as ``--ignore-formatted`` does."""
+        source, target = formatted.data_path, node.data_path
+        if (target / _META_PROPERTIES).exists():
+            return
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / _BOOTSTRAP_CHECKPOINT, target / _BOOTSTRAP_CHECKPOINT)
+        properties = {
+            "version": "1",
+            "cluster.id": self._cluster_id,
+            "node.id": str(node.node_id),
+            "directory.id": new_cluster_id(),
+        }
+        (target / _META_PROPERTIES).write_text(
+            "".join(f"{key}={value}\n" for key, value in properties.items())
+        )
 
     def _java_command(self, node: _Node) -> list[str]:
         return [
@@ -632,13 +678,6 @@ def _log4j_config(log_path: Path) -> str:
             "",
         ]
     )
-
-
-def _in_parallel(function: object, nodes: Sequence[_Node]) -> None:
-    assert callable(function)
-    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-        for future in [pool.submit(function, node) for node in nodes]:
-            future.result()
 
 
 # --- python -m pydory_tools.testing.kafka_broker ---------------------------------------------
