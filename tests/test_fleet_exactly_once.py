@@ -15,7 +15,8 @@ end:
     add up: the messages first accepted (accepted less replayed, over every run) are the
     distinct identities landed plus the discards after acceptance;
 (b) the fleet audit (``pydory pipeline fleet-audit``) balances every host, with no
-    second copy in the lake, and run again on its state it still balances.
+    second copy in the lake, and run again on its state (nothing new: no Spark started)
+    it still balances.
 
 ``PYDORY_FLEET_SEED`` changes the random moments; ``-s`` prints what happened.
 """
@@ -254,10 +255,12 @@ def test_a_fleet_killed_again_and_again_lands_every_accepted_message_exactly_onc
         assert {host["host"] for host in report["hosts"]} == set(HOSTS)
         for host in report["hosts"]:
             assert all(topic["balanced"] for topic in host["topics"]), host
-    # The second run read only what came since the first: nothing.
+    # The second run read only what came since the first: nothing, found without Spark.
     assert report["sources"]["incremental"] is True
     assert report["sources"]["lake_files_read"] == 0
     assert report["sources"]["books_records_read"] == 0
+    assert report["sources"]["read_with_spark"] is False
+    assert "Spark's default log4j profile" not in done.stderr, done.stderr[-2000:]
 
     # Each run's per-topic "replayed" is the sum of its replayed_from (docs/accounting.md).
     for run in records.values():

@@ -11,8 +11,11 @@ tests/test_fleet_exactly_once.py.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator, Mapping
+import json
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,22 +25,16 @@ from pyspark.sql import SparkSession
 from pydory.cli import main
 from pydory.daemon.books.durable import CLEAN, REBUILT, RUNNING, RunBooks
 from pydory.daemon.books.publisher import books_value
+from pydory.pipeline import spark as spark_module
+from pydory.pipeline.audits import fleet_nothing_new
 from pydory.pipeline.audits.fleet_audit import BooksTopicUnavailable, fleet_audit
 from pydory.pipeline.landing.land import LandSettings, run_landing
-from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import produce as produce_records
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 A, B, C, D = 0xA, 0xB, 0xC, 0xD
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session(master="local[2]", app_name="pydory-test-fleet-audit")
-    yield session
-    session.stop()
 
 
 def name(host: str, incarnation: int, sequence: int) -> str:
@@ -275,3 +272,108 @@ def test_a_host_that_never_came_back_and_a_tombstoned_run_balance_and_a_loss_sti
     command += ["--books-topic", books_topic, "--topics", events]
     assert main(command) == 1
     assert "NOT OK: landed 8, the books say 9" in capsys.readouterr().out
+
+
+def test_an_incremental_run_with_nothing_new_reports_from_its_state_without_spark(
+    spark: SparkSession,
+    kafka_broker: KafkaCluster,
+    unique_topic: Callable[[str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run after one that read everything finds the books topic's offsets and the lake
+    files' times where its state left them: the same report, Spark not asked for. A new
+    books record, or a new lake file, is read with Spark again."""
+    bootstrap = kafka_broker.bootstrap_servers
+    events, books_topic = unique_topic("still-events"), unique_topic("still-books")
+    kafka_broker.create_topic(events, 3)
+    kafka_broker.create_topic(books_topic, 2, config={"cleanup.policy": "compact"})
+    produce(bootstrap, events, [name("h1", A, n) for n in range(5)])
+    publish(
+        bootstrap,
+        books_topic,
+        [run_books("h1", A, CLEAN, {events: {"accepted": 5, "delivered": 5}})],
+    )
+    land(bootstrap, events, tmp_path)
+    command = ["pipeline", "fleet-audit", "--lake", str(tmp_path / "lake"), "--json"]
+    command += ["--bootstrap", bootstrap, "--books-topic", books_topic]
+    command += ["--state", str(tmp_path / "state")]
+
+    def audited(*, with_spark: bool) -> dict[str, Any]:
+        refused: list[str] = []
+
+        def no_spark(*_args: Any, **_kwargs: Any) -> Any:
+            refused.append("job_session")
+            raise AssertionError("Spark was asked for")
+
+        with monkeypatch.context() as patch:
+            if not with_spark:
+                patch.setattr(spark_module, "job_session", no_spark)
+            status = main(command)
+        out, err = capsys.readouterr()
+        assert refused == [], err
+        report: dict[str, Any] = json.loads(out)
+        assert status == (0 if report["balanced"] else 1), out + err
+        assert report["sources"]["read_with_spark"] is with_spark
+        return report
+
+    first = audited(with_spark=True)
+    assert first["balanced"] is True
+    assert first["sources"]["lake_files_read"] > 0
+
+    still = audited(with_spark=False)
+    assert (still["sources"]["lake_files_read"], still["sources"]["books_records_read"]) == (0, 0)
+    for report in (first, still):
+        del report["sources"]["read_with_spark"]
+        report["sources"]["lake_files_read"] = report["sources"]["books_records_read"] = 0
+    assert still == first
+
+    # A new books record (on the partition the first had nothing on, or the other).
+    publish(
+        bootstrap,
+        books_topic,
+        [run_books("h1", B, CLEAN, {events: {"accepted": 2, "delivered": 2}})],
+    )
+    books = audited(with_spark=True)
+    assert books["sources"]["books_records_read"] == 1
+    assert books["balanced"] is False  # B's 2 have not landed yet
+    audited(with_spark=False)
+
+    # New lake files.
+    produce(bootstrap, events, [name("h1", B, n) for n in range(2)])
+    land(bootstrap, events, tmp_path)
+    files = audited(with_spark=True)
+    assert files["sources"]["lake_files_read"] > 0
+    assert files["balanced"] is True
+    assert audited(with_spark=False)["balanced"] is True
+
+
+def test_a_lake_file_younger_than_the_mark_or_at_it_unread_is_new(tmp_path: Path) -> None:
+    """Times as Spark's local file system gives them (milliseconds), names as Spark gives
+    the files it read (URIs)."""
+    day = tmp_path / "lake" / "topic=t" / "date=2026-11-28"
+    day.mkdir(parents=True)
+    (tmp_path / "lake" / "_spark_metadata").mkdir()
+    (tmp_path / "lake" / "_spark_metadata" / "0").write_text("v1")
+    mark_ms = 1_764_300_000_123
+
+    def file(name: str, ms: int, extra_ns: int = 0) -> None:
+        (day / name).write_bytes(b"PAR1")
+        os.utime(day / name, ns=(ms * 1_000_000 + extra_ns,) * 2)
+
+    file("part-0.parquet", mark_ms - 5)
+    file("part-1.parquet", mark_ms, extra_ns=999_999)  # the same millisecond
+    file(".part-1.parquet.crc", mark_ms + 9)  # Spark lists no hidden file
+    read_at_mark = {f"file:{day}/part-1.parquet"}
+    state = SimpleNamespace(
+        lake=str(tmp_path / "lake"), read_through_us=mark_ms * 1000, files_at_mark=read_at_mark
+    )
+
+    assert fleet_nothing_new._no_new_files(state)
+    file("part-2.parquet", mark_ms)
+    assert not fleet_nothing_new._no_new_files(state)
+    state.files_at_mark = {*read_at_mark, f"file://{day}/part-2.parquet"}
+    assert fleet_nothing_new._no_new_files(state)
+    file("part-3.parquet", mark_ms + 1)
+    assert not fleet_nothing_new._no_new_files(state)

@@ -3,6 +3,8 @@
 Kept apart from the job so that building the CLI parser does not import PySpark.
 Exit status: 0 every host's books balance with the lake, 1 they do not, 2 the audit
 could not run (no lake at that path, books topic unreadable, a state of another lake).
+A run with ``--state`` that finds nothing new since the last run starts no Spark
+(:func:`~pydory.pipeline.audits.fleet_audit.audit_from_state`).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from pydory.pipeline.audits.fleet_audit import (
         BooksTopicUnavailable,
         StateMismatch,
+        audit_from_state,
         fleet_audit,
         require_lake,
     )
@@ -85,19 +88,29 @@ def run(args: argparse.Namespace) -> int:
     try:
         if is_local(args.lake):
             require_lake(args.lake)  # before Spark starts: a wrong path is told at once
-        with (
-            could_not_run("pipeline fleet-audit"),
-            job_session(master=args.master, app_name="pydory-fleet-audit") as spark,
-        ):
-            report = fleet_audit(
-                spark,
+        # An incremental run with nothing new since its state: its report, without Spark.
+        with could_not_run("pipeline fleet-audit"):
+            report = audit_from_state(
                 args.lake,
                 bootstrap_servers=args.bootstrap_servers,
                 books_topic=args.books_topic,
                 state_dir=args.state,
-                connector=args.connector,
                 topics=args.topics,
             )
+        if report is None:
+            with (
+                could_not_run("pipeline fleet-audit"),
+                job_session(master=args.master, app_name="pydory-fleet-audit") as spark,
+            ):
+                report = fleet_audit(
+                    spark,
+                    args.lake,
+                    bootstrap_servers=args.bootstrap_servers,
+                    books_topic=args.books_topic,
+                    state_dir=args.state,
+                    connector=args.connector,
+                    topics=args.topics,
+                )
     except (NotALake, BooksTopicUnavailable, StateMismatch) as error:
         print(f"pydory pipeline fleet-audit: {error}", file=sys.stderr)
         return EXIT_COULD_NOT_RUN

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -209,15 +209,18 @@ def _register_source(spark: SparkSession) -> None:
         spark.dataSource.register(KafkaDataSource)
 
 
-def _use_this_interpreter_for_workers() -> None:
+def _use_this_interpreter_for_workers(environ: MutableMapping[str, str] = os.environ) -> None:
     """Make Spark's Python workers run this interpreter (this venv, with its packages).
 
     Without it they run the first ``python3`` on PATH, which lacks confluent-kafka and
     pyarrow, and the worker processes must import pydory's source by module name. They
-    run it through ``pydory-spark-python`` beside it when installed (:func:`worker_python`).
+    run it through ``pydory-spark-python`` beside it when installed (:func:`worker_python`),
+    and so does the Python work Spark's JVM starts on its own (``PYSPARK_DRIVER_PYTHON``:
+    its lookup of Python data sources at each driver's start), where anything else (a
+    ``spark-submit app.py`` of a child process) runs as this interpreter.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", worker_python())
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    environ.setdefault("PYSPARK_PYTHON", worker_python())
+    environ.setdefault("PYSPARK_DRIVER_PYTHON", worker_python())
 
 
 def worker_python() -> str:

@@ -13,6 +13,13 @@ imported, each time it started: for the driver-side worker of a Python streaming
 60 s), which a loaded host missed. This is ``python -m MODULE`` with the zips moved behind
 the installed packages when those hold PySpark; nothing else differs.
 
+It is the driver's Python for Spark too (``PYSPARK_DRIVER_PYTHON``): the JVM runs that
+for the Python work it starts itself, above all its lookup of installed Python data
+sources at every driver's start (``python -m pyspark.daemon
+pyspark.sql.worker.lookup_data_sources``, 1.3-1.5 CPU-s from the zip). Spark also runs
+that variable for a ``spark-submit app.py`` and the ``pyspark`` shell: anything but
+``-m MODULE`` becomes this interpreter, unchanged.
+
 Rule: `main` is the only code that changes a Spark Python worker's module path.
 """
 
@@ -23,18 +30,17 @@ import runpy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
-__all__ = ["installed_first", "main"]
-
-USAGE = "usage: pydory-spark-python -m MODULE [ARGUMENT ...]  (Spark starts it)"
+__all__ = ["as_this_interpreter", "installed_first", "main"]
 
 
 def main() -> int:
-    """Run ``-m MODULE [ARGUMENT ...]`` as ``python -m`` would, PySpark from its package."""
+    """Run ``-m MODULE [ARGUMENT ...]`` as ``python -m`` would, PySpark from its package;
+    run anything else as this interpreter (:func:`as_this_interpreter`)."""
     arguments = sys.argv[1:]
     if len(arguments) < 2 or arguments[0] != "-m":
-        print(USAGE, file=sys.stderr)
-        return 2
+        as_this_interpreter(arguments)
     module = arguments[1]
     # As `python -m`: the working directory first, not this script's directory.
     script_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
@@ -43,6 +49,16 @@ def main() -> int:
     sys.argv = [module, *arguments[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
+
+
+def as_this_interpreter(arguments: Sequence[str]) -> NoReturn:
+    """Become this interpreter run with ``arguments`` (a script, ``-c``, none: a shell).
+
+    It is also ``PYSPARK_DRIVER_PYTHON`` (:mod:`pydory.pipeline.spark`), which Spark runs
+    for more than workers: ``spark-submit app.py`` runs the application with it, the
+    ``pyspark`` shell starts it bare, and a child process of a job inherits it.
+    """
+    os.execv(sys.executable, [sys.executable, *arguments])
 
 
 def installed_first(path: Sequence[str]) -> list[str]:

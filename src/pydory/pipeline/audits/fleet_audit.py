@@ -22,7 +22,9 @@ counts, how far the lake was read and the books topic's next offsets are kept in
 ``fleet-audit-state.json``; a later run reads only the lake files committed since, checks
 their identities against the kept ranges (a second copy that landed in a later batch is
 found so), and only the books records published since. Without a state every run reads
-everything.
+everything. A run whose local lake and state show nothing new since (the books topic's
+offsets, the lake files' times: :mod:`~pydory.pipeline.audits.fleet_nothing_new`) is
+:func:`audit_from_state`'s: the state's report, no Spark started.
 
 How far the lake was read is a mark, not a list of every file ever read (which grows with
 the lake): the newest modification time among the files read, and the names of the files
@@ -54,6 +56,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from pydory.message_identity import INCARNATION_PATTERN, SEPARATOR, parse_identity
 from pydory.pipeline import faults
 from pydory.pipeline.audits.audit import COMMIT_LOG_DIR, NotALake
+from pydory.pipeline.audits.fleet_nothing_new import nothing_to_audit
 from pydory.pipeline.audits.fleet_reconcile import (
     FleetReport,
     LakeIdentities,
@@ -62,7 +65,7 @@ from pydory.pipeline.audits.fleet_reconcile import (
     reconcile_fleet,
 )
 from pydory.pipeline.errors import PipelineError
-from pydory.pipeline.lake_files import LakeFiles, join, lake_files
+from pydory.pipeline.lake_files import LakeFiles, is_local, join, lake_files
 from pydory.pipeline.landing.dedup import IDENTITY_COLUMN
 from pydory.pipeline.source.kafka_source import SOURCE_NAME
 
@@ -71,6 +74,7 @@ __all__ = [
     "BooksTopicUnavailable",
     "FleetState",
     "StateMismatch",
+    "audit_from_state",
     "fleet_audit",
     "require_lake",
 ]
@@ -244,12 +248,54 @@ def fleet_audit(
     options = {"kafka.bootstrap.servers": bootstrap_servers, **(kafka_options or {})}
     books_read = _read_books(spark, state, options, _FORMATS[connector])
     files_read = _read_lake(spark, state)
+    report = _prove(state, books_read, files_read, state_dir is not None, topics, spark=True)
+    if state_dir is not None:
+        state.save(state_dir, state_files)
+    return report
+
+
+def audit_from_state(
+    lake: str | os.PathLike[str],
+    *,
+    bootstrap_servers: str,
+    books_topic: str = DEFAULT_BOOKS_TOPIC,
+    state_dir: str | None = None,
+    kafka_options: Mapping[str, str] | None = None,
+    topics: Collection[str] | None = None,
+) -> FleetReport | None:
+    """The report of an incremental run that has nothing new to read, made from
+    ``state_dir`` alone, without Spark (:mod:`~pydory.pipeline.audits.fleet_nothing_new`);
+    None when the run is :func:`fleet_audit`'s: something may be new, no state yet, the
+    lake or the state off this machine's file system. Raises :class:`NotALake` or
+    :class:`StateMismatch` as :func:`fleet_audit` does."""
+    if state_dir is None or not (is_local(os.fspath(lake)) and is_local(state_dir)):
+        return None
+    lake_path = require_lake(lake)
+    state = FleetState.load(state_dir, lake_path, books_topic)
+    kafka = {
+        k[len("kafka.") :]: v for k, v in (kafka_options or {}).items() if k.startswith("kafka.")
+    }
+    if not nothing_to_audit(state, {**kafka, "bootstrap.servers": bootstrap_servers}):
+        return None
+    return _prove(state, 0, 0, True, topics, spark=False)
+
+
+def _prove(
+    state: FleetState,
+    books_read: int,
+    files_read: int,
+    incremental: bool,
+    topics: Collection[str] | None,
+    *,
+    spark: bool,
+) -> FleetReport:
+    """The books of ``state`` proved against what it holds of the lake."""
     runs = []
     for key, value in state.books.items():
         with contextlib.suppress(UnreadableBooksRecord):  # counted when it was read
             run = RunRecord.from_json(value)
             runs.append(dataclasses.replace(run, tombstoned=key in state.deleted))
-    report = reconcile_fleet(
+    return reconcile_fleet(
         runs,
         LakeIdentities(
             per_run_topic={key: (rows, n) for key, (rows, n) in state.per_run_topic.items()},
@@ -258,22 +304,20 @@ def fleet_audit(
             landed=state.landed,
         ),
         sources={
-            "lake": lake_path,
-            "books_topic": books_topic,
+            "lake": state.lake,
+            "books_topic": state.books_topic,
             "lake_files_read": files_read,
             "lake_files_audited": state.files_audited,
             "books_records_read": books_read,
             "runs": len(runs),
             "unreadable_books_records": state.unreadable_books,
-            "incremental": state_dir is not None,
+            "incremental": incremental,
             "topics": None if topics is None else sorted(topics),
+            "read_with_spark": spark,
         },
         deleted=state.deleted - set(state.books),
         topics=topics,
     )
-    if state_dir is not None:
-        state.save(state_dir, state_files)
-    return report
 
 
 def require_lake(lake: str | os.PathLike[str], spark: SparkSession | None = None) -> str:
