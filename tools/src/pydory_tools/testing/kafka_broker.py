@@ -96,7 +96,8 @@ _BASE_SETTINGS = {
     "background.threads": "2",
     # Idle brokers (a test session keeps two clusters and runs others): measured over 40 s
     # of a 3-node cluster holding a 4-partition topic of RF 3 (JVM ticks at 100 Hz, per
-    # minute), the defaults cost 729 and these settings 332; a SASL+TLS node 144 and 90.
+    # minute), 729 before these four (heartbeats were every 500 ms), 340 with them; a
+    # SASL+TLS node 142 and 92.
     # Notice a killed broker within ~3 s (default 9 s), so fault tests move on quickly;
     # a heartbeat a second (default 2 s, was 500 ms here) still misses two before that.
     "broker.session.timeout.ms": "3000",
