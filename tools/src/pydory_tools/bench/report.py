@@ -201,6 +201,8 @@ class BenchReport:
             "identity_headers": settings.identity_headers,
             "contend": settings.contend,
             "contend_processes": self.contend_processes,
+            # achieved: generator_msgs_per_s (sent), pydory_msgs_per_s (settled)
+            "offered_msgs_per_s": settings.rate,
             "load_1min_at_start": self.environment.load_average_at_start[0],
             "load_1min_at_end": (
                 None if self.load_average_at_end is None else self.load_average_at_end[0]
@@ -234,6 +236,7 @@ class BenchReport:
             f"{settings.batch} per write, compression {settings.compression}, "
             f"linger {settings.linger_ms} ms, {settings.rounds} round(s), "
             f"spool {','.join(settings.spool)}"
+            + ("" if settings.rate is None else f", offered {settings.rate:,.0f} msgs/s")
             + (
                 f", {self.contend_processes} CPU hogs ({settings.contend} per core)"
                 if settings.contend
