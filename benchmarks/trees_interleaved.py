@@ -70,7 +70,7 @@ def run_one(
         for figure in ("msgs_per_s", "cpu_us_per_msg", "system_us_per_msg", "rss_mb_peak",
                        "p50_ms", "p99_ms"):  # fmt: skip
             result[f"pydory_{figure}"] = result[f"{variant}_{figure}"]
-        for figure in ("delivered", "discarded"):
+        for figure in ("delivered", "discarded", "generator_msgs_per_s"):
             result[figure] = result[f"{variant}_{figure}"]
     result["tree"] = name
     result["cell"] = cell

@@ -307,6 +307,7 @@ def test_a_tiny_run_measures_every_spool_variant_side_by_side(
         assert report[f"pydory_spool_{label}_delivered"] == 2000
         assert report[f"pydory_spool_{label}_discarded"] == 0
         assert report[f"pydory_spool_{label}_msgs_per_s"] > 0
+        assert report[f"pydory_spool_{label}_generator_msgs_per_s"] > 0
         # Clock ticks (10 ms): 2000 messages may take less than one on the compiled path.
         assert report[f"pydory_spool_{label}_cpu_us_per_msg"] >= 0
 

@@ -156,7 +156,8 @@ class BenchReport:
         }
 
     def _spooled_spreads(self) -> dict[str, Spread]:
-        """Per spool variant: pydory_spool_<variant>_{msgs_per_s, cpu_us_per_msg, ...}."""
+        """Per spool variant: pydory_spool_<variant>_{msgs_per_s, generator_msgs_per_s,
+        cpu_us_per_msg, ...}."""
         spreads: dict[str, Spread] = {}
         for variant in self.settings.spool:
             if variant == "off":
@@ -165,6 +166,7 @@ class BenchReport:
             prefix = f"pydory_spool_{spool_label(variant)}"
             figures: dict[str, Callable[[PydoryRun], float | None]] = {
                 "msgs_per_s": lambda r: r.msgs_per_s,
+                "generator_msgs_per_s": lambda r: r.generator_msgs_per_s,
                 "cpu_us_per_msg": lambda r: r.cpu_us_per_msg,
                 "system_us_per_msg": lambda r: r.system_us_per_msg,
                 "rss_mb_peak": lambda r: r.rss_mb_peak,
