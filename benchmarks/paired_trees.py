@@ -8,6 +8,10 @@ Per cell: the median (min-max) of the head/base ratios of CPU µs/msg and of msg
 many pairs head was cheaper (faster), the system part of the CPU (medians), the rate the
 generators sent at (``generator_msgs_per_s``: with ``--rate``, the offered load achieved),
 and the 1-minute load at the runs' start. Markdown on stdout.
+
+With ``--rate`` rows (``offered_msgs_per_s``), a pair in which either run sent below
+``--min-achieved`` (default 0.95) of the offered rate is left out of the ratios (that run's
+CPU was measured at another load) and counted in the column "left out".
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from typing import Any
 ORDER = ("dgram", "stream-1", "stream-64", "tcp-1")
 
 
-def pairs_by_cell(
-    rows: list[dict[str, Any]], head: str, base: str
-) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
+Pair = tuple[dict[str, Any], dict[str, Any]]
+
+
+def pairs_by_cell(rows: list[dict[str, Any]], head: str, base: str) -> dict[str, list[Pair]]:
     """cell -> [(head's k-th run, base's k-th run), ...] in the file's order."""
     runs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -38,14 +43,25 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def table(rows: list[dict[str, Any]], head: str, base: str) -> str:
+def at_offered_load(pair: Pair, min_achieved: float) -> bool:
+    """Whether both runs sent at least ``min_achieved`` of their offered rate (if any)."""
+    for run in pair:
+        offered, sent = run.get("offered_msgs_per_s"), run.get("generator_msgs_per_s")
+        if offered and (sent is None or sent < min_achieved * offered):
+            return False
+    return True
+
+
+def table(rows: list[dict[str, Any]], head: str, base: str, min_achieved: float) -> str:
     lines = [
         f"| cell | pairs | CPU µs/msg {head}/{base}: median (min-max) | {head} cheaper "
         f"| CPU µs/msg medians {head} / {base} | system µs/msg {head} / {base} "
-        f"| msgs/s {head}/{base} | {head} faster | sent msgs/s (min-max) | load (min-max) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| msgs/s {head}/{base} | {head} faster | sent msgs/s (min-max) | load (min-max) "
+        "| left out |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for cell, pairs in pairs_by_cell(rows, head, base).items():
+    for cell, all_pairs in pairs_by_cell(rows, head, base).items():
+        pairs = [pair for pair in all_pairs if at_offered_load(pair, min_achieved)]
         if not pairs:
             continue
         cpu = [h["pydory_cpu_us_per_msg"] / b["pydory_cpu_us_per_msg"] for h, b in pairs]
@@ -65,7 +81,7 @@ def table(rows: list[dict[str, Any]], head: str, base: str) -> str:
             f"{median_of(1, 'pydory_system_us_per_msg'):.2f} "
             f"| {spread(rate)} | {sum(x > 1 for x in rate)}/{len(rate)} "
             f"| {f'{min(sent):,.0f}-{max(sent):,.0f}' if sent else '-'} "
-            f"| {min(loads):.1f}-{max(loads):.1f} |"
+            f"| {min(loads):.1f}-{max(loads):.1f} | {len(all_pairs) - len(pairs)} |"
         )
     return "\n".join(lines)
 
@@ -75,10 +91,11 @@ def main() -> None:
     parser.add_argument("files", type=Path, nargs="+")
     parser.add_argument("--head", default="head")
     parser.add_argument("--base", default="base")
+    parser.add_argument("--min-achieved", type=float, default=0.95)
     args = parser.parse_args()
     for path in args.files:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        print(f"{path}\n\n{table(rows, args.head, args.base)}\n")
+        print(f"{path}\n\n{table(rows, args.head, args.base, args.min_achieved)}\n")
 
 
 if __name__ == "__main__":
