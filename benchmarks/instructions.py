@@ -19,7 +19,8 @@ One N (``-n 10000``): each figure / N, for --keep's function-level counts.
 
 ``--syscalls``: instead, one native run (no callgrind) of the last N with ``perf stat``
 attached to the daemon for the load: the loop thread's read(2)/recvmmsg(2) calls per
-message, i.e. how many messages a read carries natively (a count, not a time).
+message, i.e. how many messages a read carries natively (a count, not a time); with
+``--rate N``, at that offered load (paced) instead of as fast as possible.
 """
 
 from __future__ import annotations
@@ -121,14 +122,17 @@ SYSCALLS = ("read", "recvfrom", "recvmsg", "recvmmsg", "epoll_wait", "epoll_ctl"
             "pwrite64", "setsockopt", "futex")  # fmt: skip
 
 
-def count_syscalls(tree: str, cell: str, spool: str, messages: int) -> dict[str, Any]:
+def count_syscalls(
+    tree: str, cell: str, spool: str, messages: int, rate: float | None = None
+) -> dict[str, Any]:
     """One native run (no callgrind) with ``perf stat`` attached to the daemon from the
     load's start to its settling: the loop thread's reads and epoll_waits per message,
-    which say how large its bursts are outside callgrind (a count, not a time)."""
+    which say how large its bursts are outside callgrind (a count, not a time). ``rate``:
+    the load offered, paced (`pydory bench --rate`); None: as fast as possible."""
     transport, batch = CELLS[cell]
     settings = BenchSettings(
         transport=transport, batch=batch, messages=messages, rounds=1, baselines=False,
-        daemon_source=Path(tree).resolve(), spool=(spool,),
+        daemon_source=Path(tree).resolve(), spool=(spool,), rate=rate,
     )  # fmt: skip
     plain_cpu = procfs.cpu_seconds
     with tempfile.TemporaryDirectory(prefix="pydory-syscalls-") as tmp:
@@ -191,6 +195,9 @@ def main() -> int:
     parser.add_argument("--syscalls", action="store_true",
                         help="instead: count the loop's system calls per message in a native "
                         "run of the larger N (perf stat)")  # fmt: skip
+    parser.add_argument("--rate", type=float, metavar="N",
+                        help="with --syscalls: N messages/s offered, paced (pydory bench "
+                        "--rate); default: as fast as possible")  # fmt: skip
     args = parser.parse_args()
     counts = [int(n) for n in args.n.split(",")]
     small, large = counts[0], counts[-1]  # one N: no slope, each figure / N (for --keep)
@@ -198,7 +205,7 @@ def main() -> int:
         for cell in args.cell:
             for tree_text in args.tree:
                 name, _, directory = tree_text.partition("=")
-                row = count_syscalls(directory, cell, args.spool, large)
+                row = count_syscalls(directory, cell, args.spool, large, args.rate)
                 print(json.dumps({"tree": name, "cell": cell, "spool": args.spool, **row}))
         return 0
     under_callgrind(args.instr_later)

@@ -14,7 +14,9 @@ A tree may be run with extra environment (``--tree pure=src:PYDORY_PURE_PYTHON=1
 on chosen CPUs (``--tree one-cpu=src:cpus=0``: `pydory bench --daemon-cpus 0`; a range,
 not a comma list: ``cpus=0-1``). ``--contend N`` runs every bench beside N CPU-bound
 processes per core (`pydory bench --contend N`; each row then says ``contend`` and the
-1-minute load at its start and end).
+1-minute load at its start and end). ``--rate N`` offers every run N messages per second,
+paced (`pydory bench --rate N`): the daemon's CPU per message at a fixed load instead of
+at its maximum throughput (each row then says ``offered_msgs_per_s``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def run_one(
         "--contend", str(args.contend),
         "--daemon-src", str(Path(directory).resolve()),
     ]  # fmt: skip
+    if args.rate is not None:
+        command += ["--rate", str(args.rate)]
     env = {**os.environ, **extra_env}
     if "cpus" in extra_env:  # not environment: where the daemon runs
         command += ["--daemon-cpus", env.pop("cpus")]
@@ -66,7 +70,7 @@ def run_one(
         for figure in ("msgs_per_s", "cpu_us_per_msg", "system_us_per_msg", "rss_mb_peak",
                        "p50_ms", "p99_ms"):  # fmt: skip
             result[f"pydory_{figure}"] = result[f"{variant}_{figure}"]
-        for figure in ("delivered", "discarded"):
+        for figure in ("delivered", "discarded", "generator_msgs_per_s"):
             result[figure] = result[f"{variant}_{figure}"]
     result["tree"] = name
     result["cell"] = cell
@@ -115,6 +119,10 @@ def main() -> None:
     parser.add_argument(
         "--contend", type=int, default=0, metavar="N",
         help="`pydory bench --contend N`: N CPU-bound processes per core beside each run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rate", type=float, metavar="N",
+        help="`pydory bench --rate N`: N messages/s offered, paced (default: unpaced)",
     )  # fmt: skip
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--render-only", action="store_true")

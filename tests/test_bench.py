@@ -88,6 +88,7 @@ def test_split_gives_every_message_to_one_process_and_counts_probes() -> None:
         ({"processes": 5, "messages": 4}, "more generator processes than messages"),
         ({"daemon_source": Path("/nonexistent")}, "holds no pydory package"),
         ({"contend": -1}, "contend must be >= 0"),
+        ({"rate": 0.0}, "rate must be > 0"),
     ],
 )
 def test_inconsistent_settings_are_refused(kwargs: dict[str, object], complaint: str) -> None:
@@ -269,6 +270,29 @@ def test_a_tiny_run_with_the_daemon_on_one_cpu(capsys: pytest.CaptureFixture[str
     assert 0 <= report["pydory_system_us_per_msg"] <= report["pydory_cpu_us_per_msg"]
 
 
+def test_an_offered_rate_paces_the_generators(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --rate, the run takes at least messages / rate seconds (less one tick of 1 ms,
+    which is sent at once): the generators sent no faster than offered. No upper bound on
+    the time (a loaded machine may fall behind), so none on the rate achieved."""
+    messages, rate = 3000, 3000.0
+    argv = ["--transport", "stream", "-n", str(messages), "--rounds", "1", "--no-baselines"]
+    assert bench_main([*argv, "--batch", "4", "--rate", str(rate), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["offered_msgs_per_s"] == rate
+    assert (report["delivered"], report["discarded"]) == (messages, 0)
+    sending_s = messages / report["generator_msgs_per_s"]
+    assert sending_s >= (messages - 4) / rate - 0.01
+    assert report["pydory_msgs_per_s"] <= report["generator_msgs_per_s"]
+
+
+def test_the_pacer_sends_whole_writes_of_one_tick_each() -> None:
+    from pydory_tools.bench.generator import Pacer
+
+    assert Pacer(100_000, 1, 0.0).step == 100  # 1 ms of messages
+    assert Pacer(100_000, 64, 0.0).step == 128  # whole writes of 64
+    assert Pacer(10, 64, 0.0).step == 64  # at least one write
+
+
 @pytest.mark.slow
 def test_a_tiny_run_measures_every_spool_variant_side_by_side(
     capsys: pytest.CaptureFixture[str],
@@ -283,6 +307,7 @@ def test_a_tiny_run_measures_every_spool_variant_side_by_side(
         assert report[f"pydory_spool_{label}_delivered"] == 2000
         assert report[f"pydory_spool_{label}_discarded"] == 0
         assert report[f"pydory_spool_{label}_msgs_per_s"] > 0
+        assert report[f"pydory_spool_{label}_generator_msgs_per_s"] > 0
         # Clock ticks (10 ms): 2000 messages may take less than one on the compiled path.
         assert report[f"pydory_spool_{label}_cpu_us_per_msg"] >= 0
 

@@ -100,6 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run N CPU-bound processes per core beside every run, at the daemon's "
         "priority, stopped when the bench ends (a busy host; default 0)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        metavar="N",
+        help="the generators offer N messages per second in total, paced, so that the "
+        "daemon's CPU per message is measured at a fixed load, not saturated (default: as "
+        "fast as they can)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -124,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             daemon_cpus=args.daemon_cpus,
             identity_headers=not args.no_identity_headers,
             contend=args.contend,
+            rate=args.rate,
         )
     except ValueError as error:
         print(f"pydory bench: {error}", file=sys.stderr)

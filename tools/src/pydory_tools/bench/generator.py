@@ -1,10 +1,17 @@
-"""The load generator: one child process writing pre-encoded messages as fast as it can.
+"""The load generator: one child process writing pre-encoded messages as fast as it can,
+or at an offered rate.
 
 ``python -m pydory_tools.bench.generator JOB`` (see pydory_tools.bench.child for the
 protocol). The job: transport (dgram | stream | tcp), address (socket path or TCP port),
 messages, value_bytes, batch (messages per stream write), topic, probe_topic, probe_every
-(0: no probes), seed, deadline_s. Writes block when the receiver is slower (a full datagram
-queue, a full stream buffer): that is the backpressure being measured, not an error.
+(0: no probes), seed, deadline_s, rate (messages per second; 0: as fast as it can). Writes
+block when the receiver is slower (a full datagram queue, a full stream buffer): that is
+the backpressure being measured, not an error.
+
+Paced (rate > 0), it sends one tick's worth of whole writes (:data:`PACE_TICK_S`), then
+sleeps until the next message is due (as benchmarks/fair_share.py's paced sender does, per
+message): the receiver then meets bursts set by the pacing, not by the scheduler. Behind
+schedule it does not sleep, so it catches up at full speed.
 
 Result: first_send and last_send (time.monotonic(), comparable across processes on
 Linux), messages, probes, the generator's CPU seconds, and which write loop ran
@@ -36,6 +43,8 @@ except ImportError:  # not built here: the Python loop
 
 #: Messages sent between two deadline checks when there are no probes.
 CHUNK_WITHOUT_PROBES = 10_000
+#: A paced generator sends this many seconds' worth of messages (whole writes) at a time.
+PACE_TICK_S = 0.001
 
 
 def connect(transport: str, address: str | int, deadline: float) -> socket.socket:
@@ -103,6 +112,35 @@ class Writer:
         self._send(data)
 
 
+class Pacer:
+    """Sends at ``rate`` messages per second from its start: message k is due at
+    start + k / rate; ``step`` is how many it sends per tick (whole writes of ``batch``)."""
+
+    def __init__(self, rate: float, batch: int, start: float) -> None:
+        self._rate, self._start = rate, start
+        self.step = max(1, round(rate * PACE_TICK_S / batch)) * batch
+
+    def wait_until_due(self, sent: int, deadline: float) -> None:
+        """Sleep until message number ``sent`` is due (not past ``deadline``)."""
+        ahead = self._start + sent / self._rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(min(ahead, time_left(deadline)))
+
+
+def send_chunk(writer: Writer, count: int, sent: int, pacer: Pacer | None, deadline: float) -> None:
+    """Send ``count`` messages, the first being message number ``sent`` of the run: at
+    once, or in the pacer's steps, each when it is due."""
+    if pacer is None:
+        writer.send_messages(count)
+        return
+    done = 0
+    while done < count:
+        step = min(pacer.step, count - done)
+        pacer.wait_until_due(sent + done, deadline)
+        writer.send_messages(step)
+        done += step
+
+
 def generate(job: Mapping[str, Any], wait_for_go: WaitForGo) -> Mapping[str, Any]:
     deadline = time.monotonic() + float(job["deadline_s"])
     transport: str = job["transport"]
@@ -112,14 +150,16 @@ def generate(job: Mapping[str, Any], wait_for_go: WaitForGo) -> Mapping[str, Any
     total, probe_every = int(job["messages"]), int(job["probe_every"])
     chunk = probe_every if probe_every > 0 else CHUNK_WITHOUT_PROBES
     probe_topic, value_bytes = job["probe_topic"], int(job["value_bytes"])
+    rate = float(job.get("rate", 0))
     wait_for_go({})
     cpu_start = time.process_time()
     first_send = time.monotonic()
+    pacer = Pacer(rate, int(job["batch"]), first_send) if rate > 0 else None
     sent = probes = 0
     try:
         while sent < total:
             count = min(chunk, total - sent)
-            writer.send_messages(count)
+            send_chunk(writer, count, sent, pacer, deadline)
             sent += count
             if probe_every > 0 and count == probe_every:
                 writer.send(workload.encode_probe(probe_topic, value_bytes, time.time_ns()))

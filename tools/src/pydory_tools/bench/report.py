@@ -156,7 +156,8 @@ class BenchReport:
         }
 
     def _spooled_spreads(self) -> dict[str, Spread]:
-        """Per spool variant: pydory_spool_<variant>_{msgs_per_s, cpu_us_per_msg, ...}."""
+        """Per spool variant: pydory_spool_<variant>_{msgs_per_s, generator_msgs_per_s,
+        cpu_us_per_msg, ...}."""
         spreads: dict[str, Spread] = {}
         for variant in self.settings.spool:
             if variant == "off":
@@ -165,6 +166,7 @@ class BenchReport:
             prefix = f"pydory_spool_{spool_label(variant)}"
             figures: dict[str, Callable[[PydoryRun], float | None]] = {
                 "msgs_per_s": lambda r: r.msgs_per_s,
+                "generator_msgs_per_s": lambda r: r.generator_msgs_per_s,
                 "cpu_us_per_msg": lambda r: r.cpu_us_per_msg,
                 "system_us_per_msg": lambda r: r.system_us_per_msg,
                 "rss_mb_peak": lambda r: r.rss_mb_peak,
@@ -201,6 +203,8 @@ class BenchReport:
             "identity_headers": settings.identity_headers,
             "contend": settings.contend,
             "contend_processes": self.contend_processes,
+            # achieved: generator_msgs_per_s (sent), pydory_msgs_per_s (settled)
+            "offered_msgs_per_s": settings.rate,
             "load_1min_at_start": self.environment.load_average_at_start[0],
             "load_1min_at_end": (
                 None if self.load_average_at_end is None else self.load_average_at_end[0]
@@ -234,6 +238,7 @@ class BenchReport:
             f"{settings.batch} per write, compression {settings.compression}, "
             f"linger {settings.linger_ms} ms, {settings.rounds} round(s), "
             f"spool {','.join(settings.spool)}"
+            + ("" if settings.rate is None else f", offered {settings.rate:,.0f} msgs/s")
             + (
                 f", {self.contend_processes} CPU hogs ({settings.contend} per core)"
                 if settings.contend

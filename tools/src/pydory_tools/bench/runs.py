@@ -64,6 +64,8 @@ def start_generators(
             "probe_every": settings.probe_every if probes else 0,
             "seed": share.index,
             "deadline_s": settings.timeout_s,
+            # its part of the offered rate, so that all generators end together
+            "rate": (settings.rate or 0) * share.messages / settings.messages,
         }
         child = ChildProcess(
             "pydory_tools.bench.generator", job, workdir, f"generator-{share.index}"

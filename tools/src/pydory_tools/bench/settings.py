@@ -60,6 +60,9 @@ class BenchSettings:
     identity_headers: bool = True
     #: CPU-bound processes per core running beside every run (``--contend``; 0: none).
     contend: int = 0
+    #: The messages per second the generators offer in total (``--rate``; None: as fast
+    #: as they can). The direct baseline is not paced.
+    rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -82,6 +85,8 @@ class BenchSettings:
             raise ValueError("more generator processes than messages")
         if self.contend < 0:
             raise ValueError("contend must be >= 0 (CPU-bound processes per core)")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError("rate must be > 0 messages per second (or unset: unpaced)")
         if self.linger_ms < 0 or self.timeout_s <= 0:
             raise ValueError("linger_ms must be >= 0 and timeout_s > 0")
         if not self.spool or len(set(self.spool)) != len(self.spool):
