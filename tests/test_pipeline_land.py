@@ -43,6 +43,7 @@ from pydory.pipeline.landing.land import (
     start_landing,
     utc_date,
 )
+from pydory.pipeline.spark import WORKER_PYTHON, worker_python
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from pydory_tools.testing.kafka_util import admin_create_topic
 from pydory_tools.testing.kill_loop import jvm_child_of
@@ -69,6 +70,16 @@ def test_spark_s_python_workers_import_pyspark_from_its_installed_package(
     )
 
     assert imported == [pyspark.__file__]
+
+
+def test_the_jvm_runs_its_own_python_work_through_pydory_spark_python(spark: SparkSession) -> None:
+    """``PYSPARK_DRIVER_PYTHON``, which Spark's JVM runs for the Python work it starts itself
+    (its lookup of Python data sources when it starts: pydory.pipeline.worker_python)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+
+    assert jvm.java.lang.System.getenv("PYSPARK_DRIVER_PYTHON") == worker_python()
+    assert worker_python().endswith("/" + WORKER_PYTHON)
 
 
 def test_the_tests_spark_driver_runs_without_the_optimising_jit(spark: SparkSession) -> None:
