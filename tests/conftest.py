@@ -5,16 +5,12 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
 
 from module_costs import by_cost
 from receivers import RECEIVE_TIMEOUT_S
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 # The Kafka fixtures, from the tools' distribution (pydory-tools), which registers no pytest
 # plugin of its own: loaded here only.
@@ -49,24 +45,3 @@ def datagram_receiver(datagram_path: str) -> Iterator[socket.socket]:
     receiver.settimeout(RECEIVE_TIMEOUT_S)
     yield receiver
     receiver.close()
-
-
-@pytest.fixture(scope="session")
-def _local_spark_context() -> Iterator[None]:
-    """The test process's one local SparkContext (``tests/local_spark.py``), stopped at
-    the process's end."""
-    from local_spark import stop_local_spark
-
-    yield
-    stop_local_spark()
-
-
-@pytest.fixture(scope="module")
-def spark(_local_spark_context: None) -> Iterator[SparkSession]:
-    """A SparkSession of the module's own on ``local[2]``, on the context every local
-    pipeline module of this process shares (``tests/local_spark.py``; imported here, not
-    above: a worker with no Spark module never imports PySpark)."""
-    from local_spark import module_session
-
-    with module_session() as session:
-        yield session

@@ -40,9 +40,9 @@ H = 0xE
 
 @pytest.fixture(scope="module")
 def spark(spark_cluster: SparkCluster) -> Iterator[SparkSession]:
-    # The local context the pipeline modules of this worker share (tests/local_spark.py)
-    # would be reused here too (one per process), and these tests would run on it: stop
-    # it first (the next local module starts it again).
+    # A local session an earlier module of this worker left running for the next one to
+    # reuse would be reused here too (one per process), and these tests would run on it:
+    # stop it first.
     earlier = SparkContext._active_spark_context
     if earlier is not None and earlier.master != spark_cluster.master_url:
         earlier.stop()

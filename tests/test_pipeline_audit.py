@@ -507,6 +507,13 @@ _SOURCE_SCHEMA = StructType(
 _DAY = dt.datetime(2025, 3, 1, 12, tzinfo=dt.UTC)
 
 
+@pytest.fixture(scope="module")
+def spark() -> SparkSession:
+    from pydory.pipeline.spark import spark_session
+
+    return spark_session(master="local[2]", app_name="test-pipeline-audit")
+
+
 class SinkLake:
     """A lake written through Spark's Parquet file sink, one committed batch per :meth:`land`."""
 

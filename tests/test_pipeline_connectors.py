@@ -7,8 +7,7 @@ Spark's own ``kafka`` source (``--connector native``, its jars from ``.jars/spar
 put on ``spark.jars`` by :func:`pydory.pipeline.spark.spark_session`), into two lakes
 that must hold the same rows, in the same layout, and both balance the audit.
 
-One SparkSession serves the module (``spark``, tests/conftest.py: on the local context the
-pipeline modules of a test process share).
+One SparkSession serves the module (starting one takes ten seconds or more).
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from pydory.pipeline.spark import (
     find_spark_kafka_jars,
     spark_kafka_connector_jar,
     spark_kafka_connector_may_load,
+    spark_session,
     with_spark_kafka_jars,
 )
 from pydory_tools.testing.daemon import DaemonConfig, running_daemon
@@ -60,6 +60,12 @@ SPREAD_MESSAGES = 120
 # the broker's retention check could delete them in the middle of the module.
 KEEP_FOREVER = {"retention.ms": "-1"}
 _SOURCE_OF = {"python": "PythonMicroBatchStream", "native": "KafkaV2[Subscribe["}
+
+
+@pytest.fixture(scope="module")
+def spark() -> SparkSession:
+    # Not stopped: the next module's spark_session() reuses it (the audit tests do the same).
+    return spark_session(master="local[2]", app_name="pydory-test-connectors")
 
 
 @pytest.fixture

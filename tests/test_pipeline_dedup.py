@@ -7,7 +7,7 @@ sends them, and landed through both connectors, the landing job stopped between 
 two copies and restarted from its checkpoint. The job's restart after Spark's Python
 worker timeout is tested here too.
 
-One SparkSession serves the module (``spark``, tests/conftest.py).
+One SparkSession serves the module.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from pydory.pipeline.landing.dedup import (
     STATE_STORE_CONF,
 )
 from pydory.pipeline.landing.land import LandSettings, run_landing
+from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 
 HOST = "host-a"
@@ -44,6 +45,13 @@ WORKER_TIMEOUT = (
     "Caused by: java.net.SocketTimeoutException: Timed out while waiting for the Python "
     "worker to connect back"
 )
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(master="local[2]", app_name="pydory-test-dedup")
+    yield session
+    session.stop()
 
 
 def identity(sequence: int, stream: int = 1) -> bytes:

@@ -47,6 +47,7 @@ from pydory.pipeline.landing.land import (
     LandSettings,
     run_landing,
 )
+from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.hdfs_cluster import HdfsCluster
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from pydory_tools.testing.lifecycle import SHORT_LIVED_EXECUTOR_CONF
@@ -55,6 +56,13 @@ from test_pipeline_dedup import identity, produce
 from test_pipeline_second_copies import file_sink_lake
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(master="local[2]", app_name="pydory-test-faults")
+    yield session
+    session.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,12 +29,20 @@ from pydory.pipeline import spark as spark_module
 from pydory.pipeline.audits import fleet_nothing_new
 from pydory.pipeline.audits.fleet_audit import BooksTopicUnavailable, fleet_audit
 from pydory.pipeline.landing.land import LandSettings, run_landing
+from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import produce as produce_records
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 A, B, C, D = 0xA, 0xB, 0xC, 0xD
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(master="local[2]", app_name="pydory-test-fleet-audit")
+    yield session
+    session.stop()
 
 
 def name(host: str, incarnation: int, sequence: int) -> str:

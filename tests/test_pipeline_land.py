@@ -4,8 +4,7 @@ The main path runs on the session's Apache Kafka broker (``kafka_broker``); libr
 mock cluster serves only the data-loss test, which needs its habit of dropping old
 segments within seconds. Both connectors side by side: test_pipeline_connectors.py.
 
-One SparkSession serves the whole module (``spark``, tests/conftest.py: on the local
-context the pipeline modules of a test process share);
+One SparkSession serves the whole module (starting one takes about ten seconds);
 every test uses fresh topics, lake and checkpoint directories.
 """
 
@@ -18,7 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from pydory.pipeline.landing.land import (
     start_landing,
     utc_date,
 )
+from pydory.pipeline.spark import WORKER_PYTHON, spark_session, worker_python
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from pydory_tools.testing.kafka_util import admin_create_topic
 from pydory_tools.testing.kill_loop import jvm_child_of
@@ -57,6 +57,13 @@ NEXT_DAY_MS = LATE_EVENING_MS + 1_000
 KEEP_FOREVER = {"retention.ms": "-1"}
 
 
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(master="local[2]", app_name="pydory-test-land")
+    yield session
+    session.stop()
+
+
 def test_spark_s_python_workers_import_pyspark_from_its_installed_package(
     spark: SparkSession,
 ) -> None:
@@ -69,6 +76,16 @@ def test_spark_s_python_workers_import_pyspark_from_its_installed_package(
     )
 
     assert imported == [pyspark.__file__]
+
+
+def test_the_jvm_runs_its_own_python_work_through_pydory_spark_python(spark: SparkSession) -> None:
+    """``PYSPARK_DRIVER_PYTHON``, which Spark's JVM runs for the Python work it starts itself
+    (its lookup of Python data sources when it starts: pydory.pipeline.worker_python)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+
+    assert jvm.java.lang.System.getenv("PYSPARK_DRIVER_PYTHON") == worker_python()
+    assert worker_python().endswith("/" + WORKER_PYTHON)
 
 
 def test_the_tests_spark_driver_runs_without_the_optimising_jit(spark: SparkSession) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,10 +26,18 @@ from pydory.pipeline.audits.audit import audit
 from pydory.pipeline.audits.reconcile import DaemonBooks, TopicBooks
 from pydory.pipeline.landing.dedup import IDENTITY_COLUMN
 from pydory.pipeline.landing.land import LandSettings, run_landing
+from pydory.pipeline.spark import spark_session
 from pydory_tools.testing.kafka_broker import KafkaCluster
 from test_pipeline_dedup import identity, produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(master="local[2]", app_name="pydory-test-second-copies")
+    yield session
+    session.stop()
 
 
 def delivered(topic: str, count: int) -> DaemonBooks:
