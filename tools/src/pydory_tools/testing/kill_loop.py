@@ -287,13 +287,25 @@ class KilledDaemon:
         return self.process.counters()[ACCEPTED] - self.accepted_at_start
 
     def kill_after(
-        self, more: int, timeout_s: float = CONDITION_TIMEOUT_S, *, come_back: bool = True
+        self,
+        more: int,
+        timeout_s: float = CONDITION_TIMEOUT_S,
+        *,
+        come_back: bool = True,
+        senders_done: Callable[[], bool] | None = None,
     ) -> None:
         """SIGKILL the daemon once it has accepted ``more`` messages since it started,
         then start it again on the same config and spool (returns once it answers);
-        with ``come_back=False`` it stays dead, its spool as the kill left it."""
+        with ``come_back=False`` it stays dead, its spool as the kill left it.
+
+        ``senders_done``: when it says the clients have sent their last, the kill comes
+        at once instead. What a kill caught in the socket buffers is never sent again, and
+        on a busy machine (a slow reader, full buffers) that can leave fewer messages for
+        the next run than its threshold: waiting for them would wait for ever."""
         deadline = time.monotonic() + timeout_s
         while self.accepted_since_start() < more:
+            if senders_done is not None and senders_done():
+                break
             if self.process.process.poll() is not None:
                 raise KillLoopError(f"the daemon exited by itself; see {self.log_path}")
             if time.monotonic() > deadline:
@@ -315,11 +327,13 @@ class KilledDaemon:
         timeout_s: float = CONDITION_TIMEOUT_S,
         *,
         come_back: bool = True,
+        senders_done: Callable[[], bool] | None = None,
     ) -> None:
         """:meth:`kill_after` each of ``thresholds`` in turn; with ``come_back=False`` the
         last kill is for good."""
         for number, more in enumerate(thresholds, start=1):
-            self.kill_after(more, timeout_s, come_back=come_back or number < len(thresholds))
+            again = come_back or number < len(thresholds)
+            self.kill_after(more, timeout_s, come_back=again, senders_done=senders_done)
 
     def settle(self, timeout_s: float = 60.0) -> None:
         """Return once every message the daemon read is delivered or discarded (the
