@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydory.daemon.books.commit_point import EPOCH_S, CommitPoint
+from pydory.daemon.books.commit_point import EPOCH_S, TIMER_RESOLUTION_S, CommitPoint
 from pydory.daemon.books.events import AccountingError
 from pydory.status.commit_point import commit_point_routes
 
@@ -218,6 +218,71 @@ def test_accepting_messages_sweeps_at_most_once_per_epoch() -> None:
     world.now += EPOCH_S
     world.run_scheduled()
     assert world.marks == 2  # no message since: no sweep
+
+
+def test_a_sweep_just_early_waits_at_least_the_loop_timers_resolution() -> None:
+    """Early by less than the event loop's timers resolve, the sweep asks again for no
+    less than that resolution (asked for less, uvloop runs it at the next turn: a spin)."""
+    world = World(now=100.0)
+    delays: list[float] = []
+
+    def schedule(delay_s: float, callback: Callable[[], None]) -> bool:
+        delays.append(delay_s)
+        return world.schedule(delay_s, callback)
+
+    commit_point = CommitPoint(
+        world.mark, clock=world.clock, wall_clock=world.wall_clock, schedule=schedule
+    )
+    commit_point.open()
+    world.now += EPOCH_S - TIMER_RESOLUTION_S / 10  # early by a tenth of the resolution
+    world.run_scheduled()
+    assert world.marks == 0
+    assert delays == [0.0, TIMER_RESOLUTION_S]
+    world.now += TIMER_RESOLUTION_S
+    world.run_scheduled()
+    assert world.marks == 1
+
+
+def test_a_deferred_sweep_never_spins_the_real_event_loop() -> None:
+    """On uvloop, the daemon's loop, whose timers resolve whole milliseconds: a sweep
+    that finds itself early by less than that waits a resolution, not a turn of the loop.
+
+    The epoch here is 10.3 ms: the timer the sweep asks for at the message (~10.25 ms,
+    rounded to 10) comes back ~0.25 ms early; asked again for that (rounded to 0 ms), the
+    loop ran it turn after turn until the epoch was over (~130 calls an epoch)."""
+    import uvloop
+
+    epochs = 20
+    calls = 0
+
+    async def main() -> None:
+        nonlocal calls
+        swept = asyncio.Event()
+        commit_point = CommitPoint(lambda: FakeMark(World(), 0), epoch_s=0.0103)
+        scheduled_sweep, sweep = commit_point._scheduled_sweep, commit_point.sweep
+
+        def counted_scheduled_sweep() -> None:
+            nonlocal calls
+            calls += 1
+            scheduled_sweep()
+
+        def noted_sweep() -> bool:
+            swept.set()
+            return sweep()
+
+        commit_point._scheduled_sweep = counted_scheduled_sweep  # type: ignore[method-assign]
+        commit_point.sweep = noted_sweep  # type: ignore[method-assign]
+        for _ in range(epochs):
+            swept.clear()
+            commit_point.sweep()  # an epoch starts now; the message below waits for its end
+            swept.clear()
+            commit_point.open()
+            await swept.wait()
+
+    uvloop.run(main())
+    # One call from the message, one when the epoch's timer comes (early), one a
+    # resolution later. Before: one per turn of the loop until the epoch was over.
+    assert calls <= 5 * epochs
 
 
 def test_the_deferred_sweep_moves_the_commit_point_once_its_messages_settle() -> None:
