@@ -96,11 +96,13 @@ def thread_totals(out_dir: Path) -> dict[int, int]:
     return totals
 
 
-def measure(tree: str, cell: str, spool: str, messages: int, keep: Path | None) -> dict[str, Any]:
+def measure(
+    tree: str, cell: str, spool: str, messages: int, keep: Path | None, rate: float | None = None
+) -> dict[str, Any]:
     transport, batch = CELLS[cell]
     settings = BenchSettings(
         transport=transport, batch=batch, messages=messages, rounds=1, baselines=False,
-        daemon_source=Path(tree).resolve(), spool=(spool,), timeout_s=3600.0,
+        daemon_source=Path(tree).resolve(), spool=(spool,), timeout_s=3600.0, rate=rate,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pydory-instructions-") as tmp:
         global OUT_DIR
@@ -196,8 +198,10 @@ def main() -> int:
                         help="instead: count the loop's system calls per message in a native "
                         "run of the larger N (perf stat)")  # fmt: skip
     parser.add_argument("--rate", type=float, metavar="N",
-                        help="with --syscalls: N messages/s offered, paced (pydory bench "
-                        "--rate); default: as fast as possible")  # fmt: skip
+                        help="N messages/s offered, paced (pydory bench --rate); default: as "
+                        "fast as possible. Under callgrind the daemon runs ~50x slower: a "
+                        "rate it keeps up with there (a few thousand) gives small bursts, "
+                        "as a moderate load does natively")  # fmt: skip
     args = parser.parse_args()
     counts = [int(n) for n in args.n.split(",")]
     small, large = counts[0], counts[-1]  # one N: no slope, each figure / N (for --keep)
@@ -213,14 +217,17 @@ def main() -> int:
         for tree_text in args.tree:
             name, _, directory = tree_text.partition("=")
             keep = args.keep / f"{name}-{cell}-{args.spool}" if args.keep else None
-            high = measure(directory, cell, args.spool, large, keep and keep / str(large))
+            high = measure(
+                directory, cell, args.spool, large, keep and keep / str(large), args.rate
+            )
             low = (
-                measure(directory, cell, args.spool, small, keep and keep / str(small))
+                measure(directory, cell, args.spool, small, keep and keep / str(small), args.rate)
                 if small != large
                 else {"instructions": 0, "loop_instructions": 0}
             )
             row = {
                 "tree": name, "cell": cell, "spool": args.spool, "runs": [low, high],
+                "offered_msgs_per_s": args.rate,
                 "instructions_per_msg": (high["instructions"] - low["instructions"])
                 / (large - small or large),
                 "loop_instructions_per_msg": (high["loop_instructions"] - low["loop_instructions"])
