@@ -1,0 +1,279 @@
+"""The compiled producer's report thread (pydory._cproducer, ``Producer(thread=True)``;
+issue 34, lever 4), on librdkafka's mock cluster: it sums the acknowledgements without the
+GIL and hands everything else over whole, in order; after a failure it sums nothing until
+the loop has taken it; its ring is bounded (the thread stops, nothing is dropped, it goes
+on once the loop takes); ``report_each_ack`` holds from the moment it is asked; a close
+joins it wherever it waits; its eventfd wakes an asyncio loop. The delivery and fault
+suites run on it too: it is the compiled backend's default (tests/producer_backends.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from helpers import wait_until
+from pydory.daemon.delivery import backends, compiled_producer
+from pydory_tools.testing.mock_cluster import ApiKey, MockCluster
+
+pytestmark = pytest.mark.skipif(
+    compiled_producer.bound() is None,
+    reason=f"the compiled producer does not run here: {backends.WHY}",
+)
+
+if compiled_producer.bound() is not None:
+    from pydory import _cproducer
+
+
+def producer(mock_cluster: MockCluster, **properties: Any) -> Any:
+    """A producer with a report thread; one message per request (so one per report event)."""
+    settings = {
+        "bootstrap.servers": mock_cluster.bootstrap_servers,
+        "linger.ms": "0",
+        "batch.num.messages": "1",
+        "max.in.flight.requests.per.connection": "1",
+    }
+    settings.update({name.replace("_", "."): str(value) for name, value in properties.items()})
+    return _cproducer.Producer(settings, thread=True)
+
+
+def counts(p: Any) -> dict[str, int]:
+    found = p.thread_counts()
+    assert found is not None
+    return found  # type: ignore[no-any-return]
+
+
+class Gathered:
+    """Every poll's records, gathered: acknowledgements per token (summed or one by one)."""
+
+    def __init__(self) -> None:
+        self.tokens: Counter[int] = Counter()
+        self.summed: Counter[int] = Counter()
+        self.each: list[Any] = []
+        self.failures: list[Any] = []
+
+    def poll(self, p: Any, each_ack: bool = False, timeout_s: float = 0.05) -> Any:
+        polled = p.poll(timeout_s, each_ack)
+        if polled is not None:
+            assert polled.stopped_by is None
+            for entry in polled.ack_sums:
+                self.tokens[entry.token] += entry.messages
+                self.summed[entry.token] += entry.messages
+            for ack in polled.acks or []:
+                self.tokens[ack.token] += 1
+                self.each.append(ack)
+            self.failures.extend(polled.failures)
+        return polled
+
+
+@pytest.fixture
+def topic(mock_cluster: MockCluster, unique_topic: Callable[[str], str]) -> str:
+    name = unique_topic("reaper")
+    mock_cluster.create_topic(name, 1)
+    return name
+
+
+def test_acknowledgements_are_summed_on_the_thread_and_their_events_destroyed_there(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    p = producer(mock_cluster, batch_num_messages=100, linger_ms=5)
+    for i in range(2_000):
+        assert p.produce(topic, 0, b"v%d" % i, None, 0, None, 1, i // 500, False, None) == 0
+    # Summed and destroyed without a poll: librdkafka no longer holds them, the sums do.
+    wait_until(lambda: counts(p)["events_summed"] > 0 and counts(p)["sums"] == 4, what="sums")
+    got = Gathered()
+    wait_until(lambda: got.poll(p) is None and len(p) == 0, what="every report")
+    assert got.tokens == Counter({0: 500, 1: 500, 2: 500, 3: 500})
+    assert got.each == []
+    assert got.failures == []
+    p.close()
+
+
+def test_after_a_failure_every_report_comes_whole_and_in_order_until_the_loop_took_it(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    """A failure's window (settlement.py) needs each acknowledgement queued after it one by
+    one: the thread, having met a failure, hands every later report over whole (in the
+    order librdkafka queued them) until a poll without each_ack finds no failure held."""
+    p = producer(mock_cluster, retries=0)
+    got = Gathered()
+    for i in range(10):  # summed: no failure yet
+        assert p.produce(topic, 0, b"a%d" % i, None, 0, None, 1, 1, False, None) == 0
+    wait_until(lambda: got.poll(p) is None and len(p) == 0, what="the first ten")
+    assert got.summed == Counter({1: 10})
+    # Retriable, but retries=0: the first message fails, the partition stays.
+    mock_cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.NOT_ENOUGH_REPLICAS])
+    count = 60
+    for i in range(count):
+        assert p.produce(topic, 0, b"m%d" % i, None, 0, None, 1, 2, False, None) == 0
+    # Nothing polled meanwhile: the thread keeps every report after the failure whole.
+    wait_until(lambda: counts(p)["held_events"] >= count, what="every report held whole")
+    assert counts(p)["keep_whole"] == 1
+    polled = got.poll(p)
+    assert [f.value for f in polled.failures] == [b"m0"]
+    assert polled.ack_sums == []
+    assert [ack.value for ack in polled.acks] == [b"m%d" % i for i in range(1, count)]
+    # The next poll without each_ack finds no failure held: the thread sums again.
+    got.poll(p)
+    assert counts(p)["keep_whole"] == 0
+    for i in range(10):
+        assert p.produce(topic, 0, b"z%d" % i, None, 0, None, 1, 3, False, None) == 0
+    wait_until(lambda: got.poll(p) is None and len(p) == 0, what="the last ten")
+    assert got.summed[3] == 10
+    assert got.tokens == Counter({1: 10, 2: count - 1, 3: 10})
+    p.close()
+
+
+def test_a_full_ring_stops_the_thread_drops_nothing_and_it_goes_on_once_the_loop_takes(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    ring = _cproducer.REPORT_RING_EVENTS
+    count = ring + 300
+    p = producer(mock_cluster)
+    p.report_each_ack()  # every report event whole: the ring fills
+    for i in range(count):
+        assert p.produce(topic, 0, b"v", None, 0, None, 1, i, False, None) == 0
+    wait_until(
+        lambda: counts(p)["held_events"] == ring and counts(p)["room_waits"] >= 1,
+        what="the ring full and the thread waiting",
+    )
+    # The rest waits in librdkafka's queue; outq_len also counts its queued reports (ops).
+    assert len(p) >= count
+    got = Gathered()
+    wait_until(lambda: got.poll(p, each_ack=True) is None and len(p) == 0, what="the reports")
+    assert got.tokens == Counter(range(count))  # every message once
+    assert len(got.each) == count
+    assert counts(p)["events_whole"] >= count
+    p.close()
+
+
+def test_close_joins_the_thread_waiting_on_the_queue_or_for_room(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    idle = producer(mock_cluster)
+    full = producer(mock_cluster)
+    full.report_each_ack()
+    ring = _cproducer.REPORT_RING_EVENTS
+    for i in range(ring + 10):
+        assert full.produce(topic, 0, b"v", None, 0, None, 1, i, False, None) == 0
+    wait_until(lambda: counts(full)["room_waits"] >= 1, what="the thread waiting for room")
+    for p in (idle, full):
+        closer = threading.Thread(target=p.close)
+        closer.start()
+        closer.join(timeout=60)  # a safety net: close returns at once
+        assert not closer.is_alive()
+        assert p.thread_counts() is None
+        assert len(p) == 0
+        with pytest.raises(RuntimeError, match="closed"):
+            p.poll(0, False)
+        p.close()  # a second close does nothing
+
+
+def test_each_ack_asked_mid_stream_holds_from_then_on(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    p = producer(mock_cluster, batch_num_messages=50, linger_ms=5)
+    got = Gathered()
+    for _i in range(300):
+        assert p.produce(topic, 0, b"a", None, 0, None, 1, 1, False, None) == 0
+    wait_until(lambda: got.poll(p) is None and len(p) == 0, what="the summed ones")
+    assert got.summed == Counter({1: 300})
+    assert got.each == []
+    p.report_each_ack()  # message debugging started: every acknowledgement from now on
+    for _i in range(300):
+        assert p.produce(topic, 0, b"b", None, 0, None, 1, 2, False, None) == 0
+    wait_until(lambda: got.poll(p, each_ack=True) is None and len(p) == 0, what="each one")
+    assert [ack.token for ack in got.each] == [2] * 300
+    assert got.summed[2] == 0
+    got.poll(p)  # asked no more: summed again
+    for _i in range(300):
+        assert p.produce(topic, 0, b"c", None, 0, None, 1, 3, False, None) == 0
+    wait_until(lambda: got.poll(p) is None and len(p) == 0, what="summed again")
+    assert got.summed[3] == 300
+    p.close()
+
+
+def test_a_report_that_cannot_be_converted_is_served_by_the_next_poll(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    """Armed fault hooks make the thread hand every report over whole (each converted on
+    the polling thread, where the hook fails one): still each message reported once."""
+    p = producer(mock_cluster, batch_num_messages=20, linger_ms=5)
+    _cproducer._inject_faults(57, 0)
+    try:
+        for i in range(500):
+            assert p.produce(topic, 0, b"v", None, 0, None, 1, i, False, None) == 0
+        stopped: list[Any] = []
+        tokens: Counter[int] = Counter()
+
+        def more() -> bool:
+            polled = p.poll(0.05, False)
+            if polled is not None:
+                stopped.extend([polled.stopped_by] if polled.stopped_by else [])
+                for ack in polled.acks or []:
+                    tokens[ack.token] += 1
+                for entry in polled.ack_sums:
+                    tokens[entry.token] += entry.messages
+            return len(p) == 0
+
+        wait_until(more, what="every report")
+    finally:
+        _cproducer._inject_faults(0, 0)
+    assert stopped == [MemoryError]
+    assert tokens == Counter(range(500))
+    p.close()
+
+
+def test_the_eventfd_wakes_an_asyncio_loop_once_until_a_poll_takes(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    p = producer(mock_cluster)
+    assert p.wake_fd >= 0
+    got = Gathered()
+
+    async def woken() -> int:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        ready = asyncio.Event()
+
+        def on_ready() -> None:
+            nonlocal wakes
+            wakes += 1
+            got.poll(p, timeout_s=0)  # reads the eventfd
+            if sum(got.tokens.values()) == 100:
+                ready.set()
+
+        loop.add_reader(p.wake_fd, on_ready)
+        try:
+            for _i in range(100):
+                assert p.produce(topic, 0, b"v", None, 0, None, 1, 7, False, None) == 0
+            await asyncio.wait_for(ready.wait(), 60)  # a safety net, not a deadline
+        finally:
+            loop.remove_reader(p.wake_fd)
+        return wakes
+
+    assert asyncio.run(woken()) >= 1
+    assert got.tokens == Counter({7: 100})
+    readable, _, _ = select.select([p.wake_fd], [], [], 0)
+    assert readable == []  # taken: nothing more to say
+    p.close()
+
+
+@pytest.fixture
+def no_thread_producer(mock_cluster: MockCluster) -> Iterator[Any]:
+    p = _cproducer.Producer({"bootstrap.servers": mock_cluster.bootstrap_servers})
+    yield p
+    p.close()
+
+
+def test_without_a_thread_there_is_no_eventfd_and_no_counts(no_thread_producer: Any) -> None:
+    assert no_thread_producer.wake_fd == -1
+    assert no_thread_producer.thread_counts() is None
+    no_thread_producer.report_each_ack()  # nothing to tell: the poll decides
