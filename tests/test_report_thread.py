@@ -32,6 +32,10 @@ if compiled_producer.bound() is not None:
     from pydory import _cproducer
 
 
+#: How long a poll waits for the thread before it answers (then it is asked again).
+POLL_WAIT_S = 0.05  # not a deadline: a wait that goes on
+
+
 def producer(mock_cluster: MockCluster, **properties: Any) -> Any:
     """A producer with a report thread; one message per request (so one per report event)."""
     settings = {
@@ -59,7 +63,7 @@ class Gathered:
         self.each: list[Any] = []
         self.failures: list[Any] = []
 
-    def poll(self, p: Any, each_ack: bool = False, timeout_s: float = 0.05) -> Any:
+    def poll(self, p: Any, each_ack: bool = False, timeout_s: float = POLL_WAIT_S) -> Any:
         polled = p.poll(timeout_s, each_ack)
         if polled is not None:
             assert polled.stopped_by is None
