@@ -19,8 +19,13 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
+import producer_backends
 from helpers import wait_until
 from pydory.daemon.delivery import backends, compiled_producer
+from pydory.daemon.delivery import dispatcher as dispatcher_module
+from pydory.daemon.delivery.dispatcher import Dispatcher
+from pydory.daemon.delivery.librdkafka_settings import DeliverySettings, ProducerProfile
+from pydory.daemon.delivery.router import MetadataSnapshot, Router
 from pydory_tools.testing.mock_cluster import ApiKey, MockCluster
 
 pytestmark = pytest.mark.skipif(
@@ -281,3 +286,58 @@ def test_without_a_thread_there_is_no_eventfd_and_no_counts(no_thread_producer: 
     assert no_thread_producer.wake_fd == -1
     assert no_thread_producer.thread_counts() is None
     no_thread_producer.report_each_ack()  # nothing to tell: the poll decides
+
+
+class CountingLedger:
+    """Counts delivered batches; any other outcome is a failure of the test."""
+
+    def __init__(self) -> None:
+        self.delivered_batches = 0
+        self.done: asyncio.Event | None = None
+
+    def delivered(self, delivered: Any) -> None:
+        self.delivered_batches += 1
+        assert self.done is not None
+        self.done.set()
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"an outcome other than delivered: {name}")
+
+
+@pytest.mark.skipif(not compiled_producer.REPORT_THREAD, reason="PYDORY_REPORT_THREAD=0")
+def test_the_dispatcher_settles_when_the_thread_wakes_it_and_stops_watching_at_shutdown(
+    mock_cluster: MockCluster, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = CountingLedger()
+    dispatcher = Dispatcher(
+        DeliverySettings(mock_cluster.bootstrap_servers),
+        lambda topic: ProducerProfile(linger_ms=5, batch_messages=100, batch_bytes=100_000),
+        Router(MetadataSnapshot.build({1: "b1"}, {topic: {0: 1}})),
+        ledger,  # type: ignore[arg-type]
+    )
+    # No poll timers: after the poll that follows the send (a linger before the message
+    # even leaves), only the thread's eventfd can bring its report to the loop.
+    for interval in ("BUSY_POLL_INTERVAL_S", "IDLE_POLL_INTERVAL_S"):
+        monkeypatch.setattr(dispatcher_module, interval, 3600.0)  # not a deadline: never
+    wakes: list[int] = []
+    on_ready = dispatcher._on_reports_ready
+    monkeypatch.setattr(dispatcher, "_on_reports_ready", lambda: (wakes.append(1), on_ready()))
+
+    async def send_then_shut_down() -> int:
+        loop = asyncio.get_running_loop()
+        ledger.done = asyncio.Event()
+        dispatcher.start(loop)
+        dispatcher.send(topic, 0, b"v", None, 0)
+        (handle,) = dispatcher.producers.values()
+        assert handle.backend is not None
+        wake_fd = handle.backend.wake_fd
+        assert wake_fd is not None
+        await asyncio.wait_for(ledger.done.wait(), 60)  # a safety net, not a deadline
+        await dispatcher.shutdown(max_delay_s=5.0)
+        assert not loop.remove_reader(wake_fd)  # no longer watched
+        return wake_fd
+
+    with producer_backends.using("compiled"):
+        asyncio.run(send_then_shut_down())
+    assert wakes  # the report thread's eventfd woke the loop, which settled the delivery
+    assert ledger.delivered_batches >= 1
