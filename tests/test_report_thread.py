@@ -110,7 +110,8 @@ def test_after_a_failure_every_report_comes_whole_and_in_order_until_the_loop_to
 ) -> None:
     """A failure's window (settlement.py) needs each acknowledgement queued after it one by
     one: the thread, having met a failure, hands every later report over whole (in the
-    order librdkafka queued them) until a poll without each_ack finds no failure held."""
+    order librdkafka queued them) until the loop has taken the failure and polled again
+    in a later turn (after the settlement that may open the window)."""
     p = producer(mock_cluster, retries=0)
     got = Gathered()
     for i in range(10):  # summed: no failure yet
@@ -124,20 +125,67 @@ def test_after_a_failure_every_report_comes_whole_and_in_order_until_the_loop_to
         assert p.produce(topic, 0, b"m%d" % i, None, 0, None, 1, 2, False, None) == 0
     # Nothing polled meanwhile: the thread keeps every report after the failure whole.
     wait_until(lambda: counts(p)["held_events"] >= count, what="every report held whole")
-    assert counts(p)["keep_whole"] == 1
+    assert counts(p)["summing"] == 0
     polled = got.poll(p)
     assert [f.value for f in polled.failures] == [b"m0"]
     assert polled.ack_sums == []
     assert [ack.value for ack in polled.acks] == [b"m%d" % i for i in range(1, count)]
-    # The next poll without each_ack finds no failure held: the thread sums again.
+    # The failure is taken; the thread sums again from the second poll after that one.
     got.poll(p)
-    assert counts(p)["keep_whole"] == 0
+    assert counts(p)["summing"] == 0
+    got.poll(p)
+    assert counts(p)["summing"] == 1
     for i in range(10):
         assert p.produce(topic, 0, b"z%d" % i, None, 0, None, 1, 3, False, None) == 0
     wait_until(lambda: got.poll(p) is None and len(p) == 0, what="the last ten")
     assert got.summed[3] == 10
     assert got.tokens == Counter({1: 10, 2: count - 1, 3: 10})
     p.close()
+
+
+def settle_all(p: Any, got: Gathered) -> None:
+    wait_until(lambda: got.poll(p) is None and len(p) == 0, what="every report")
+
+
+def test_a_failure_on_one_producer_stops_every_thread_summing_until_it_is_settled(
+    mock_cluster: MockCluster, topic: str
+) -> None:
+    """The window covers every producer's acknowledgements: while one producer's failure
+    is on its way to the settlement, no producer's thread sums, and each goes on only from
+    its second poll after the loop took it (a later turn of the loop than the one that
+    settled it, which asks for each_ack if the window opened): what comes in between is
+    held whole, so that turn gets it one by one."""
+    p0, p1 = producer(mock_cluster, retries=0), producer(mock_cluster, retries=0)
+    got0, got1 = Gathered(), Gathered()
+    for p, got in ((p0, got0), (p1, got1)):
+        assert p.produce(topic, 0, b"warm", None, 0, None, 1, 1, False, None) == 0
+        settle_all(p, got)
+    assert counts(p1)["summing"] == 1
+    mock_cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.NOT_ENOUGH_REPLICAS])
+    assert p0.produce(topic, 0, b"fails", None, 0, None, 1, 2, False, None) == 0
+    wait_until(lambda: counts(p0)["held_events"] >= 1, what="p0's failure, held whole")
+    assert counts(p1)["summing"] == 0  # another producer's failure is on its way
+    # The turn of the loop that takes the failure (and settles it: the window opens).
+    assert [f.value for f in got0.poll(p0).failures] == [b"fails"]
+    got1.poll(p1)
+    assert counts(p1)["summing"] == 0  # not before a later turn
+    for _ in range(20):  # acknowledged after the failure, before the next turn
+        assert p1.produce(topic, 0, b"after", None, 0, None, 1, 3, False, None) == 0
+    wait_until(lambda: counts(p1)["held_events"] >= 20, what="p1's reports, whole")
+    # The next turn asks for each acknowledgement (the window is open): one by one.
+    got0.poll(p0, each_ack=True)
+    polled = got1.poll(p1, each_ack=True)
+    assert polled.ack_sums == []
+    assert [ack.token for ack in polled.acks] == [3] * 20
+    got1.poll(p1)  # the window closed: asked no more
+    assert counts(p1)["summing"] == 1
+    for _ in range(20):
+        assert p1.produce(topic, 0, b"summed", None, 0, None, 1, 4, False, None) == 0
+    wait_until(lambda: counts(p1)["sums"] == 1, what="p1's thread summing again")
+    settle_all(p1, got1)
+    assert got1.summed[4] == 20
+    p0.close()
+    p1.close()
 
 
 def test_a_full_ring_stops_the_thread_drops_nothing_and_it_goes_on_once_the_loop_takes(

@@ -302,6 +302,21 @@ inject_faults(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Report events with a failure handed over whole by any producer's thread, and of them
+ * released by a poll (served, or dropped at close). While they differ, a failure is on its
+ * way to the loop's settlement, which may open the possible-duplicate window for every
+ * producer's acknowledgements after it: no thread sums then. Once they are equal, a
+ * thread sums again from its producer's second poll after that (the first may have been
+ * in the very turn of the loop that took the failure, before its settlement; the second
+ * is in a later one, which asks for each_ack if the window opened). */
+static unsigned long failures_seen = 0, failures_released = 0;
+
+static unsigned long
+failures_load(unsigned long *counter)
+{
+    return __atomic_load_n(counter, __ATOMIC_ACQUIRE);
+}
+
 /* ---- one message's state: what its delivery report must give back ----------------- */
 
 typedef struct msg_state {
@@ -363,11 +378,14 @@ typedef struct {
     pthread_cond_t ready_cond; /* something became ready (a poll that waits) */
     pthread_cond_t room_cond;  /* the loop made room in the ring */
     int stop;
-    /* Hand every report event over whole (no summing): asked by a poll with each_ack, or
-     * set by the thread at a report with a failure until a poll without each_ack finds no
-     * failure held any more (so no acknowledgement after a failure is summed before the
-     * loop has settled that failure and asked for each_ack if its window opened). */
+    /* Hand every report event over whole (no summing): asked by a poll with each_ack (or
+     * report_each_ack), until a poll without it. */
     int keep_whole;
+    /* Whether a failure may be unsettled (see failures_seen): the thread sums only while
+     * failures_seen is clean_epoch, and clean_takes (polls without each_ack since it was
+     * reached, none of them with a failure seen and not released) is 2. */
+    unsigned long clean_epoch;
+    int clean_takes;
     /* wake_fd was written and not yet read: written when something becomes ready. */
     int ready;
     int wake_fd;
@@ -552,11 +570,19 @@ Producer_close0(Producer *self)
     self->rk = NULL; /* from here produce, purge and poll are refused, len() is 0 */
     /* The report thread first (joined without the GIL): from then on nothing but this
      * thread touches the ring, the sums or the states. */
+    int had_thread = self->reaper != NULL;
     reaper_stop(self);
     /* Events still held: their unreported messages' states go with them (the instance
-     * goes too: nothing can report them any more). */
-    for (; self->head != self->tail; self->head++)
-        release_event(self, &self->ring[self->head % REPORT_RING_EVENTS]);
+     * goes too: nothing can report them any more); a thread's failures among them are
+     * released (see failures_seen). */
+    unsigned long released_failures = 0;
+    for (; self->head != self->tail; self->head++) {
+        held_event *held = &self->ring[self->head % REPORT_RING_EVENTS];
+        released_failures += (unsigned long)held->has_failure;
+        release_event(self, held);
+    }
+    if (had_thread)
+        __atomic_add_fetch(&failures_released, released_failures, __ATOMIC_ACQ_REL);
     self->head = self->tail = 0;
     self->failures_held = self->n_sums = 0;
     self->last_rkt = NULL;
@@ -1350,8 +1376,33 @@ new_list_or_none(int list)
  * full the thread stops taking events (they wait in librdkafka's queue). It tells the
  * loop through an eventfd (wake_fd), written when something becomes ready and nothing
  * was pending. Summing after a failure would let an acknowledgement the
- * possible-duplicate window needs pass unseen, so from a failure on every report event is
- * handed over whole until a poll without each_ack finds no failure held (keep_whole). */
+ * possible-duplicate window needs pass unseen (the window covers every producer's), so
+ * from a failure seen by any producer's thread on, every thread hands every report event
+ * over whole until that failure has been taken by the loop and settled (failures_seen);
+ * and while a poll asks for each_ack (keep_whole). */
+
+/* Whether the thread may sum now (it keeps every report whole otherwise). Under the lock. */
+static int
+may_sum(report_thread *report)
+{
+    return !report->keep_whole && !faults_armed() && report->clean_takes >= 2 &&
+           failures_load(&failures_seen) == report->clean_epoch;
+}
+
+/* A poll's take: note whether every failure seen is released (see failures_seen). Under
+ * the lock. */
+static void
+note_clean_take(Producer *self, report_thread *report)
+{
+    unsigned long seen = failures_load(&failures_seen);
+    if (seen != failures_load(&failures_released) || self->failures_held > 0)
+        report->clean_takes = 0;
+    else if (report->clean_epoch != seen) {
+        report->clean_epoch = seen;
+        report->clean_takes = 1;
+    } else if (report->clean_takes < 2)
+        report->clean_takes++;
+}
 
 /* Tell the loop something is ready, once until it takes it. Under the lock. */
 static void
@@ -1453,7 +1504,7 @@ merge_sums(report_thread *report, const ack_sum *sums, int n_sums)
 
 /* Serve a report event whose messages all succeeded: summed, their states given back, the
  * event destroyed (its sums counted before it goes: len() never misses them). -1 if it
- * is to be handed over whole instead (a failure, keep_whole, the sums full, faults armed). */
+ * is to be handed over whole instead (a failure, may_sum says not, the sums full). */
 static int
 reap_acknowledged(Producer *self, held_event *held)
 {
@@ -1477,7 +1528,7 @@ reap_acknowledged(Producer *self, held_event *held)
     }
     int spliced = 0;
     pthread_mutex_lock(&report->lock);
-    int summed = !report->keep_whole && !faults_armed() && merge_sums(report, sums, n_sums) == 0;
+    int summed = may_sum(report) && merge_sums(report, sums, n_sums) == 0;
     if (summed) {
         if (chain != NULL && report->n_spare + n_states <= MAX_FREE_STATES) {
             chain_last->next_free = report->spare;
@@ -1512,9 +1563,9 @@ hand_whole(Producer *self, const held_event *held)
     self->ring[self->tail % REPORT_RING_EVENTS] = *held; /* not the loop's until tail moves */
     pthread_mutex_lock(&report->lock);
     self->tail++;
-    if (held->has_failure) {
+    if (held->has_failure) { /* counted before the loop can release it */
         self->failures_held++;
-        report->keep_whole = 1;
+        __atomic_add_fetch(&failures_seen, 1, __ATOMIC_ACQ_REL);
     }
     report->events_whole++;
     wake_locked(report);
@@ -1605,6 +1656,9 @@ reaper_start(Producer *self)
         reaper_free(report);
         return -1;
     }
+    /* Summing from the start, unless a failure is on its way somewhere (failures_seen). */
+    report->clean_epoch = failures_load(&failures_seen);
+    report->clean_takes = report->clean_epoch == failures_load(&failures_released) ? 2 : 0;
     self->reaper = report;
     failed = pthread_create(&report->thread, NULL, reaper_main, self);
     if (failed != 0) {
@@ -1679,10 +1733,8 @@ take_ready(Producer *self, int each_ack, int timeout_ms)
         Py_END_ALLOW_THREADS
     }
     pthread_mutex_lock(&report->lock);
-    if (each_ack)
-        report->keep_whole = 1;
-    else if (self->failures_held == 0)
-        report->keep_whole = 0;
+    report->keep_whole = each_ack;
+    note_clean_take(self, report);
     if (report->ready) {
         uint64_t count;
         ssize_t got = read(report->wake_fd, &count, sizeof count);
@@ -1724,6 +1776,7 @@ advance_head(Producer *self, unsigned long to, int released_failures, int stoppe
         pthread_cond_signal(&report->room_cond);
     self->head = to;
     self->failures_held -= released_failures;
+    __atomic_add_fetch(&failures_released, (unsigned long)released_failures, __ATOMIC_ACQ_REL);
     if (!stopped && (self->head != self->tail || report->n_sums > 0))
         wake_locked(report);
     pthread_mutex_unlock(&report->lock);
@@ -1896,10 +1949,10 @@ Producer_thread_counts(Producer *self, PyObject *Py_UNUSED(ignored))
     unsigned long held = self->tail - self->head;
     unsigned long long counts[] = {report->room_waits, report->events_summed,
                                    report->events_whole, report->wakes};
-    int summed = report->n_sums, keep_whole = report->keep_whole;
+    int summed = report->n_sums, summing = may_sum(report);
     pthread_mutex_unlock(&report->lock);
     return Py_BuildValue("{s:k,s:i,s:i,s:K,s:K,s:K,s:K}", "held_events", held, "sums", summed,
-                         "keep_whole", keep_whole, "room_waits", counts[0], "events_summed",
+                         "summing", summing, "room_waits", counts[0], "events_summed",
                          counts[1], "events_whole", counts[2], "wakes", counts[3]);
 }
 
