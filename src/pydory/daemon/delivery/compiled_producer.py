@@ -116,7 +116,8 @@ def bind() -> str:
     check_librdkafka(found, _cproducer.HEADER_VERSION, path)
     version, library = _cproducer.bind(cimpl.__file__)
     _module = _cproducer
-    return f"pydory._cproducer on librdkafka {version} ({library.rsplit('/', 1)[-1]})"
+    served = "reports served by a thread" if REPORT_THREAD else f"{REPORT_THREAD_VARIABLE}=0"
+    return f"pydory._cproducer on librdkafka {version} ({library.rsplit('/', 1)[-1]}), {served}"
 
 
 def bound() -> Any:
