@@ -1,7 +1,9 @@
 """The compiled producer (pydory._cproducer) on librdkafka's mock cluster: what a poll
 reports (acknowledgements summed per token and topic, or one by one; failures with what a
 resend needs; statistics, errors, log lines), what produce refuses, and that every
-message it took is reported exactly once."""
+message it took is reported exactly once. Every test runs with the report thread (the
+daemon's default) and without it (the poll serves the queue itself); the thread's own
+behaviour is tests/test_report_thread.py's."""
 
 from __future__ import annotations
 
@@ -36,13 +38,24 @@ if compiled_producer.bound() is not None:
 #: A poll's record lists, gathered over polls: ack_sums, acks, failures, events.
 Polled = tuple[list[Any], list[Any], list[Any], list[Any]]
 
+#: Whether the producers the tests make have a report thread (the module's fixture).
+_THREAD = {"on": True}
+
+
+@pytest.fixture(autouse=True, scope="module", params=["report thread", "polling thread"])
+def report_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test with the report thread and without it."""
+    _THREAD["on"] = request.param == "report thread"
+    yield
+    _THREAD["on"] = True
+
 
 def producer(mock_cluster: MockCluster, **properties: Any) -> Any:
     """A ``pydory._cproducer.Producer`` (the C type itself: its records are the subject)."""
     settings = {"bootstrap.servers": mock_cluster.bootstrap_servers, "linger.ms": "5"}
     settings.update({name.replace("_", "."): str(value) for name, value in properties.items()})
     try:
-        return _cproducer.Producer(settings)
+        return _cproducer.Producer(settings, thread=_THREAD["on"])
     except ValueError as error:  # as CompiledBackend raises it
         raise KafkaException(KafkaError(KafkaError._INVALID_ARG, str(error))) from None
 
@@ -131,6 +144,7 @@ def test_each_acknowledgement_on_its_own_gives_the_timestamp_it_was_sent_with(
     topic = unique_topic("each")
     mock_cluster.create_topic(topic, 2)
     p = producer(mock_cluster)
+    p.report_each_ack()  # from now on (a report thread would sum what comes before a poll)
     sent = {(b"v%d" % i, 1_700_000_000_000 + i, i % 4) for i in range(200)}
     for value, timestamp_ms, token in sent:
         assert p.produce(topic, -1, value, b"k", timestamp_ms, None, 1, token, False, None) == 0
@@ -334,7 +348,9 @@ def test_statistics_errors_and_log_lines_come_through_the_poll(
     assert any(record.name == logger.name for record in caplog.records)
     backend.close()
     # A broker nobody listens on: librdkafka's connection errors arrive as error events.
-    lonely = _cproducer.Producer({"bootstrap.servers": "127.0.0.1:9", "reconnect.backoff.ms": "10"})
+    lonely = _cproducer.Producer(
+        {"bootstrap.servers": "127.0.0.1:9", "reconnect.backoff.ms": "10"}, thread=_THREAD["on"]
+    )
     _, _, _, events = poll_until(lonely, lambda got: any(kind(e) == "error" for e in got[3]))
     error = next(event for event in events if kind(event) == "error")
     assert error.code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)

@@ -212,6 +212,20 @@ def test_adding_a_first_topic_starts_fresh_files_and_the_time_limit() -> None:
     assert len(t.timers.pending) == 1
 
 
+def test_a_start_tells_its_listeners_once_per_start() -> None:
+    """The dispatcher listens: every acknowledgement one by one from a start on (a
+    producer's report thread would otherwise sum those before the next poll asks)."""
+    t = traced()
+    started: list[bool] = []
+    t.msg_debug.on_start(lambda: started.append(t.msg_debug.active))
+    assert t.msg_debug.add_topic("a")
+    assert t.msg_debug.add_topic("b")  # already on: no new start
+    assert started == [True]
+    t.msg_debug.del_all_topics()
+    t.msg_debug.add_all_topics()
+    assert started == [True, True]
+
+
 def test_each_stage_goes_to_its_file() -> None:
     t = traced()
     t.msg_debug.add_topic("a")

@@ -2,7 +2,7 @@
  *
  * Rule: a message handed to librdkafka from here carries a msg_state of its own, freed
  * (or kept on the producer's free list for a next message) here alone, when its delivery
- * report is served (poll) -- never before, never twice.
+ * report is served (poll, or the report thread summing it) -- never before, never twice.
  *
  * Why: confluent-kafka's Producer builds, per message, a callback state holding a Python
  * callable, and per delivery report a Message object and a Python call; on the daemon's
@@ -10,7 +10,9 @@
  * the delivery reports come through librdkafka's event API a batch at a time: the
  * acknowledged ones are summed per (token, topic) in C and handed to Python as a few
  * tuples per poll; failures (rare) come back one tuple each, with everything a resend
- * needs (their headers read back from the report).
+ * needs (their headers read back from the report). With a report thread (issue 34, lever
+ * 4: "the report thread" below) the acknowledgements are summed, and their events
+ * destroyed, on a thread of the producer's own without the GIL; the poll takes the sums.
  *
  * One copy of librdkafka in the process: this module is not linked against librdkafka.
  * bind(path) resolves the functions it uses (dlsym) from the library confluent-kafka
@@ -23,11 +25,16 @@
 #include <Python.h>
 #include <structmember.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -49,6 +56,7 @@
     X(rd_kafka_queue_get_main)                                                             \
     X(rd_kafka_queue_destroy)                                                              \
     X(rd_kafka_queue_poll)                                                                 \
+    X(rd_kafka_queue_yield)                                                                \
     X(rd_kafka_set_log_queue)                                                              \
     X(rd_kafka_event_type)                                                                 \
     X(rd_kafka_event_destroy)                                                              \
@@ -251,8 +259,16 @@ text_of(const char *text)
 
 /* ---- faults for the tests: inert unless armed (_inject_faults) -------------------- */
 
-static long fail_report_countdown = 0; /* the n-th report converted from now fails */
+/* The n-th report converted from now fails. Atomic: a report thread reads it (armed, it
+ * hands every report event over whole, so each report is converted on the loop). */
+static long fail_report_countdown = 0;
 static long garble_texts = 0; /* the next n log lines and error strings carry bytes not UTF-8 */
+
+static int
+faults_armed(void)
+{
+    return __atomic_load_n(&fail_report_countdown, __ATOMIC_ACQUIRE) > 0;
+}
 
 /* ``text``, or (armed) the same prefixed with bytes that are not UTF-8, in ``buffer``. */
 static const char *
@@ -268,7 +284,8 @@ maybe_garbled(const char *text, char *buffer, size_t size)
 static int
 report_fault(void)
 {
-    if (fail_report_countdown > 0 && --fail_report_countdown == 0) {
+    if (faults_armed() &&
+        __atomic_sub_fetch(&fail_report_countdown, 1, __ATOMIC_ACQ_REL) == 0) {
         PyErr_NoMemory();
         return -1;
     }
@@ -278,9 +295,26 @@ report_fault(void)
 static PyObject *
 inject_faults(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    if (!PyArg_ParseTuple(args, "ll", &fail_report_countdown, &garble_texts))
+    long fail_report;
+    if (!PyArg_ParseTuple(args, "ll", &fail_report, &garble_texts))
         return NULL;
+    __atomic_store_n(&fail_report_countdown, fail_report, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
+}
+
+/* Report events with a failure handed over whole by any producer's thread, and of them
+ * released by a poll (served, or dropped at close). While they differ, a failure is on its
+ * way to the loop's settlement, which may open the possible-duplicate window for every
+ * producer's acknowledgements after it: no thread sums then. Once they are equal, a
+ * thread sums again from its producer's second poll after that (the first may have been
+ * in the very turn of the loop that took the failure, before its settlement; the second
+ * is in a later one, which asks for each_ack if the window opened). */
+static unsigned long failures_seen = 0, failures_released = 0;
+
+static unsigned long
+failures_load(unsigned long *counter)
+{
+    return __atomic_load_n(counter, __ATOMIC_ACQUIRE);
 }
 
 /* ---- one message's state: what its delivery report must give back ----------------- */
@@ -314,10 +348,17 @@ typedef struct {
     const rd_kafka_message_t **messages; /* NULL: not taken out yet, or not a report */
     size_t count;
     size_t reported; /* messages[:reported] are reported and their states freed */
+    int has_failure; /* a report with a failure (or not taken out: cannot tell) */
 } held_event;
 
-#define MAX_SUMS 32
+#define MAX_SUMS 64
 #define MAX_EVENTS_PER_POLL 256
+/* Events held for the loop, taken off the queue and not yet served: the hand-over's bound
+ * (a power of two). The loop's own taking holds at most MAX_EVENTS_PER_POLL of them. */
+#define REPORT_RING_EVENTS 1024
+#if REPORT_RING_EVENTS < MAX_EVENTS_PER_POLL || (REPORT_RING_EVENTS & (REPORT_RING_EVENTS - 1))
+#error "REPORT_RING_EVENTS is a power of two, at least MAX_EVENTS_PER_POLL"
+#endif
 /* At most this many states kept for reuse (64 KiB); more are given back to malloc. */
 #define MAX_FREE_STATES 1024
 /* Topic handles held per producer; a producer sending to more topics sends the others by
@@ -329,6 +370,38 @@ typedef struct {
     rd_kafka_topic_t *rkt;
 } topic_handle;
 
+/* The report thread's side (see "the report thread" below): everything here but the
+ * thread's own scratch is read and written under ``lock`` only. */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t ready_cond; /* something became ready (a poll that waits) */
+    pthread_cond_t room_cond;  /* the loop made room in the ring */
+    int stop;
+    /* Hand every report event over whole (no summing): asked by a poll with each_ack (or
+     * report_each_ack), until a poll without it. */
+    int keep_whole;
+    /* Whether a failure may be unsettled (see failures_seen): the thread sums only while
+     * failures_seen is clean_epoch, and clean_takes (polls without each_ack since it was
+     * reached, none of them with a failure seen and not released) is 2. */
+    unsigned long clean_epoch;
+    int clean_takes;
+    /* wake_fd was written and not yet read: written when something becomes ready. */
+    int ready;
+    int wake_fd;
+    /* Acknowledgements the thread summed (their events destroyed), not yet taken. */
+    ack_sum sums[MAX_SUMS];
+    int n_sums;
+    /* States of messages the thread summed, for the loop's free list (a chain). */
+    msg_state *spare, *spare_last;
+    int n_spare;
+    /* Counts (tests, benchmarks). */
+    unsigned long long room_waits, events_summed, events_whole, wakes;
+    /* The thread's own: a report event's messages, taken out. */
+    const rd_kafka_message_t **scratch;
+    size_t scratch_size;
+} report_thread;
+
 typedef struct {
     PyObject_HEAD
     rd_kafka_t *rk;
@@ -336,11 +409,15 @@ typedef struct {
     /* A poll is running (maybe waiting without the GIL): close() and a second poll are
      * refused until it returns. */
     int polling;
-    /* Events taken off the queue and not yet served: held[first:n_held]. A poll that
-     * stops (a report it could not convert) leaves the rest here for the next one, as
-     * if still queued. */
-    held_event held[MAX_EVENTS_PER_POLL];
-    int first, n_held;
+    /* Events taken off the queue and not yet served: ring[head:tail] (indices modulo
+     * REPORT_RING_EVENTS), in the order librdkafka queued them. The loop serves from
+     * head; they are added at tail by the loop's poll, or by the report thread (then
+     * head and tail are read and written under its lock; a slot is written before tail
+     * moves past it, and released before head does). A poll that stops (a report it could
+     * not convert) leaves the rest here for the next one, as if still queued. */
+    held_event ring[REPORT_RING_EVENTS];
+    unsigned long head, tail;
+    int failures_held; /* events in the ring with has_failure */
     /* Acknowledgements summed, not yet handed over. */
     ack_sum sums[MAX_SUMS];
     int n_sums;
@@ -358,6 +435,11 @@ typedef struct {
      * handle, not by name (a lookup under librdkafka's write lock per message). */
     topic_handle topics[MAX_TOPIC_HANDLES];
     int n_topics;
+    /* The report thread, or NULL: the loop's poll serves the queue itself. */
+    report_thread *reaper;
+    /* close() began: a second one (from another thread while the first waits for the
+     * report thread without the GIL, or the dealloc) does nothing. */
+    int closed;
 } Producer;
 
 /* A message's state: a free one of the producer's, or a new one (NULL: out of memory). */
@@ -410,12 +492,19 @@ topic_handle_of(Producer *self, PyObject *topic, const char *text)
     return rkt;
 }
 
+static void release_event(Producer *self, held_event *held);
+static int reaper_start(Producer *self);
+static void reaper_stop(Producer *self);
+static void Producer_close0(Producer *self);
+
 static int
 Producer_init(Producer *self, PyObject *args, PyObject *kwargs)
 {
     PyObject *properties;
-    static char *keywords[] = {"properties", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!", keywords, &PyDict_Type, &properties))
+    int thread = 0;
+    static char *keywords[] = {"properties", "thread", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|p", keywords, &PyDict_Type, &properties,
+                                     &thread))
         return -1;
     if (library == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "pydory._cproducer.bind() was not called");
@@ -461,21 +550,41 @@ Producer_init(Producer *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     self->rk = rk;
+    self->closed = 0;
     self->queue = p_rd_kafka_queue_get_main(rk);
     p_rd_kafka_set_log_queue(rk, NULL); /* NULL: the main queue */
+    if (thread && reaper_start(self) < 0) {
+        Producer_close0(self);
+        return -1;
+    }
     return 0;
 }
-
-static void release_event(Producer *self, held_event *held);
 
 static void
 Producer_close0(Producer *self)
 {
+    if (self->closed) /* a second close (or the dealloc after close) while or after one */
+        return;
+    self->closed = 1;
+    rd_kafka_t *rk = self->rk;
+    self->rk = NULL; /* from here produce, purge and poll are refused, len() is 0 */
+    /* The report thread first (joined without the GIL): from then on nothing but this
+     * thread touches the ring, the sums or the states. */
+    int had_thread = self->reaper != NULL;
+    reaper_stop(self);
     /* Events still held: their unreported messages' states go with them (the instance
-     * goes too: nothing can report them any more). */
-    for (; self->first < self->n_held; self->first++)
-        release_event(self, &self->held[self->first]);
-    self->first = self->n_held = self->n_sums = 0;
+     * goes too: nothing can report them any more); a thread's failures among them are
+     * released (see failures_seen). */
+    unsigned long released_failures = 0;
+    for (; self->head != self->tail; self->head++) {
+        held_event *held = &self->ring[self->head % REPORT_RING_EVENTS];
+        released_failures += (unsigned long)held->has_failure;
+        release_event(self, held);
+    }
+    if (had_thread)
+        __atomic_add_fetch(&failures_released, released_failures, __ATOMIC_ACQ_REL);
+    self->head = self->tail = 0;
+    self->failures_held = self->n_sums = 0;
     self->last_rkt = NULL;
     while (self->free_states != NULL) {
         msg_state *state = self->free_states;
@@ -488,9 +597,7 @@ Producer_close0(Producer *self)
         p_rd_kafka_topic_destroy(handle->rkt);
         Py_CLEAR(handle->name);
     }
-    rd_kafka_t *rk = self->rk;
     rd_kafka_queue_t *queue = self->queue;
-    self->rk = NULL;
     self->queue = NULL;
     if (rk == NULL)
         return;
@@ -1195,22 +1302,26 @@ serve_other_event(Producer *self, poll_result *result, rd_kafka_event_t *event)
     return append_new(result->events, item);
 }
 
-/* Take what is ready off the queue, up to MAX_EVENTS_PER_POLL held; the first waits up to
- * timeout_ms (without the GIL) if nothing is held. 0 if nothing is held after it. */
+/* Whether a held event is a report with a failure (or cannot tell: not taken out yet). */
 static int
+has_failure(held_event *held)
+{
+    if (held->messages == NULL)
+        return is_report(held);
+    for (size_t m = 0; m < held->count; m++)
+        if (held->messages[m]->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+            return 1;
+    return 0;
+}
+
+/* Without a report thread: take what is ready off the queue, up to MAX_EVENTS_PER_POLL
+ * held; the first waits up to timeout_ms (without the GIL) if nothing is held. */
+static void
 take_events(Producer *self, int timeout_ms)
 {
-    if (self->first == self->n_held)
-        self->first = self->n_held = 0;
-    else if (self->first > 0) { /* a stopped poll's rest: moved to the front */
-        memmove(self->held, self->held + self->first,
-                (size_t)(self->n_held - self->first) * sizeof *self->held);
-        self->n_held -= self->first;
-        self->first = 0;
-    }
-    while (self->n_held < MAX_EVENTS_PER_POLL) {
+    while (self->tail - self->head < MAX_EVENTS_PER_POLL) {
         rd_kafka_event_t *event;
-        if (self->n_held == 0 && timeout_ms > 0) {
+        if (self->tail == self->head && timeout_ms > 0) {
             Py_BEGIN_ALLOW_THREADS
             event = p_rd_kafka_queue_poll(self->queue, timeout_ms);
             Py_END_ALLOW_THREADS
@@ -1219,21 +1330,24 @@ take_events(Producer *self, int timeout_ms)
         }
         if (event == NULL)
             break;
-        held_event *held = &self->held[self->n_held++];
+        held_event *held = &self->ring[self->tail % REPORT_RING_EVENTS];
         memset(held, 0, sizeof *held);
         held->event = event;
         if (take_messages(held) < 0)
             PyErr_Clear(); /* taken out when served (which reports a MemoryError then) */
+        held->has_failure = has_failure(held);
+        self->failures_held += held->has_failure;
+        self->tail++;
     }
-    return self->n_held > 0;
 }
 
-/* Whether a held report event has a failure not yet reported (or cannot tell yet). */
+/* Whether a held report event up to ``until`` has a failure not yet reported (or cannot
+ * tell yet). */
 static int
-holds_failure(Producer *self)
+holds_failure(Producer *self, unsigned long until)
 {
-    for (int i = self->first; i < self->n_held; i++) {
-        held_event *held = &self->held[i];
+    for (unsigned long i = self->head; i != until; i++) {
+        held_event *held = &self->ring[i % REPORT_RING_EVENTS];
         if (held->messages == NULL && is_report(held))
             return 1;
         for (size_t m = held->reported; m < held->count; m++)
@@ -1249,13 +1363,432 @@ new_list_or_none(int list)
     return list ? PyList_New(0) : Py_NewRef(Py_None);
 }
 
-/* Serve the held events in order until done or one fails (its exception is then the
- * result's stopped_by, cleared: the poll still hands over what it served). */
+/* ---- the report thread ---------------------------------------------------------------
+ *
+ * With Producer(thread=True) a thread of its own serves the main queue, never holding the
+ * GIL and never touching a Python object (its memory is malloc's): it waits in
+ * rd_kafka_queue_poll, and for a delivery report event whose messages all succeeded it
+ * sums them per (token, topic) here (report->sums), gives their states back (a chain the
+ * loop's poll splices into its free list) and destroys the event, so librdkafka frees the
+ * messages and their headers on this thread, not the loop's. Every other event (a report
+ * with a failure, statistics, an error, a log line) is handed over whole, in the order
+ * librdkafka queued it, into the ring the loop's poll serves as before. When the ring is
+ * full the thread stops taking events (they wait in librdkafka's queue). It tells the
+ * loop through an eventfd (wake_fd), written when something becomes ready and nothing
+ * was pending. Summing after a failure would let an acknowledgement the
+ * possible-duplicate window needs pass unseen (the window covers every producer's), so
+ * from a failure seen by any producer's thread on, every thread hands every report event
+ * over whole until that failure has been taken by the loop and settled (failures_seen);
+ * and while a poll asks for each_ack (keep_whole). */
+
+/* Whether the thread may sum now (it keeps every report whole otherwise). Under the lock. */
+static int
+may_sum(report_thread *report)
+{
+    return !report->keep_whole && !faults_armed() && report->clean_takes >= 2 &&
+           failures_load(&failures_seen) == report->clean_epoch;
+}
+
+/* A poll's take: note whether every failure seen is released (see failures_seen). Under
+ * the lock. */
+static void
+note_clean_take(Producer *self, report_thread *report)
+{
+    unsigned long seen = failures_load(&failures_seen);
+    if (seen != failures_load(&failures_released) || self->failures_held > 0)
+        report->clean_takes = 0;
+    else if (report->clean_epoch != seen) {
+        report->clean_epoch = seen;
+        report->clean_takes = 1;
+    } else if (report->clean_takes < 2)
+        report->clean_takes++;
+}
+
+/* Tell the loop something is ready, once until it takes it. Under the lock. */
+static void
+wake_locked(report_thread *report)
+{
+    if (report->ready)
+        return;
+    report->ready = 1;
+    report->wakes++;
+    uint64_t one = 1;
+    ssize_t written = write(report->wake_fd, &one, sizeof one); /* a counter: cannot fill */
+    (void)written;
+    pthread_cond_broadcast(&report->ready_cond);
+}
+
+/* The thread's array for a report event's messages, at least ``count`` long. */
+static int
+ensure_scratch(report_thread *report, size_t count)
+{
+    if (report->scratch != NULL && count <= report->scratch_size)
+        return 0;
+    size_t size = count > 64 ? count : 64;
+    const rd_kafka_message_t **bigger = realloc(report->scratch, size * sizeof *bigger);
+    if (bigger == NULL)
+        return -1;
+    report->scratch = bigger;
+    report->scratch_size = size;
+    return 0;
+}
+
+/* A report event's acknowledgements summed into sums[:*n_sums] per (token, topic), as
+ * add_to_sums does (the topic's name looked up once per topic handle and token); -1 if
+ * a message failed (held->has_failure set) or they need more than MAX_SUMS pairs. */
+static int
+sum_locally(held_event *held, ack_sum *sums, int *n_sums)
+{
+    const rd_kafka_topic_t *last_rkt = NULL;
+    int last = 0, overflow = 0;
+    for (size_t i = 0; i < held->count; i++) {
+        const rd_kafka_message_t *message = held->messages[i];
+        if (message->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            held->has_failure = 1;
+            return -1;
+        }
+        const msg_state *state = message->_private;
+        if (state == NULL || overflow)
+            continue; /* not produced here: cannot happen; or the failures looked for only */
+        long long data_bytes = (long long)(message->len + message->key_len);
+        if (message->rkt != last_rkt || sums[last].token != state->token) {
+            const char *topic = p_rd_kafka_topic_name(message->rkt);
+            last = -1;
+            for (int s = *n_sums - 1; s >= 0 && last < 0; s--)
+                if (sums[s].token == state->token && strcmp(sums[s].topic, topic) == 0)
+                    last = s;
+            if (last < 0 && *n_sums == MAX_SUMS) {
+                overflow = 1;
+                last = 0;
+                continue;
+            }
+            if (last < 0) {
+                last = (*n_sums)++;
+                sums[last].token = state->token;
+                sums[last].count = sums[last].data_bytes = 0;
+                snprintf(sums[last].topic, sizeof sums[last].topic, "%s", topic);
+            }
+            last_rkt = message->rkt;
+        }
+        sums[last].count++;
+        sums[last].data_bytes += data_bytes;
+    }
+    return overflow ? -1 : 0;
+}
+
+/* Add an event's sums to the thread's, if they fit. Under the lock. */
+static int
+merge_sums(report_thread *report, const ack_sum *sums, int n_sums)
+{
+    int where[MAX_SUMS], new_pairs = 0;
+    for (int i = 0; i < n_sums; i++) {
+        where[i] = -1;
+        for (int s = report->n_sums - 1; s >= 0 && where[i] < 0; s--)
+            if (report->sums[s].token == sums[i].token &&
+                strcmp(report->sums[s].topic, sums[i].topic) == 0)
+                where[i] = s;
+        new_pairs += where[i] < 0;
+    }
+    if (report->n_sums + new_pairs > MAX_SUMS)
+        return -1;
+    for (int i = 0; i < n_sums; i++) {
+        if (where[i] < 0) {
+            report->sums[report->n_sums++] = sums[i];
+            continue;
+        }
+        report->sums[where[i]].count += sums[i].count;
+        report->sums[where[i]].data_bytes += sums[i].data_bytes;
+    }
+    return 0;
+}
+
+/* Serve a report event whose messages all succeeded: summed, their states given back, the
+ * event destroyed (its sums counted before it goes: len() never misses them). -1 if it
+ * is to be handed over whole instead (a failure, may_sum says not, the sums full). */
+static int
+reap_acknowledged(Producer *self, held_event *held)
+{
+    report_thread *report = self->reaper;
+    ack_sum sums[MAX_SUMS];
+    int n_sums = 0;
+    if (sum_locally(held, sums, &n_sums) < 0)
+        return -1;
+    /* Their states chained (next_free is not used while a message is in flight). */
+    msg_state *chain = NULL, *chain_last = NULL;
+    int n_states = 0;
+    for (size_t i = 0; i < held->count; i++) {
+        msg_state *state = held->messages[i]->_private;
+        if (state == NULL)
+            continue;
+        state->next_free = chain;
+        if (chain == NULL)
+            chain_last = state;
+        chain = state;
+        n_states++;
+    }
+    int spliced = 0;
+    pthread_mutex_lock(&report->lock);
+    int summed = may_sum(report) && merge_sums(report, sums, n_sums) == 0;
+    if (summed) {
+        if (chain != NULL && report->n_spare + n_states <= MAX_FREE_STATES) {
+            chain_last->next_free = report->spare;
+            if (report->spare == NULL)
+                report->spare_last = chain_last;
+            report->spare = chain;
+            report->n_spare += n_states;
+            spliced = 1;
+        }
+        report->events_summed++;
+        if (n_sums > 0)
+            wake_locked(report);
+    }
+    pthread_mutex_unlock(&report->lock);
+    if (!summed)
+        return -1;
+    while (!spliced && chain != NULL) {
+        msg_state *next = chain->next_free;
+        free(chain);
+        chain = next;
+    }
+    p_rd_kafka_event_destroy(held->event);
+    return 0;
+}
+
+/* Hand an event over whole, at the ring's tail (room was made sure of before the queue
+ * was polled, and only this thread adds). */
+static void
+hand_whole(Producer *self, const held_event *held)
+{
+    report_thread *report = self->reaper;
+    self->ring[self->tail % REPORT_RING_EVENTS] = *held; /* not the loop's until tail moves */
+    pthread_mutex_lock(&report->lock);
+    self->tail++;
+    if (held->has_failure) { /* counted before the loop can release it */
+        self->failures_held++;
+        __atomic_add_fetch(&failures_seen, 1, __ATOMIC_ACQ_REL);
+    }
+    report->events_whole++;
+    wake_locked(report);
+    pthread_mutex_unlock(&report->lock);
+}
+
+static void
+reap_event(Producer *self, rd_kafka_event_t *event)
+{
+    report_thread *report = self->reaper;
+    held_event held = {event, NULL, 0, 0, 0};
+    if (p_rd_kafka_event_type(event) == RD_KAFKA_EVENT_DR) {
+        size_t count = p_rd_kafka_event_message_count(event);
+        if (ensure_scratch(report, count) < 0) {
+            held.has_failure = 1; /* cannot tell: the loop takes them out, or says why not */
+        } else {
+            held.messages = report->scratch;
+            held.count = p_rd_kafka_event_message_array(event, held.messages, count);
+            if (reap_acknowledged(self, &held) == 0)
+                return;
+            report->scratch = NULL; /* the array goes with the event */
+            report->scratch_size = 0;
+        }
+    }
+    hand_whole(self, &held);
+}
+
+static void *
+reaper_main(void *arg)
+{
+    Producer *self = arg;
+    report_thread *report = self->reaper;
+    for (;;) {
+        pthread_mutex_lock(&report->lock);
+        while (!report->stop && self->tail - self->head >= REPORT_RING_EVENTS) {
+            report->room_waits++;
+            pthread_cond_wait(&report->room_cond, &report->lock);
+        }
+        int stop = report->stop;
+        pthread_mutex_unlock(&report->lock);
+        if (stop)
+            return NULL;
+        /* Until an event comes, or a stop yields the poll (rd_kafka_queue_yield). */
+        rd_kafka_event_t *event = p_rd_kafka_queue_poll(self->queue, -1);
+        if (event != NULL)
+            reap_event(self, event);
+    }
+}
+
+static void
+reaper_free(report_thread *report)
+{
+    while (report->spare != NULL) {
+        msg_state *next = report->spare->next_free;
+        free(report->spare);
+        report->spare = next;
+    }
+    free(report->scratch);
+    if (report->wake_fd >= 0)
+        close(report->wake_fd);
+    free(report);
+}
+
+static int
+reaper_start(Producer *self)
+{
+    report_thread *report = calloc(1, sizeof *report);
+    if (report == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    report->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (report->wake_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        reaper_free(report);
+        return -1;
+    }
+    /* A poll waits for the thread on the monotonic clock (a timeout in seconds). */
+    pthread_condattr_t monotonic;
+    int failed = pthread_condattr_init(&monotonic) ||
+                 pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC) ||
+                 pthread_mutex_init(&report->lock, NULL) ||
+                 pthread_cond_init(&report->ready_cond, &monotonic) ||
+                 pthread_cond_init(&report->room_cond, NULL);
+    pthread_condattr_destroy(&monotonic);
+    if (failed) {
+        PyErr_SetString(PyExc_OSError, "cannot make the report thread's lock");
+        reaper_free(report);
+        return -1;
+    }
+    /* Summing from the start, unless a failure is on its way somewhere (failures_seen). */
+    report->clean_epoch = failures_load(&failures_seen);
+    report->clean_takes = report->clean_epoch == failures_load(&failures_released) ? 2 : 0;
+    self->reaper = report;
+    failed = pthread_create(&report->thread, NULL, reaper_main, self);
+    if (failed != 0) {
+        self->reaper = NULL;
+        pthread_mutex_destroy(&report->lock);
+        pthread_cond_destroy(&report->ready_cond);
+        pthread_cond_destroy(&report->room_cond);
+        reaper_free(report);
+        errno = failed;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    /* Named, so per-thread counts (perf stat --per-thread, top -H) tell it from the loop. */
+    (void)pthread_setname_np(report->thread, "pydory-reports");
+    return 0;
+}
+
+/* Stop and join the thread (without the GIL). What it summed and did not hand over goes
+ * with it, as the held events do at close: nothing can report them any more (the
+ * closing thread polls until len() is 0 before it closes). */
+static void
+reaper_stop(Producer *self)
+{
+    report_thread *report = self->reaper;
+    if (report == NULL)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&report->lock);
+    report->stop = 1;
+    pthread_cond_broadcast(&report->room_cond);
+    pthread_mutex_unlock(&report->lock);
+    p_rd_kafka_queue_yield(self->queue);
+    pthread_join(report->thread, NULL);
+    Py_END_ALLOW_THREADS
+    self->reaper = NULL;
+    pthread_mutex_destroy(&report->lock);
+    pthread_cond_destroy(&report->ready_cond);
+    pthread_cond_destroy(&report->room_cond);
+    reaper_free(report);
+}
+
+/* Whether the thread left anything for the loop. Under the lock. */
+static int
+nothing_ready(Producer *self)
+{
+    return self->head == self->tail && self->reaper->n_sums == 0 && self->n_sums == 0;
+}
+
+/* The loop's side of the hand-over: wait up to timeout_ms (without the GIL) if nothing is
+ * ready, then take what the thread left (its sums, if the loop's are empty; its states)
+ * and say whether from now on it sums (each_ack, or a failure held: not). The events up
+ * to the tail returned are the poll's. */
+static unsigned long
+take_ready(Producer *self, int each_ack, int timeout_ms)
+{
+    report_thread *report = self->reaper;
+    if (timeout_ms > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&report->lock);
+        while (nothing_ready(self))
+            if (pthread_cond_timedwait(&report->ready_cond, &report->lock, &until) != 0)
+                break; /* timed out */
+        pthread_mutex_unlock(&report->lock);
+        Py_END_ALLOW_THREADS
+    }
+    pthread_mutex_lock(&report->lock);
+    report->keep_whole = each_ack;
+    note_clean_take(self, report);
+    if (report->ready) {
+        uint64_t count;
+        ssize_t got = read(report->wake_fd, &count, sizeof count);
+        (void)got;
+        report->ready = 0;
+    }
+    if (self->n_sums == 0 && report->n_sums > 0) { /* else kept until the loop's are out */
+        memcpy(self->sums, report->sums, (size_t)report->n_sums * sizeof *self->sums);
+        self->n_sums = report->n_sums;
+        report->n_sums = 0;
+        self->last_rkt = NULL;
+    }
+    if (report->spare != NULL && self->n_free_states + report->n_spare <= MAX_FREE_STATES) {
+        report->spare_last->next_free = self->free_states;
+        self->free_states = report->spare;
+        self->n_free_states += report->n_spare;
+        report->spare = report->spare_last = NULL;
+        report->n_spare = 0;
+    }
+    unsigned long tail = self->tail;
+    pthread_mutex_unlock(&report->lock);
+    return tail;
+}
+
+/* The loop served ring[head:to]: they are released (``released_failures`` of them with a
+ * failure), their slots free for the thread. Unless the poll stopped (then the timers
+ * bring the next one), what is still held wakes the loop again. */
+static void
+advance_head(Producer *self, unsigned long to, int released_failures, int stopped)
+{
+    report_thread *report = self->reaper;
+    if (report == NULL) {
+        self->head = to;
+        self->failures_held -= released_failures;
+        return;
+    }
+    pthread_mutex_lock(&report->lock);
+    if (to != self->head)
+        pthread_cond_signal(&report->room_cond);
+    self->head = to;
+    self->failures_held -= released_failures;
+    __atomic_add_fetch(&failures_released, (unsigned long)released_failures, __ATOMIC_ACQ_REL);
+    if (!stopped && (self->head != self->tail || report->n_sums > 0))
+        wake_locked(report);
+    pthread_mutex_unlock(&report->lock);
+}
+
+/* Serve the held events up to ``until`` in order until done or one fails (its exception
+ * is then the result's stopped_by, cleared: the poll still hands over what it served). */
 static PyObject *
-serve_held(Producer *self, int each_ack)
+serve_held(Producer *self, int each_ack, unsigned long until)
 {
     PyObject *polled = PyStructSequence_New(&PolledType);
-    poll_result result = {PyList_New(0), new_list_or_none(each_ack || holds_failure(self)),
+    poll_result result = {PyList_New(0), new_list_or_none(each_ack || holds_failure(self, until)),
                           PyList_New(0), PyList_New(0)};
     if (!(polled && result.ack_sums && result.acks && result.failures && result.events)) {
         Py_XDECREF(polled); /* nothing served: everything stays held */
@@ -1265,17 +1798,20 @@ serve_held(Producer *self, int each_ack)
         Py_XDECREF(result.events);
         return NULL;
     }
-    int rc = 0;
-    for (; rc == 0 && self->first < self->n_held; self->first++) {
-        held_event *held = &self->held[self->first];
+    int rc = 0, released_failures = 0;
+    unsigned long served = self->head;
+    for (; served != until; served++) {
+        held_event *held = &self->ring[served % REPORT_RING_EVENTS];
         rc = is_report(held) ? serve_delivery_reports(self, &result, held)
                              : serve_other_event(self, &result, held->event);
         if (rc < 0 && !is_report(held))
             rc = 0, PyErr_Clear(); /* not a report: dropped (a log line, statistics) */
         if (rc < 0)
             break; /* held (the report that failed and what follows): the next poll's */
+        released_failures += held->has_failure;
         release_event(self, held);
     }
+    advance_head(self, served, released_failures, rc < 0);
     if (rc == 0)
         rc = flush_sums(self, &result);
     PyObject *stopped_by = NULL;
@@ -1295,9 +1831,11 @@ serve_held(Producer *self, int each_ack)
 
 /* poll(timeout_s, each_ack) -> Polled, or None if nothing was ready. Waits up to timeout_s
  * for the first event (without the GIL) unless events are held, then takes what else is
- * ready, at most MAX_EVENTS_PER_POLL held. Acknowledgements are summed per (token, topic)
- * unless each_ack is true or a held report is a failure: then each comes back on its own
- * (message debugging and the possible-duplicate window read them one by one).
+ * ready, at most MAX_EVENTS_PER_POLL served. Acknowledgements are summed per (token,
+ * topic) unless each_ack is true or a held report is a failure: then each comes back on
+ * its own (message debugging and the possible-duplicate window read them one by one).
+ * With a report thread, what it summed before comes summed; from this poll on it sums
+ * nothing while each_ack is asked (or a failure is held).
  *
  * No report is lost to another's failure: a report whose conversion fails stops the
  * poll, and it and every event after it stay held for the next poll (confluent-kafka's
@@ -1322,9 +1860,18 @@ Producer_poll(Producer *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     int timeout_ms = timeout_s > 0 ? (int)(timeout_s * 1000) : 0;
     self->polling = 1;
-    PyObject *polled = NULL;
-    if (take_events(self, timeout_ms) || self->n_sums > 0)
-        polled = serve_held(self, each_ack);
+    unsigned long until;
+    if (self->reaper != NULL) {
+        until = take_ready(self, each_ack, timeout_ms);
+    } else {
+        take_events(self, timeout_ms);
+        until = self->tail;
+    }
+    if (until - self->head > MAX_EVENTS_PER_POLL)
+        until = self->head + MAX_EVENTS_PER_POLL;
+    PyObject *polled;
+    if (until != self->head || self->n_sums > 0)
+        polled = serve_held(self, each_ack, until);
     else
         polled = Py_NewRef(Py_None);
     self->polling = 0;
@@ -1342,7 +1889,8 @@ Producer_purge(Producer *self, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLong((long)p_rd_kafka_purge(self->rk, flags));
 }
 
-/* close(): refused while a poll runs (it may be waiting on the queue without the GIL). */
+/* close(): refused while a poll runs (it may be waiting on the queue without the GIL).
+ * With a report thread, the thread is stopped and joined first (without the GIL). */
 static PyObject *
 Producer_close(Producer *self, PyObject *Py_UNUSED(ignored))
 {
@@ -1360,12 +1908,67 @@ Producer_len(Producer *self)
     if (self->rk == NULL)
         return 0;
     /* librdkafka counts a message until its event is destroyed (held events included);
-     * acknowledgements summed and not yet handed over are counted here. */
+     * acknowledgements summed and not yet handed over are counted here (the thread adds
+     * to its sums before it destroys their event). */
     Py_ssize_t held = p_rd_kafka_outq_len(self->rk);
     for (int i = 0; i < self->n_sums; i++)
         held += (Py_ssize_t)self->sums[i].count;
+    report_thread *report = self->reaper;
+    if (report != NULL) {
+        pthread_mutex_lock(&report->lock);
+        for (int i = 0; i < report->n_sums; i++)
+            held += (Py_ssize_t)report->sums[i].count;
+        pthread_mutex_unlock(&report->lock);
+    }
     return held;
 }
+
+/* report_each_ack(): from now on the report thread sums nothing, until a poll without
+ * each_ack (message debugging just started: every acknowledgement from now on is
+ * wanted one by one, before the next poll asks). Without a thread the poll decides. */
+static PyObject *
+Producer_report_each_ack(Producer *self, PyObject *Py_UNUSED(ignored))
+{
+    report_thread *report = self->reaper;
+    if (report != NULL) {
+        pthread_mutex_lock(&report->lock);
+        report->keep_whole = 1;
+        pthread_mutex_unlock(&report->lock);
+    }
+    Py_RETURN_NONE;
+}
+
+/* thread_counts() -> {...} of the report thread, or None without one (tests, benchmarks). */
+static PyObject *
+Producer_thread_counts(Producer *self, PyObject *Py_UNUSED(ignored))
+{
+    report_thread *report = self->reaper;
+    if (report == NULL)
+        Py_RETURN_NONE;
+    pthread_mutex_lock(&report->lock);
+    unsigned long held = self->tail - self->head;
+    unsigned long long counts[] = {report->room_waits, report->events_summed,
+                                   report->events_whole, report->wakes};
+    int summed = report->n_sums, summing = may_sum(report);
+    pthread_mutex_unlock(&report->lock);
+    return Py_BuildValue("{s:k,s:i,s:i,s:K,s:K,s:K,s:K}", "held_events", held, "sums", summed,
+                         "summing", summing, "room_waits", counts[0], "events_summed",
+                         counts[1], "events_whole", counts[2], "wakes", counts[3]);
+}
+
+static PyObject *
+Producer_get_wake_fd(Producer *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->reaper != NULL ? self->reaper->wake_fd : -1);
+}
+
+static PyGetSetDef Producer_getset[] = {
+    {"wake_fd", (getter)Producer_get_wake_fd, NULL,
+     "the report thread's eventfd, readable when a poll has something to take (for "
+     "loop.add_reader; a poll reads it), or -1 without a thread",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static PyMethodDef Producer_methods[] = {
     {"produce", (PyCFunction)(void (*)(void))Producer_produce, METH_FASTCALL,
@@ -1378,7 +1981,11 @@ static PyMethodDef Producer_methods[] = {
     {"purge", (PyCFunction)Producer_purge, METH_NOARGS,
      "purge() -> error code: every message queued or in flight fails at once"},
     {"close", (PyCFunction)Producer_close, METH_NOARGS,
-     "close(): destroy the librdkafka instance (without the GIL)"},
+     "close(): stop the report thread, destroy the librdkafka instance (without the GIL)"},
+    {"report_each_ack", (PyCFunction)Producer_report_each_ack, METH_NOARGS,
+     "report_each_ack(): the report thread sums nothing until a poll without each_ack"},
+    {"thread_counts", (PyCFunction)Producer_thread_counts, METH_NOARGS,
+     "thread_counts() -> dict of the report thread's counts, or None without one"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1396,12 +2003,15 @@ static PyTypeObject ProducerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pydory._cproducer.Producer",
     .tp_basicsize = sizeof(Producer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Producer(properties: dict[str, str]): a librdkafka producer served by poll()",
+    .tp_doc = "Producer(properties: dict[str, str], thread: bool = False): a librdkafka "
+              "producer served by poll(); with thread, its event queue is served by a "
+              "thread of its own that sums acknowledgements without the GIL",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Producer_init,
     .tp_dealloc = (destructor)Producer_dealloc,
     .tp_methods = Producer_methods,
     .tp_members = Producer_members,
+    .tp_getset = Producer_getset,
     .tp_as_sequence = &Producer_as_sequence,
 };
 
@@ -1448,6 +2058,7 @@ PyInit__cproducer(void)
         return NULL;
     /* The librdkafka version of the header this file was compiled against. */
     if (PyModule_AddIntConstant(m, "HEADER_VERSION", RD_KAFKA_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "REPORT_RING_EVENTS", REPORT_RING_EVENTS) < 0 ||
         PyModule_AddObjectRef(m, "Producer", (PyObject *)&ProducerType) < 0) {
         Py_DECREF(m);
         return NULL;

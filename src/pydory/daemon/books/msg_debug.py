@@ -264,6 +264,12 @@ class MsgDebug:
         self.stopped_reason: str | None = None
         self._timer: _Cancellable | None = None
         self._files_used = False
+        self._on_start: list[Callable[[], None]] = []
+
+    def on_start(self, callback: Callable[[], None]) -> None:
+        """``callback()`` whenever tracing starts (the dispatcher: every acknowledgement
+        one by one from then on, before its next poll asks)."""
+        self._on_start.append(callback)
 
     @classmethod
     def disabled(cls) -> MsgDebug:
@@ -366,6 +372,8 @@ class MsgDebug:
         self.started_at = self._monotonic()
         self._cancel_timer()
         self._timer = self._schedule(float(self.time_limit_s), self._time_is_up)
+        for callback in self._on_start:
+            callback()
 
     def _time_is_up(self) -> None:
         self._timer = None

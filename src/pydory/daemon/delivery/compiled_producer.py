@@ -11,6 +11,13 @@ needs, and the statistics, errors and log lines librdkafka queued (its event API
 One copy of librdkafka in the process: the extension links none; :func:`bind` gives it the
 library confluent-kafka's own extension module (``confluent_kafka.cimpl``) loaded.
 
+The report thread (issue 34, lever 4): each producer's event queue is served by a C thread
+of its own that never holds the GIL: it sums the acknowledgements and destroys their
+events (librdkafka's frees of messages and headers off the loop thread), hands every other
+event over whole, in order, and tells the loop through an eventfd (:attr:`wake_fd`, for
+``loop.add_reader``). ON by default; ``PYDORY_REPORT_THREAD=0`` (read once, at import:
+:data:`REPORT_THREAD`) serves the queue on the polling thread itself, as before.
+
 Rule: a compiled poll's records become ``DeliveryReports`` entries and ``PollSinks`` calls
 in `CompiledBackend` alone.
 """
@@ -18,6 +25,7 @@ in `CompiledBackend` alone.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -36,7 +44,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompiledBackend", "LibrdkafkaTooOld", "bind", "burst_topics", "check_librdkafka"]
+__all__ = [
+    "REPORT_THREAD",
+    "REPORT_THREAD_VARIABLE",
+    "CompiledBackend",
+    "LibrdkafkaTooOld",
+    "bind",
+    "burst_topics",
+    "check_librdkafka",
+]
+
+#: The environment variable that turns the report thread off (``0``); on by default.
+REPORT_THREAD_VARIABLE: Final = "PYDORY_REPORT_THREAD"
+#: Whether a compiled producer's event queue is served by a thread of its own (a test may
+#: set it before making producers).
+REPORT_THREAD = os.environ.get(REPORT_THREAD_VARIABLE, "") != "0"
 
 #: rd_kafka_msg_status_t: librdkafka knows the message never reached a broker's log.
 MSG_STATUS_NOT_PERSISTED: Final = 0
@@ -94,7 +116,8 @@ def bind() -> str:
     check_librdkafka(found, _cproducer.HEADER_VERSION, path)
     version, library = _cproducer.bind(cimpl.__file__)
     _module = _cproducer
-    return f"pydory._cproducer on librdkafka {version} ({library.rsplit('/', 1)[-1]})"
+    served = "reports served by a thread" if REPORT_THREAD else f"{REPORT_THREAD_VARIABLE}=0"
+    return f"pydory._cproducer on librdkafka {version} ({library.rsplit('/', 1)[-1]}), {served}"
 
 
 def bound() -> Any:
@@ -136,12 +159,14 @@ class CompiledBackend:
         if _module is None:
             raise RuntimeError("compiled_producer.bind() was not called")
         try:
-            self._producer: _cproducer.Producer = _module.Producer(settings)
+            self._producer: _cproducer.Producer = _module.Producer(settings, thread=REPORT_THREAD)
         except ValueError as error:  # librdkafka refused a property: its own words
             raise KafkaException(KafkaError(KafkaError._INVALID_ARG, str(error))) from None
         self.produce: Callable[..., int] = self._producer.produce
         self.produce_burst: Callable[..., list[tuple[int, int]]] | None
         self.produce_burst = self._producer.produce_burst
+        wake_fd = self._producer.wake_fd
+        self.wake_fd: int | None = wake_fd if wake_fd >= 0 else None
 
     def __len__(self) -> int:
         return len(self._producer)
@@ -151,6 +176,9 @@ class CompiledBackend:
 
     def close(self) -> None:
         self._producer.close()
+
+    def report_each_ack(self) -> None:
+        self._producer.report_each_ack()
 
     def flush(self, timeout_s: float) -> None:
         # One poll waiting up to timeout_s: the closing thread asks again until done.

@@ -64,6 +64,8 @@ class ConfluentBackend:
 
     name: ClassVar[str] = "confluent-kafka"
     produce_burst: Callable[..., list[tuple[int, int]]] | None = None
+    #: Served by the polling thread only: the loop's timers poll it.
+    wake_fd: int | None = None
 
     def __init__(self, properties: dict[str, Any], sinks: PollSinks) -> None:
         self._sinks = sinks
@@ -200,6 +202,9 @@ class ConfluentBackend:
             return True
         produced_at = time.monotonic() - latency
         return produced_at < self._trouble_at + SUPPRESSED_FOR_S
+
+    def report_each_ack(self) -> None:
+        """Reports always come one by one here."""
 
     def poll(self, timeout_s: float, each_ack: bool) -> None:
         # Reports always come one by one here: each_ack changes nothing.

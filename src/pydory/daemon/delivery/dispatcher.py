@@ -7,17 +7,19 @@ retry. This module only decides *which* producer a message goes to (one per
 docs/librdkafka-mapping.md), and hands each batch of delivery reports to ``settlement``
 (the outcome decided in ``outcomes``): delivered, rerouted, or discarded with a reason.
 
-Threads: everything runs on the event-loop thread, librdkafka's own C threads aside.
+Threads: everything runs on the event-loop thread, librdkafka's own C threads (and the
+compiled producer's report threads, which sum acknowledgements without the GIL) aside.
 The loop serves each producer's callbacks with ``poll(0)``, which never blocks: once after
-every burst of sends (``call_soon``), then every BUSY_POLL_INTERVAL_S while librdkafka
-holds messages, and every IDLE_POLL_INTERVAL_S otherwise (statistics, librdkafka's log
-lines and fatal errors also arrive through ``poll``). A delivery callback only appends to
-a queue; the loop then settles the queue in one batch (``settlement``): failures one by
-one (reroute or discard), then acknowledgements counted per topic and per token. The statistics
-(``kafka_stats``) also tell the router which brokers it cannot reach; a fatal error
-retires the producer and a new one replaces it. Only a producer being closed (shutdown,
-or after a fatal error) is served by a thread of its own (``producer``): it flushes,
-purges, and hands its reports to the loop in batches.
+every burst of sends (``call_soon``), whenever a producer's report thread says reports are
+ready (its ``wake_fd``, the compiled backend's), then every BUSY_POLL_INTERVAL_S while
+librdkafka holds messages, and every IDLE_POLL_INTERVAL_S otherwise (statistics,
+librdkafka's log lines and fatal errors also arrive through ``poll``). A delivery callback
+only appends to a queue; the loop then settles the queue in one batch (``settlement``):
+failures one by one (reroute or discard), then acknowledgements counted per topic and per
+token. The statistics (``kafka_stats``) also tell the router which brokers it cannot
+reach; a fatal error retires the producer and a new one replaces it. Only a producer being
+closed (shutdown, or after a fatal error) is served by a thread of its own
+(``producer``): it flushes, purges, and hands its reports to the loop in batches.
 
 Rule: every accepted message handed to ``send`` reaches the ledger exactly once, with its
 token: delivered, or discarded; a reroute is a new ``Dispatcher.send`` of the same message.
@@ -137,6 +139,7 @@ class Dispatcher:
         self._settlement.max_attempts = max(1, settings.max_failed_delivery_attempts)
         if stats is not None:
             stats.subscribe(self._apply_liveness)
+        self._msg_debug.on_start(self._report_each_ack_now)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -256,7 +259,7 @@ class Dispatcher:
         )
         self._handles_created += 1
         assert self._loop is not None, "Dispatcher.start() was not called"
-        handle.start(self._loop)
+        handle.start(self._loop, self._on_reports_ready)
         log.info("producer %s: %s", name, profile.properties())
         return handle
 
@@ -398,6 +401,19 @@ class Dispatcher:
         if not busy:
             self._settlement.close_window()  # everything sent before the failure has settled
         self._arm_poll_timer(BUSY_POLL_INTERVAL_S if busy else IDLE_POLL_INTERVAL_S)
+
+    def _on_reports_ready(self) -> None:
+        """A producer's report thread has reports ready (its wake_fd): serve and settle
+        them now, not at the next timer (unless a poll is due this turn of the loop
+        anyway: it reads the wake_fd)."""
+        if not self._poll_scheduled:
+            self._poll()
+
+    def _report_each_ack_now(self) -> None:
+        """Message debugging started: every acknowledgement from now on one by one (the
+        next poll would ask only for what its thread has not summed yet)."""
+        for handle in self._by_profile.values():
+            handle.report_each_ack_now()
 
     def _arm_poll_timer(self, delay_s: float) -> None:
         """Make sure a poll happens within ``delay_s`` (one timer, moved earlier if need be)."""

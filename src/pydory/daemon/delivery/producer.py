@@ -97,10 +97,27 @@ class ProducerHandle:
         self.stopping = False  # handed to its closing thread: the loop no longer serves it
         self._flush_until: Callable[[], float] = time.monotonic
         self.finished: asyncio.Future[None] | None = None
+        self._wake_fd: int | None = None  # watched by the loop while it serves this producer
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def start(
+        self, loop: asyncio.AbstractEventLoop, on_ready: Callable[[], None] | None = None
+    ) -> None:
+        """Loop thread: ``on_ready()`` is called on the loop whenever the backend's thread
+        has reports ready (its ``wake_fd``; a poll reads it), until :meth:`request_stop`."""
         self.finished = loop.create_future()
         self._loop = loop
+        self._wake_fd = self.backend.wake_fd if self.backend is not None else None
+        if self._wake_fd is not None and on_ready is not None:
+            loop.add_reader(self._wake_fd, on_ready)
+        else:
+            self._wake_fd = None
+
+    def report_each_ack_now(self) -> None:
+        """Loop thread: every acknowledgement from now on one by one (message debugging
+        started), not only from the next poll on."""
+        self.report_each_ack = True
+        if not self.stopping and self.backend is not None:
+            self.backend.report_each_ack()
 
     @property
     def closed(self) -> bool:
@@ -162,6 +179,9 @@ class ProducerHandle:
             self._flush_until = lambda: min(earlier(), flush_until())
             return
         self.stopping = True
+        if self._wake_fd is not None:  # the closing thread's polls read it from now on
+            self._loop.remove_reader(self._wake_fd)
+            self._wake_fd = None
         self._flush_until = flush_until
         threading.Thread(target=self._close, name=f"pydory-close-{self.name}", daemon=True).start()
 

@@ -8,7 +8,8 @@ the reference). ``backends`` chooses one; ``tests/producer_backends.py`` runs th
 and fault tests on both.
 
 A backend serves librdkafka's queue on whichever thread polls it (the loop while the daemon
-runs, a closing thread at shutdown) and only *records* what it served: reports become
+runs, a closing thread at shutdown; the compiled one's report thread does the C part of it
+beforehand, without the GIL) and only *records* what it served: reports become
 :class:`AckReport`, :class:`AckSum` and :class:`FailureReport` entries of
 :class:`DeliveryReports` (appends to a deque are atomic), statistics, errors and log lines
 go to its :class:`PollSinks`. Every decision is taken later, on the loop, by the dispatcher.
@@ -159,6 +160,10 @@ class ProducerBackend(Protocol):
     #: ``[(index, code)]`` refused (admission/burst_path.py), or None if the backend has
     #: no burst call (then every message goes through ``produce``).
     produce_burst: Callable[..., list[tuple[int, int]]] | None
+    #: A file descriptor readable when a thread of the backend's has served reports a
+    #: poll would take (the loop adds a reader and polls then; the poll reads it), or None:
+    #: the polls on the loop's timers and after each burst serve everything.
+    wake_fd: int | None
 
     def __init__(self, properties: dict[str, Any], sinks: PollSinks) -> None: ...
 
@@ -168,6 +173,10 @@ class ProducerBackend(Protocol):
 
     def flush(self, timeout_s: float) -> None:
         """Serve reports until nothing is held, or for up to ``timeout_s``."""
+
+    def report_each_ack(self) -> None:
+        """From now on report every acknowledgement on its own, until a poll without
+        ``each_ack`` (message debugging started: before the next poll asks)."""
 
     def purge(self) -> None:
         """Fail every message queued or in flight at once (their reports follow)."""
