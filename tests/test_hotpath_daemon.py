@@ -1,7 +1,7 @@
 """The daemon on the compiled hot path, on the pure-Python one (PYDORY_PURE_PYTHON=1) and
-on the compiled one with its datagram socket drained by a thread and its delivery reports
-served by a thread (the defaults, issue 34; PYDORY_DATAGRAM_DRAIN=0 and
-PYDORY_REPORT_THREAD=0 leave both to the loop), fed the same mixed traffic on every
+on the compiled one with its datagram socket drained by a thread (the default, issue 34;
+PYDORY_DATAGRAM_DRAIN=0 leaves it to the loop) and its delivery reports served by a thread
+(opt-in, PYDORY_REPORT_THREAD=1), fed the same mixed traffic on every
 transport, every discard reason the inputs and the intake can give, keeps identical books
 (issue 25's differential rule)."""
 
@@ -98,14 +98,15 @@ def daemon_on(implementation: str, config: DaemonConfig, where: Path) -> Iterato
             patch.setenv("PYDORY_PURE_PYTHON", "1")
         else:
             patch.delenv("PYDORY_PURE_PYTHON", raising=False)
-        # "compiled" is the loop's reader and the loop's report polls; "drain" the
-        # defaults, unnamed (so they are tested): the drain and the report threads.
+        # "compiled" is the loop's reader and the loop's report polls (the report polls
+        # by default, unnamed, so the default is tested); "drain" the drain thread (the
+        # default, unnamed) and the report thread (opt-in: PYDORY_REPORT_THREAD=1).
         if implementation == "drain":
             patch.delenv("PYDORY_DATAGRAM_DRAIN", raising=False)
-            patch.delenv("PYDORY_REPORT_THREAD", raising=False)
+            patch.setenv("PYDORY_REPORT_THREAD", "1")
         else:
             patch.setenv("PYDORY_DATAGRAM_DRAIN", "0")
-            patch.setenv("PYDORY_REPORT_THREAD", "0")
+            patch.delenv("PYDORY_REPORT_THREAD", raising=False)
         daemon = DaemonProcess(config, where / "pydory.xml", where / "pydory.log")
     try:
         yield daemon
@@ -189,8 +190,8 @@ def test_the_compiled_the_pure_and_the_drained_daemon_keep_identical_books(
     assert "(drained by a thread)" in results["drain"][2]
     assert "(drained by a thread)" not in results["compiled"][2]
     assert "hot path: pure (PYDORY_PURE_PYTHON is set)" in results["pure"][2]
-    assert "reports served by a thread)" in results["drain"][2]
-    assert "PYDORY_REPORT_THREAD=0)" in results["compiled"][2]
+    assert "reports served by a thread (PYDORY_REPORT_THREAD=1))" in results["drain"][2]
+    assert "reports served by the loop)" in results["compiled"][2]
     # /books/json says which reader ran and what it may hold beyond the kernel's queue.
     cwire = compiled_module()
     qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())

@@ -15,8 +15,11 @@ The report thread (issue 34, lever 4): each producer's event queue is served by 
 of its own that never holds the GIL: it sums the acknowledgements and destroys their
 events (librdkafka's frees of messages and headers off the loop thread), hands every other
 event over whole, in order, and tells the loop through an eventfd (:attr:`wake_fd`, for
-``loop.add_reader``). ON by default; ``PYDORY_REPORT_THREAD=0`` (read once, at import:
-:data:`REPORT_THREAD`) serves the queue on the polling thread itself, as before.
+``loop.add_reader``). OFF by default: measured natively it costs more CPU than it saves
+the loop (librdkafka frees on that thread what the loop thread allocated, and glibc's
+arenas make every such free a lock and a cache miss; BENCHMARKS.md, "Session 15"), so
+``PYDORY_REPORT_THREAD=1`` (read once, at import: :data:`REPORT_THREAD`) turns it on and
+the polling thread serves the queue itself otherwise.
 
 Rule: a compiled poll's records become ``DeliveryReports`` entries and ``PollSinks`` calls
 in `CompiledBackend` alone.
@@ -54,11 +57,11 @@ __all__ = [
     "check_librdkafka",
 ]
 
-#: The environment variable that turns the report thread off (``0``); on by default.
+#: The environment variable that turns the report thread on (``1``); off by default.
 REPORT_THREAD_VARIABLE: Final = "PYDORY_REPORT_THREAD"
 #: Whether a compiled producer's event queue is served by a thread of its own (a test may
 #: set it before making producers).
-REPORT_THREAD = os.environ.get(REPORT_THREAD_VARIABLE, "") != "0"
+REPORT_THREAD = os.environ.get(REPORT_THREAD_VARIABLE, "") == "1"
 
 #: rd_kafka_msg_status_t: librdkafka knows the message never reached a broker's log.
 MSG_STATUS_NOT_PERSISTED: Final = 0
@@ -116,7 +119,11 @@ def bind() -> str:
     check_librdkafka(found, _cproducer.HEADER_VERSION, path)
     version, library = _cproducer.bind(cimpl.__file__)
     _module = _cproducer
-    served = "reports served by a thread" if REPORT_THREAD else f"{REPORT_THREAD_VARIABLE}=0"
+    served = (
+        f"reports served by a thread ({REPORT_THREAD_VARIABLE}=1)"
+        if REPORT_THREAD
+        else "reports served by the loop"
+    )
     return f"pydory._cproducer on librdkafka {version} ({library.rsplit('/', 1)[-1]}), {served}"
 
 
