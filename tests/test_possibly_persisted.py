@@ -87,7 +87,11 @@ def test_a_written_request_answered_late_then_failed_is_never_a_discard(
     # Every second copy in Kafka is flagged.
     second_copies = sum(n - 1 for n in in_kafka.values())
     assert second_copies <= flagged, (second_copies, flagged)
-    assert books["possibly_delivered"] > 0, books  # the late requests did what they should
+    # On a quiet machine the late requests' retries meet the permanent error, so some
+    # messages are possibly delivered; on a busy one (a suite run at load 6) librdkafka
+    # may send them when the injected errors are used up by other requests, and every
+    # message is plainly delivered. Either way nothing Kafka holds is a discard (above).
+    assert books["possibly_delivered"] > 0 or books["delivered"] == WARM + COUNT, books
 
 
 #: The request timeout (socket.timeout.ms, and request.timeout.ms no shorter: what the
