@@ -8,6 +8,7 @@ import asyncio
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -261,3 +262,24 @@ class DatagramIntake:
 
     def connection_closed(self, transport: Transport, error: BaseException | None = None) -> None:
         raise AssertionError("no stream here")
+
+
+def reports_until_empty(producer: Any, each_ack: bool = False) -> tuple[list[Any], Counter[int]]:
+    """Poll a compiled producer (``pydory._cproducer.Producer``) until it holds nothing:
+    the exception types its polls stopped on, and how many acknowledgements each token
+    got (one by one or summed)."""
+    stopped: list[Any] = []
+    tokens: Counter[int] = Counter()
+
+    def more() -> bool:
+        polled = producer.poll(0.05, each_ack)
+        if polled is not None:
+            stopped.extend([polled.stopped_by] if polled.stopped_by else [])
+            for ack in polled.acks or []:
+                tokens[ack.token] += 1
+            for entry in polled.ack_sums:
+                tokens[entry.token] += entry.messages
+        return len(producer) == 0
+
+    wait_until(more, what="every report")
+    return stopped, tokens

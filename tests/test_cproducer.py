@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from helpers import wait_until
+from helpers import reports_until_empty, wait_until
 from pydory import wire
 from pydory.daemon.delivery import backends, compiled_producer
 from pydory.daemon.delivery.compiled_producer import CompiledBackend
@@ -400,20 +400,7 @@ def test_a_report_that_cannot_be_converted_stays_queued_for_the_next_poll(
     armed_faults(37, 0)  # the 37th report converted from now fails
     for token in range(400):
         assert p.produce(topic, -1, b"v", None, 0, None, 1, token, False, None) == 0
-    stopped: list[Any] = []
-    tokens: Counter[int] = Counter()
-
-    def more() -> bool:
-        polled = p.poll(0.05, each_ack)
-        if polled is not None:
-            stopped.extend([polled.stopped_by] if polled.stopped_by else [])
-            for ack in polled.acks or []:
-                tokens[ack.token] += 1
-            for entry in polled.ack_sums:
-                tokens[entry.token] += entry.messages
-        return len(p) == 0
-
-    wait_until(more, what="every report")
+    stopped, tokens = reports_until_empty(p, each_ack)
     assert stopped == [MemoryError]
     assert tokens == Counter(range(400))  # every message once
     p.close()

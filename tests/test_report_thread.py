@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 import producer_backends
-from helpers import wait_until
+from helpers import reports_until_empty, wait_until
 from pydory.daemon.delivery import backends, compiled_producer
 from pydory.daemon.delivery import dispatcher as dispatcher_module
 from pydory.daemon.delivery.dispatcher import Dispatcher
@@ -38,6 +38,8 @@ if compiled_producer.bound() is not None:
 
 
 #: How long a poll waits for the thread before it answers (then it is asked again).
+#: Not a deadline: a far-off safety net for a wait on a condition (load 50 included).
+SAFETY_NET_S = 600
 POLL_WAIT_S = 0.05  # not a deadline: a wait that goes on
 
 
@@ -224,7 +226,7 @@ def test_close_joins_the_thread_waiting_on_the_queue_or_for_room(
     for p in (idle, full):
         closer = threading.Thread(target=p.close)
         closer.start()
-        closer.join(timeout=60)  # a safety net: close returns at once
+        closer.join(timeout=SAFETY_NET_S)  # a safety net: close returns at once
         assert not closer.is_alive()
         assert p.thread_counts() is None
         assert len(p) == 0
@@ -267,20 +269,7 @@ def test_a_report_that_cannot_be_converted_is_served_by_the_next_poll(
     try:
         for i in range(500):
             assert p.produce(topic, 0, b"v", None, 0, None, 1, i, False, None) == 0
-        stopped: list[Any] = []
-        tokens: Counter[int] = Counter()
-
-        def more() -> bool:
-            polled = p.poll(0.05, False)
-            if polled is not None:
-                stopped.extend([polled.stopped_by] if polled.stopped_by else [])
-                for ack in polled.acks or []:
-                    tokens[ack.token] += 1
-                for entry in polled.ack_sums:
-                    tokens[entry.token] += entry.messages
-            return len(p) == 0
-
-        wait_until(more, what="every report")
+        stopped, tokens = reports_until_empty(p)
     finally:
         _cproducer._inject_faults(0, 0)
     assert stopped == [MemoryError]
@@ -311,7 +300,7 @@ def test_the_eventfd_wakes_an_asyncio_loop_once_until_a_poll_takes(
         try:
             for _i in range(100):
                 assert p.produce(topic, 0, b"v", None, 0, None, 1, 7, False, None) == 0
-            await asyncio.wait_for(ready.wait(), 60)  # a safety net, not a deadline
+            await asyncio.wait_for(ready.wait(), SAFETY_NET_S)
         finally:
             loop.remove_reader(p.wake_fd)
         return wakes
@@ -381,7 +370,7 @@ def test_the_dispatcher_settles_when_the_thread_wakes_it_and_stops_watching_at_s
         assert handle.backend is not None
         wake_fd = handle.backend.wake_fd
         assert wake_fd is not None
-        await asyncio.wait_for(ledger.done.wait(), 60)  # a safety net, not a deadline
+        await asyncio.wait_for(ledger.done.wait(), SAFETY_NET_S)
         await dispatcher.shutdown(max_delay_s=5.0)
         assert not loop.remove_reader(wake_fd)  # no longer watched
         return wake_fd
