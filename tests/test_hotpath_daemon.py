@@ -179,6 +179,7 @@ def run_traffic(
 def test_the_compiled_the_pure_and_the_drained_daemon_keep_identical_books(
     mock_cluster: MockCluster, unique_topic: Callable[[str], str], tmp_path: Path
 ) -> None:
+    outer_pure = os.environ.get("PYDORY_PURE_PYTHON")  # as the suite was run
     topics = (unique_topic("same"), unique_topic("limited"), unique_topic("unknown"))
     mock_cluster.create_topic(topics[0], 4)
     mock_cluster.create_topic(topics[1], 1)
@@ -222,4 +223,4 @@ def test_the_compiled_the_pure_and_the_drained_daemon_keep_identical_books(
         n: pure_counters.get(n) for n in watched
     }
     assert {n: drain_counters.get(n) for n in watched} == {n: pure_counters.get(n) for n in watched}
-    assert os.environ.get("PYDORY_PURE_PYTHON") is None  # the test left it as it was
+    assert os.environ.get("PYDORY_PURE_PYTHON") == outer_pure  # the test left it as it was
