@@ -34,33 +34,59 @@ from instructions import CELLS  # a sibling script, not a package
 THREADS = ("python", "rdk:broker", "pydory-drain")
 
 
-def thread_ticks(pid: int) -> dict[str, tuple[str, int, int]]:
-    """tid -> (name, utime, stime) of every thread of ``pid`` now."""
-    found: dict[str, tuple[str, int, int]] = {}
+Reading = tuple[str, int, int, int, int]  # name, utime, stime, voluntary, involuntary
+
+
+def thread_ticks(pid: int) -> dict[str, Reading]:
+    """tid -> (name, utime, stime, voluntary and involuntary context switches) of every
+    thread of ``pid`` now."""
+    found: dict[str, Reading] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:
             continue  # the thread ended meanwhile
         name = raw[raw.index("(") + 1 : raw.rindex(")")]
         fields = raw[raw.rindex(")") + 2 :].split()
-        found[tid] = (name, int(fields[11]), int(fields[12]))
+        switches = dict(
+            line.split(":", 1) for line in status.splitlines() if "ctxt_switches" in line
+        )
+        found[tid] = (
+            name,
+            int(fields[11]),
+            int(fields[12]),
+            int(switches["voluntary_ctxt_switches"]),
+            int(switches["nonvoluntary_ctxt_switches"]),
+        )
     return found
 
 
-def per_name(before: dict[str, tuple[str, int, int]], after: dict[str, tuple[str, int, int]]):
-    """Ticks spent between the two readings, per thread name: [user, system]."""
+def read_write_calls(pid: int) -> tuple[int, int]:
+    """The process's read and write system calls so far (``/proc/PID/io``'s ``syscr``
+    and ``syscw``: ``read``, ``readv``, ``write``, ``writev`` and the like, not
+    ``recvmmsg`` nor ``sendmsg``)."""
+    text = Path(f"/proc/{pid}/io").read_text()
+    fields = dict(line.split(": ") for line in text.splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
+
+
+def per_name(before: dict[str, Reading], after: dict[str, Reading]) -> dict[str, list[int]]:
+    """Spent between the two readings, per thread name: [user ticks, system ticks,
+    voluntary switches, involuntary switches]."""
     spent: dict[str, list[int]] = {}
-    for tid, (name, user, system) in after.items():
-        _, user0, system0 = before.get(tid, (name, 0, 0))
+    for tid, (name, *now) in after.items():
+        _, *then = before.get(tid, (name, 0, 0, 0, 0))
         key = "rdk:broker" if name.startswith("rdk:broker") else name
-        total = spent.setdefault(key, [0, 0])
-        total[0] += user - user0
-        total[1] += system - system0
-    return {name: ticks for name, ticks in spent.items() if sum(ticks) > 0}
+        total = spent.setdefault(key, [0, 0, 0, 0])
+        for i, (a, b) in enumerate(zip(now, then, strict=True)):
+            total[i] += a - b
+    return {name: ticks for name, ticks in spent.items() if sum(ticks[:2]) > 0}
 
 
-def one_run(tree: str, cell: str, spool: str, messages: int, rate: float | None) -> dict[str, Any]:
+def one_run(
+    tree: str, cell: str, spool: str, messages: int, rate: float | None, cpus: str | None
+) -> dict[str, Any]:
     transport, batch = CELLS[cell]
     settings = BenchSettings(
         transport=transport,
@@ -71,12 +97,15 @@ def one_run(tree: str, cell: str, spool: str, messages: int, rate: float | None)
         daemon_source=Path(tree).resolve(),
         spool=(spool,),
         rate=rate,
+        daemon_cpus=cpus,
     )
     plain_cpu_seconds = procfs.cpu_seconds
-    readings: list[dict[str, tuple[str, int, int]]] = []
+    readings: list[dict[str, Reading]] = []
+    calls: list[tuple[int, int]] = []
 
     def cpu_seconds(pid: int) -> float:  # the harness reads it at the load's start and end
         readings.append(thread_ticks(pid))
+        calls.append(read_write_calls(pid))
         return plain_cpu_seconds(pid)
 
     procfs.cpu_seconds = cpu_seconds  # type: ignore[assignment]
@@ -95,7 +124,11 @@ def one_run(tree: str, cell: str, spool: str, messages: int, rate: float | None)
         "cpu_us_per_msg": run.cpu_us_per_msg,
         "system_us_per_msg": run.system_us_per_msg,
         "load": os.getloadavg()[0],
+        "daemon_cpus": cpus,
+        "msgs_per_s": run.msgs_per_s,
         "thread_ticks": per_name(readings[0], readings[-1]),
+        "read_calls": calls[-1][0] - calls[0][0],
+        "write_calls": calls[-1][1] - calls[0][1],
     }
 
 
@@ -106,7 +139,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         mine = [row for row in rows if row["tree"] == tree]
         cpu = statistics.median(row["cpu_us_per_msg"] for row in mine)
         ticks = [
-            statistics.median(sum(row["thread_ticks"].get(name, (0, 0))) for row in mine)
+            statistics.median(sum(row["thread_ticks"].get(name, (0, 0))[:2]) for row in mine)
             for name in THREADS
         ]
         cells = " | ".join(f"{t:g}" for t in ticks)
@@ -122,6 +155,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, help="messages/s offered, paced (default: max)")
     parser.add_argument("--messages", "-n", type=int, default=600_000)
     parser.add_argument("--rounds", "-r", type=int, default=4)
+    parser.add_argument("--daemon-cpus", help="`pydory bench --daemon-cpus`: e.g. 1")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
     trees = [spec.partition("=")[2] for spec in args.tree]
@@ -129,7 +163,7 @@ def main() -> int:
     rows = []
     for round_number in range(args.rounds):
         for tree in trees if round_number % 2 == 0 else trees[::-1]:
-            row = one_run(tree, args.cell, args.spool, args.messages, args.rate)
+            row = one_run(tree, args.cell, args.spool, args.messages, args.rate, args.daemon_cpus)
             row["tree"] = names[tree]
             rows.append(row)
             with args.output.open("a") as out:

@@ -12,11 +12,14 @@ its JSON goes to --output as one line (with the tree's and the cell's names), an
 table of medians (min-max) is printed in Markdown at the end (--render-only: from FILE).
 A tree may be run with extra environment (``--tree pure=src:PYDORY_PURE_PYTHON=1``), and
 on chosen CPUs (``--tree one-cpu=src:cpus=0``: `pydory bench --daemon-cpus 0`; a range,
-not a comma list: ``cpus=0-1``). ``--contend N`` runs every bench beside N CPU-bound
+not a comma list: ``cpus=0-1``). The trees run in the order given in odd rounds and in
+reverse in even ones. ``--contend N`` runs every bench beside N CPU-bound
 processes per core (`pydory bench --contend N`; each row then says ``contend`` and the
 1-minute load at its start and end). ``--rate N`` offers every run N messages per second,
 paced (`pydory bench --rate N`): the daemon's CPU per message at a fixed load instead of
-at its maximum throughput (each row then says ``offered_msgs_per_s``).
+at its maximum throughput (each row then says ``offered_msgs_per_s``). ``--calibrate``
+times a fixed interpreter loop on the daemon's CPUs before and after each run
+(``calibration_s``): how fast the machine ran the run's neighbourhood (see CALIBRATION).
 """
 
 from __future__ import annotations
@@ -47,6 +50,28 @@ def parse_tree(text: str) -> tuple[str, str, dict[str, str]]:
     return name, directory, env
 
 
+#: A fixed amount of interpreter work (~0.3 s on an idle core here): how fast the daemon's
+#: CPU runs right now. This machine's two vCPUs slow each other down (the same loop takes
+#: 0.25-0.30 s alone, 0.37-0.55 s beside another on the other vCPU), so a run's CPU per
+#: message moves with its neighbours' load; the probe beside each run shows by how much.
+CALIBRATION = (
+    "import resource\n"
+    "x = 0\n"
+    "for i in range(3_000_000): x += i * i % 7\n"
+    "d = {i: str(i) for i in range(300_000)}\n"
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_utime)"
+)
+
+
+def calibration_s(cpus: str | None) -> float:
+    """CPU seconds the calibration loop took just now, on the daemon's CPUs."""
+    command = [sys.executable, "-c", CALIBRATION]
+    if cpus is not None:
+        command = ["taskset", "-c", cpus, *command]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    return float(out.stdout)
+
+
 def run_one(
     cell: str, tree: tuple[str, str, dict[str, str]], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -62,8 +87,12 @@ def run_one(
     env = {**os.environ, **extra_env}
     if "cpus" in extra_env:  # not environment: where the daemon runs
         command += ["--daemon-cpus", env.pop("cpus")]
+    cpus = command[command.index("--daemon-cpus") + 1] if "--daemon-cpus" in command else None
+    before = calibration_s(cpus) if args.calibrate else None
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     result: dict[str, Any] = json.loads(out.stdout)
+    if args.calibrate:
+        result["calibration_s"] = [before, calibration_s(cpus)]
     if args.spool != "off":  # the one spool variant's figures under the usual names
         variant = "pydory_spool_" + (args.spool if args.spool in ("none", "always") else
                                      f"{args.spool}ms")  # fmt: skip
@@ -124,6 +153,10 @@ def main() -> None:
         "--rate", type=float, metavar="N",
         help="`pydory bench --rate N`: N messages/s offered, paced (default: unpaced)",
     )  # fmt: skip
+    parser.add_argument(
+        "--calibrate", action="store_true",
+        help="time a fixed interpreter loop on the daemon's CPUs before and after each run",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args()
@@ -131,8 +164,11 @@ def main() -> None:
         trees = [parse_tree(t) for t in args.tree]
         with args.output.open("a") as out:
             for round_number in range(1, args.rounds + 1):
+                # Tree order reversed every other round: a tree that always ran first
+                # would always meet the machine as the previous run left it.
+                order = trees if round_number % 2 else trees[::-1]
                 for cell in args.cells.split(","):
-                    for tree in trees:
+                    for tree in order:
                         result = run_one(cell, tree, args)
                         result["round"] = round_number
                         out.write(json.dumps(result) + "\n")

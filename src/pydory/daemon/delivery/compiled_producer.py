@@ -36,7 +36,6 @@ from confluent_kafka import KafkaError, KafkaException, cimpl
 
 from pydory.daemon.delivery.producer_backend import (
     AckReport,
-    AckSum,
     FailureReport,
     PollSinks,
     ReportedMessage,
@@ -198,7 +197,7 @@ class CompiledBackend:
         sinks = self._sinks
         reports = sinks.reports
         if polled.ack_sums:
-            reports.ack_sums.extend(AckSum(*entry) for entry in polled.ack_sums)
+            reports.ack_sums.extend(polled.ack_sums)  # AckSum records, named in C
         if polled.acks:
             append = reports.acks.append
             for ack in polled.acks:

@@ -51,13 +51,19 @@ class AckReport(NamedTuple):
     timestamp_ms: int  # the client's timestamp it was sent with (not the broker's)
 
 
-class AckSum(NamedTuple):
-    """Acknowledged messages summed per (token, topic) (the compiled backend's)."""
+class AckSum(Protocol):
+    """Acknowledged messages summed per (token, topic): the compiled backend's
+    ``_cproducer.AckSum`` records, kept as its poll made them (not copied per poll)."""
 
-    token: int
-    topic: str
-    messages: int
-    data_bytes: int  # their keys' and values' bytes
+    @property
+    def token(self) -> int: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def messages(self) -> int: ...
+    @property
+    def data_bytes(self) -> int:  # their keys' and values' bytes
+        ...
 
 
 class FailureReport(NamedTuple):

@@ -119,10 +119,11 @@ class Settlement:
             # len(msg) is the value's length, without copying it out.
             cost[token] = cost.get(token, 0) + cost_of(topic, len(msg) + (len(key) if key else 0))
         while sums:  # the compiled producer's: summed per (token, topic) already
-            token, topic, n, data_bytes = sums.popleft()
+            entry = sums.popleft()
+            token, topic, n = entry.token, entry.topic, entry.messages
             topics = per_token.get(token) or per_token.setdefault(token, {})
             topics[topic] = topics.get(topic, 0) + n
-            cost[token] = cost.get(token, 0) + messages_cost(topic, n, data_bytes)
+            cost[token] = cost.get(token, 0) + messages_cost(topic, n, entry.data_bytes)
         self._ledger.delivered(Delivered.of(per_token, cost))
 
     def _flag_suspects(self, acks: collections.deque[AckReport], through: int) -> None:
