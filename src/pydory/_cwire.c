@@ -39,6 +39,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#if defined(__GLIBC__)
+#include <malloc.h> /* malloc_trim */
+#endif
 
 #include "_cburst.h"
 
@@ -1826,7 +1829,23 @@ static PyObject *spool_crc32_of(PyObject *Py_UNUSED(module), PyObject *const *ar
 
 /* --- the module -------------------------------------------------------------------------- */
 
+/* trim_heap() -> bool: glibc's malloc_trim(0), the free pages inside the heap given back
+ * to the system (daemon/heap_trim.py says when); False where the C library is not glibc. */
+static PyObject *trim_heap(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused)) {
+#if defined(__GLIBC__)
+    int released;
+    Py_BEGIN_ALLOW_THREADS
+    released = malloc_trim(0);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(released);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef module_methods[] = {
+    {"trim_heap", trim_heap, METH_NOARGS,
+     "trim_heap() -> bool: glibc's malloc_trim(0) (True if pages were given back)."},
     {"parse_any_partition_burst", (PyCFunction)(void (*)(void))parse_any_partition_burst,
      METH_FASTCALL,
      "parse_any_partition_burst(frames, topic_cache) -> list: wire.parse_any_partition of "

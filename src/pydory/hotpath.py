@@ -33,6 +33,9 @@ What differs by implementation, each a drop-in for the other:
   the same frames written to ``fd`` in one call (no bytes object of them; above ``limit``
   bytes none, and ``-size`` returned), or None: daemon/spool/segments.py then encodes
   (``payload_frames``) and writes with ``os.write``.
+- ``trim_heap()``: glibc's ``malloc_trim(0)`` (daemon/heap_trim.py says when), True if
+  pages were given back; the pure one calls it through ctypes, imported at its first call
+  (ctypes costs an idle daemon memory of its own), False where the C library has none.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "identity_headers",
     "parse_burst",
     "payload_frames",
+    "trim_heap",
     "write_payload_frames",
 ]
 
@@ -88,6 +92,13 @@ def _pure_identity_headers(name: str, prefix: bytes, first: int, count: int) -> 
     return [[(name, prefix + b"%d" % sequence)] for sequence in range(first, first + count)]
 
 
+def _pure_trim_heap() -> bool:
+    import ctypes  # here: an idle daemon on the compiled path never loads it
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False
+
+
 StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
 #: recvmmsg(2) for the datagram input, or None (inputs/datagram.py then reads one
 #: datagram per recvmsg_into, the reference).
@@ -100,12 +111,14 @@ WHOLE_PARSES: tuple[type, ...] = (list,)
 identity_headers: Callable[[str, bytes, int, int], HeaderLists]
 payload_frames: Callable[[Sequence[bytes], int, bytes, int, bytes], bytes] | None
 write_payload_frames: Callable[[int, Sequence[bytes], int, bytes, int, bytes, int], int] | None
+trim_heap: Callable[[], bool]
 
 if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
     IMPLEMENTATION, WHY = "pure", f"{PURE_PYTHON_VARIABLE} is set"
     StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
     DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
     DatagramDrain = write_payload_frames = None
+    trim_heap = _pure_trim_heap
 else:
     try:
         from pydory import _cwire
@@ -114,6 +127,7 @@ else:
         StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
         DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
         DatagramDrain = write_payload_frames = None
+        trim_heap = _pure_trim_heap
     else:
         IMPLEMENTATION, WHY = "compiled", "pydory._cwire"
         StreamFramer = _cwire.StreamFramer
@@ -125,3 +139,4 @@ else:
         # Absent when the zlib this Python uses is not a shared library to share.
         payload_frames = getattr(_cwire, "encode_payload_frames", None)
         write_payload_frames = getattr(_cwire, "write_payload_frames", None)
+        trim_heap = _cwire.trim_heap

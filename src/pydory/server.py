@@ -87,6 +87,7 @@ class Server:
         self.inputs = parts.inputs
         self.overload = parts.overload
         self.spool_life = parts.spool_life
+        self.heap_trim = parts.heap_trim
         self.status: StatusServer | None = None
         self.ready = threading.Event()  # set once inputs are open (for tests and tools)
         # ... and this once the first metadata is in (the daemon routes from then on).
@@ -125,6 +126,8 @@ class Server:
             self.overload.inputs_opened()
             self.status = StatusServer(self.status_view(), count=self.counters.inc)
             await self.status.start()
+            self.heap_trim.start(loop)
+            self.heap_trim.after_start_up()  # before "ready": what start-up freed goes back
             self.ready.set()
             log.log(25, "pydory ready; bootstrap %s", self.config.bootstrap_servers)
             # Type=notify: the inputs and pages are open. Metadata may not be in yet, as
@@ -144,6 +147,7 @@ class Server:
                     task.cancel()
         finally:
             self._tasks = None
+            self.heap_trim.stop()
             if metadata is not None and not metadata.done():
                 metadata.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

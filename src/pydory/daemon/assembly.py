@@ -3,9 +3,9 @@
 :func:`assemble` wires the data path once: the books and their counters, the memory pool,
 the rate limiter, the router and the metadata service, the spool and its write-ahead (when
 the config names a spool directory), the dispatcher with its delivery ledger, the intake,
-the inputs, the overload policy and the spool's life on the loop. It starts nothing:
-``Server`` runs what it returns (opens the spool and the inputs, starts the background
-tasks, stops it all).
+the inputs, the overload policy, the spool's life on the loop and the heap's trim. It
+starts nothing: ``Server`` runs what it returns (opens the spool and the inputs, starts the
+background tasks, stops it all).
 
 Which tokens count a message follows from the spool: with one, the write-ahead's (settling
 a message settles its spool segment as well as the commit point); without, the commit
@@ -43,6 +43,7 @@ from pydory.daemon.delivery.librdkafka_settings import delivery_settings, produc
 from pydory.daemon.delivery.metadata import MetadataService
 from pydory.daemon.delivery.outcomes import DeliveryLedger
 from pydory.daemon.delivery.router import Router
+from pydory.daemon.heap_trim import HeapTrim
 from pydory.daemon.inputs.input_set import InputSet
 from pydory.daemon.spool.disk_worker import DiskWorker
 from pydory.daemon.spool.identity import MessageIds, new_incarnation, resolve_host_id
@@ -75,6 +76,7 @@ class Components:
     inputs: InputSet
     overload: Overload
     spool_life: SpoolLifecycle
+    heap_trim: HeapTrim
 
 
 def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Components:
@@ -132,6 +134,8 @@ def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Componen
         commit_point if write_ahead is None else write_ahead, pool.shares, tallies=write_ahead
     )
     metadata = MetadataService(settings.properties(), router, **metadata_timings(config))
+    # Asks the dispatcher (made next) whether librdkafka holds messages, once it runs.
+    heap_trim = HeapTrim(busy=lambda: dispatcher.in_librdkafka() > 0)
     dispatcher = Dispatcher(
         settings,
         functools.partial(producer_profile, config),
@@ -145,6 +149,7 @@ def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Componen
         in_flight_by_topic=books.in_flight_by_topic,
         msg_debug=msg_debug,
         kept_on_disk=(lambda token: False) if write_ahead is None else write_ahead.in_spool,
+        on_quiet=heap_trim.quiet,
     )
     intake = Intake(
         books=books,
@@ -194,6 +199,7 @@ def assemble(config: Config, *, create_topic: Callable[[str], None]) -> Componen
         inputs=inputs,
         overload=overload,
         spool_life=spool_life,
+        heap_trim=heap_trim,
     )
 
 

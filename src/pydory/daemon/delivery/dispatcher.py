@@ -96,10 +96,12 @@ class Dispatcher:
         in_flight_by_topic: Callable[[], Mapping[str, int]] | None = None,
         msg_debug: MsgDebug | None = None,
         kept_on_disk: Callable[[int], bool] = lambda token: False,
+        on_quiet: Callable[[], None] = lambda: None,
     ) -> None:
         """``in_flight_by_topic`` (the books' accepted, unsettled messages per topic) lets
         the statistics tell how many wait for a produce request; ``kept_on_disk(token)``:
-        in the spool, so a shutdown that cannot deliver it leaves it for the next start."""
+        in the spool, so a shutdown that cannot deliver it leaves it for the next start;
+        ``on_quiet()``: librdkafka has just settled the last message it held."""
         self._settings = settings
         self._profile_for = profile_for
         self._router = router
@@ -121,6 +123,8 @@ class Dispatcher:
         self._in_flight_by_topic = in_flight_by_topic
         self._msg_debug = msg_debug if msg_debug is not None else MsgDebug.disabled()
         self._kept_on_disk = kept_on_disk
+        self._on_quiet = on_quiet
+        self._busy = False  # librdkafka held messages at the last poll
         # The newest token sent (tokens never decrease in send order): the
         # possible-duplicate window (settlement) opens up to it.
         self._newest_token = 0
@@ -207,6 +211,7 @@ class Dispatcher:
         self._newest_token = token
         if not self._poll_scheduled:
             self._poll_scheduled = True
+            self._busy = True  # so the poll that finds it all settled calls on_quiet
             assert self._loop is not None, "Dispatcher.start() was not called"
             self._loop.call_soon(self._poll)
 
@@ -400,6 +405,9 @@ class Dispatcher:
         busy = self.in_librdkafka() > 0
         if not busy:
             self._settlement.close_window()  # everything sent before the failure has settled
+            if self._busy:
+                self._on_quiet()
+        self._busy = busy
         self._arm_poll_timer(BUSY_POLL_INTERVAL_S if busy else IDLE_POLL_INTERVAL_S)
 
     def _on_reports_ready(self) -> None:
