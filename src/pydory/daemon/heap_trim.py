@@ -4,7 +4,7 @@ Why: glibc returns freed heap memory to the system only from the top of its heap
 start-up frees (the config's parse, the first metadata) and what a load frees (librdkafka's
 copies of the messages, the pool's bytes) stays resident when a live chunk sits above it.
 ``malloc_trim(0)`` gives those free pages back. Measured (BENCHMARKS.md, "Session 16"):
-idle after start-up 57.5 -> 56.9 MB; after 1,000,000 messages 60.5 -> 59.0 MB.
+idle after start-up 57.4 -> 56.3-56.6 MB; after 1,000,000 messages 61.6 -> 58.7 MB.
 
 When: once at the end of start-up (``after_start_up``, before the daemon says it is
 ready), and each time librdkafka has delivered everything it held after a load (the
