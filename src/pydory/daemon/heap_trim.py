@@ -12,8 +12,8 @@ dispatcher's ``on_quiet``), ``QUIET_DELAY_S`` later if it is still quiet then, a
 once per ``MIN_INTERVAL_S``: a trim walks the heap's free chunks on the loop, so a load
 that stops and starts many times a second never pays it more often than that.
 
-Rule: only this module trims the heap, and only while the daemon holds no message in
-librdkafka.
+Rule: only :class:`HeapTrim` trims the heap, and only while the daemon holds no message
+in librdkafka.
 """
 
 from __future__ import annotations
