@@ -119,6 +119,19 @@ def test_the_end_of_start_up_trims_at_once_and_starts_the_interval(
     assert daemon.trimmed == 2
 
 
+def test_a_start_up_that_left_messages_in_librdkafka_trims_once_they_are_delivered(
+    setup: tuple[HeapTrim, Timers, Daemon],
+) -> None:
+    trim, timers, daemon = setup
+    daemon.busy = True  # the spool's replay handed messages over
+    trim.after_start_up()
+    assert daemon.trimmed == 0
+    daemon.busy = False
+    trim.quiet()
+    assert timers.fire() == QUIET_DELAY_S
+    assert daemon.trimmed == 1
+
+
 def test_nothing_is_trimmed_before_start_or_after_stop(
     setup: tuple[HeapTrim, Timers, Daemon],
 ) -> None:

@@ -60,8 +60,10 @@ class HeapTrim:
         self._loop = loop
 
     def after_start_up(self) -> None:
-        """Start-up is over: what it freed goes back now."""
-        self._trim_now()
+        """Start-up is over: what it freed goes back now (or, if the spool's replay left
+        messages in librdkafka, once they are delivered: their end calls ``quiet``)."""
+        if not self._busy():
+            self._trim_now()
 
     def stop(self) -> None:
         if self._timer is not None:
