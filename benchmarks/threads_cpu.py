@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from instructions import CELLS  # a sibling script, not a package
 
 #: Shown in the table, in this order (others are kept in the JSON).
-THREADS = ("python", "rdk:broker", "pydory-drain")
+THREADS = ("python", "rdk:broker", "pydory-drain", "pydory-sdrain")
 
 
 def thread_ticks(pid: int) -> dict[str, tuple[str, int, int]]:
@@ -60,7 +60,14 @@ def per_name(before: dict[str, tuple[str, int, int]], after: dict[str, tuple[str
     return {name: ticks for name, ticks in spent.items() if sum(ticks) > 0}
 
 
-def one_run(tree: str, cell: str, spool: str, messages: int, rate: float | None) -> dict[str, Any]:
+def one_run(
+    tree: str,
+    cell: str,
+    spool: str,
+    messages: int,
+    rate: float | None,
+    daemon_cpus: str | None = None,
+) -> dict[str, Any]:
     transport, batch = CELLS[cell]
     settings = BenchSettings(
         transport=transport,
@@ -71,6 +78,7 @@ def one_run(tree: str, cell: str, spool: str, messages: int, rate: float | None)
         daemon_source=Path(tree).resolve(),
         spool=(spool,),
         rate=rate,
+        daemon_cpus=daemon_cpus,
     )
     plain_cpu_seconds = procfs.cpu_seconds
     readings: list[dict[str, tuple[str, int, int]]] = []
@@ -91,7 +99,10 @@ def one_run(tree: str, cell: str, spool: str, messages: int, rate: float | None)
         "spool": spool,
         "messages": messages,
         "offered_msgs_per_s": rate,
+        "daemon_cpus": daemon_cpus,
+        "stream_drain": os.environ.get("PYDORY_STREAM_DRAIN", ""),
         "delivered": run.delivered,
+        "msgs_per_s": run.msgs_per_s,
         "cpu_us_per_msg": run.cpu_us_per_msg,
         "system_us_per_msg": run.system_us_per_msg,
         "load": os.getloadavg()[0],
@@ -100,17 +111,19 @@ def one_run(tree: str, cell: str, spool: str, messages: int, rate: float | None)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| tree | runs | CPU µs/msg | " + " | ".join(f"{t} ticks" for t in THREADS) + " |"]
-    lines.append("|---" * (3 + len(THREADS)) + "|")
+    names = " | ".join(f"{t} ticks" for t in THREADS)
+    lines = [f"| tree | runs | msgs/s | CPU µs/msg | {names} |"]
+    lines.append("|---" * (4 + len(THREADS)) + "|")
     for tree in dict.fromkeys(row["tree"] for row in rows):
         mine = [row for row in rows if row["tree"] == tree]
         cpu = statistics.median(row["cpu_us_per_msg"] for row in mine)
+        rate = statistics.median(row["msgs_per_s"] for row in mine)
         ticks = [
             statistics.median(sum(row["thread_ticks"].get(name, (0, 0))) for row in mine)
             for name in THREADS
         ]
         cells = " | ".join(f"{t:g}" for t in ticks)
-        lines.append(f"| {tree} | {len(mine)} | {cpu:.2f} | {cells} |")
+        lines.append(f"| {tree} | {len(mine)} | {rate:,.0f} | {cpu:.2f} | {cells} |")
     return "\n".join(lines)
 
 
@@ -121,6 +134,7 @@ def main() -> int:
     parser.add_argument("--spool", default="off", help="off, or an fsync interval in ms")
     parser.add_argument("--rate", type=float, help="messages/s offered, paced (default: max)")
     parser.add_argument("--messages", "-n", type=int, default=600_000)
+    parser.add_argument("--daemon-cpus", help="the daemon's CPU list (taskset), e.g. 1")
     parser.add_argument("--rounds", "-r", type=int, default=4)
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
@@ -129,7 +143,7 @@ def main() -> int:
     rows = []
     for round_number in range(args.rounds):
         for tree in trees if round_number % 2 == 0 else trees[::-1]:
-            row = one_run(tree, args.cell, args.spool, args.messages, args.rate)
+            row = one_run(tree, args.cell, args.spool, args.messages, args.rate, args.daemon_cpus)
             row["tree"] = names[tree]
             rows.append(row)
             with args.output.open("a") as out:
