@@ -386,3 +386,34 @@ def test_a_drained_connection_ends_after_its_last_message(
 
     with using("sdrain"):
         uvloop.run(scenario())
+
+
+@pytest.mark.parametrize("implementation", ["compiled", "sdrain"])
+def test_a_reset_ends_the_connection_after_its_messages_as_the_transport_says_it(
+    tmp_path_factory: pytest.TempPathFactory, implementation: str
+) -> None:
+    """A client that closes with bytes unread on its side resets the connection: its
+    messages are handed on, then connection_closed is told the error, whoever reads."""
+    path = os.path.join(str(tmp_path_factory.mktemp("s")), "s")
+    sent = messages("r", 200)
+
+    async def scenario() -> None:
+        intake = FramedIntake()
+        stream_input = StreamInput(Transport.UNIX_STREAM, 1 << 20, intake, path=path)
+        await stream_input.start(asyncio.get_running_loop())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(path)
+            client.sendall(sent[0])
+            await intake.until(lambda: len(intake.framed) == 1)
+            [connection] = stream_input.connections()
+            assert connection.drained == (implementation == "sdrain")
+            os.write(connection.fd, b"unread")  # (the daemon never writes: the reset's cause)
+            client.sendall(b"".join(sent[1:]))
+        await intake.until(lambda: intake.closed == 1)
+        assert intake.framed == sent
+        [error] = intake.errors
+        assert isinstance(error, ConnectionResetError)
+        await stream_input.close()
+
+    with using(implementation):
+        uvloop.run(scenario())
