@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from instructions import CELLS  # a sibling script, not a package
 
 #: Shown in the table, in this order (others are kept in the JSON).
-THREADS = ("python", "rdk:broker", "pydory-drain")
+THREADS = ("python", "rdk:broker", "pydory-drain", "pydory-sdrain")
 
 
 Reading = tuple[str, int, int, int, int]  # name, utime, stime, voluntary, involuntary
@@ -120,12 +120,13 @@ def one_run(
         "spool": spool,
         "messages": messages,
         "offered_msgs_per_s": rate,
+        "daemon_cpus": cpus,
+        "stream_drain": os.environ.get("PYDORY_STREAM_DRAIN", ""),
         "delivered": run.delivered,
+        "msgs_per_s": run.msgs_per_s,
         "cpu_us_per_msg": run.cpu_us_per_msg,
         "system_us_per_msg": run.system_us_per_msg,
         "load": os.getloadavg()[0],
-        "daemon_cpus": cpus,
-        "msgs_per_s": run.msgs_per_s,
         "thread_ticks": per_name(readings[0], readings[-1]),
         "read_calls": calls[-1][0] - calls[0][0],
         "write_calls": calls[-1][1] - calls[0][1],
@@ -133,17 +134,19 @@ def one_run(
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| tree | runs | CPU µs/msg | " + " | ".join(f"{t} ticks" for t in THREADS) + " |"]
-    lines.append("|---" * (3 + len(THREADS)) + "|")
+    names = " | ".join(f"{t} ticks" for t in THREADS)
+    lines = [f"| tree | runs | msgs/s | CPU µs/msg | {names} |"]
+    lines.append("|---" * (4 + len(THREADS)) + "|")
     for tree in dict.fromkeys(row["tree"] for row in rows):
         mine = [row for row in rows if row["tree"] == tree]
         cpu = statistics.median(row["cpu_us_per_msg"] for row in mine)
+        rate = statistics.median(row["msgs_per_s"] for row in mine)
         ticks = [
             statistics.median(sum(row["thread_ticks"].get(name, (0, 0))[:2]) for row in mine)
             for name in THREADS
         ]
         cells = " | ".join(f"{t:g}" for t in ticks)
-        lines.append(f"| {tree} | {len(mine)} | {cpu:.2f} | {cells} |")
+        lines.append(f"| {tree} | {len(mine)} | {rate:,.0f} | {cpu:.2f} | {cells} |")
     return "\n".join(lines)
 
 

@@ -12,11 +12,16 @@ which patches the names the daemon's modules bound at import (the intake's
 sets ``PYDORY_PURE_PYTHON`` for a daemon started as a process of its own. The compiled
 variant is skipped where the extension is not built (test_cwire.py requires it to be
 wherever a C compiler is).
+
+With ``PYDORY_TESTS_STREAM_DRAIN=1`` in the suite's environment, every module on both hot
+paths runs a third time, ``"sdrain"``: compiled, the UNIX stream connections read by a
+thread (pydory.daemon.inputs.stream_drain, off by default in the daemon).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,10 +30,14 @@ import pytest
 
 from pydory import hotpath, wire
 from pydory.daemon.admission import burst_path, intake
-from pydory.daemon.inputs import datagram, datagram_drain, stream_connection
+from pydory.daemon.inputs import datagram, datagram_drain, stream_connection, stream_drain
 from pydory.daemon.spool import identity
 
-IMPLEMENTATIONS = ("pure", "compiled")
+#: The suite's switch that adds "sdrain" to IMPLEMENTATIONS (the module's docstring).
+STREAM_DRAIN_TESTS_VARIABLE = "PYDORY_TESTS_STREAM_DRAIN"
+IMPLEMENTATIONS: tuple[str, ...] = ("pure", "compiled") + (
+    ("sdrain",) if os.environ.get(STREAM_DRAIN_TESTS_VARIABLE) == "1" else ()
+)
 #: For the datagram input's tests: also the compiled path with the socket drained by a
 #: thread (pydory.daemon.inputs.datagram_drain, the daemon's default where compiled).
 DATAGRAM_IMPLEMENTATIONS = ("pure", "compiled", "drain")
@@ -44,13 +53,15 @@ def compiled_module() -> Any:
 
 @contextmanager
 def using(name: str) -> Iterator[None]:
-    """Run the daemon's hot path on implementation ``name`` ("pure", "compiled", or
-    "drain": compiled, the datagram socket drained by a thread)."""
+    """Run the daemon's hot path on implementation ``name`` ("pure", "compiled", "drain":
+    compiled, the datagram socket drained by a thread, or "sdrain": compiled, the UNIX
+    stream connections read by a thread)."""
     cwire = compiled_module()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(datagram_drain.DRAIN_VARIABLE, "0")  # "compiled": the loop's reader
-        drain = None
-        if name in ("compiled", "drain"):
+        patch.setenv(stream_drain.DRAIN_VARIABLE, "0")  # the transports read the streams
+        drain = stream_reader = None
+        if name in ("compiled", "drain", "sdrain"):
             if cwire is None:
                 pytest.skip("the C extension pydory._cwire is not built here")
             parse_burst = hotpath._compiled_parse_burst(cwire.parse_burst)
@@ -61,6 +72,9 @@ def using(name: str) -> Iterator[None]:
             if name == "drain":
                 drain = cwire.DatagramDrain
                 patch.setenv(datagram_drain.DRAIN_VARIABLE, "1")
+            if name == "sdrain":
+                stream_reader = cwire.StreamDrain
+                patch.setenv(stream_drain.DRAIN_VARIABLE, "1")
         else:
             parse_burst, framer, reader = hotpath._pure_parse_burst, wire.StreamFramer, None
             whole = (list,)
@@ -73,6 +87,7 @@ def using(name: str) -> Iterator[None]:
         patch.setattr(datagram, "DatagramReader", reader)
         patch.setattr(identity, "identity_headers", headers)
         patch.setattr(datagram_drain, "DRAIN", drain)
+        patch.setattr(stream_drain, "DRAIN", stream_reader)
         yield
 
 

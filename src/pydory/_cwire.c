@@ -13,6 +13,9 @@
  *                  a max_size of 256 KiB or more, one at a time, its size peeked first,
  *                  a large one's memory taken when it arrives. read_runs(): the same,
  *                  with each datagram's sender (SCM_CREDENTIALS) as runs of one uid.
+ *   StreamDrain    a thread of its own doing the UNIX stream connections' reads into a
+ *                  bounded pool of chunks, each connection's bytes taken by the loop a
+ *                  read's worth a turn (issue 34, lever 1, for the streams).
  *   parse_any_partition_burst(frames, topic_cache)
  *                  [wire.parse_any_partition(f) for f in frames], the topic looked up in
  *                  wire's cache of legal topics (the same dict), None for anything the
@@ -1199,6 +1202,777 @@ static PyTypeObject DrainType = {
     .tp_getset = Drain_getset,
 };
 
+/* --- StreamDrain ------------------------------------------------------------------------- */
+
+/* A thread of its own that does the UNIX stream connections' reads (issue 34, lever 1, for
+ * the streams: ARCHITECTURE.md), so that the kernel's per-skb work of a read (one skb per
+ * client write) runs off the loop thread and off the GIL, and the loop takes a connection's
+ * bytes in chunks gathered while it was busy.
+ *
+ * The thread never touches a Python object and never takes the GIL. It owns an epoll set
+ * (level-triggered) of *duplicates* of the connections' sockets (made at add(), closed at
+ * remove() once no read of it is in flight: the loop's transport may close its own
+ * descriptor whenever it likes, and a number the process reuses is never read here; a
+ * connection that may not be read now, paused or full, is out of the set, so that it wakes
+ * nobody), a control eventfd, and a pool of at most SDRAIN_CHUNKS chunks of SDRAIN_CHUNK_BYTES
+ * (malloc'd when first needed, then kept on a free list): all it holds, whatever the number
+ * of connections. Each connection keeps its bytes as a FIFO of chunks, at most
+ * SDRAIN_CONNECTION_BYTES. The thread reads the readable connections in turn, one read of
+ * at most a chunk each (round robin), into a chunk of its own, then keeps the bytes in the
+ * connection's last chunk when they fit, else that chunk becomes its last. It does not read
+ * a connection that is paused, full, or ended, nor any when no chunk is free: then the
+ * kernel's buffer of that connection fills and its sender blocks, as with a loop that reads
+ * no more.
+ *
+ * The loop learns through an eventfd (wake_fd), written when its ready queue (connections
+ * holding bytes or an end, not paused) goes from empty to not empty. ready() hands the queue
+ * over as it is (a snapshot: each connection once per call); take(token, limit) hands up to
+ * limit of that connection's bytes, and its end (0: EOF, or an errno) once every byte before
+ * it is handed; a connection still holding bytes is queued again. pause(token) stops both
+ * the thread reading it (a read in flight finishes) and the loop taking from it;
+ * resume(token) undoes it. remove(token) waits out a read of it in flight, closes the
+ * duplicate and hands back everything held (a close or a shutdown: nothing read is dropped
+ * unless the caller drops it). unread(token) is the kernel's unread bytes (FIONREAD) plus
+ * what is held, taken with no read of it in flight, so that no byte is counted twice or not
+ * at all (the commit point's marks). Every method holds the GIL; the lock is never held
+ * while an object the collector tracks is made (a collection could run a finalizer that
+ * calls back in). */
+#include <fcntl.h>
+#include <stddef.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+
+#ifndef SDRAIN_CHUNKS
+#define SDRAIN_CHUNKS 16
+#endif
+#if SDRAIN_CHUNKS < 3 /* the thread reads into one while connections hold the others */
+#error "SDRAIN_CHUNKS must be at least 3"
+#endif
+#define SDRAIN_CHUNK_BYTES (64 * 1024)
+#define SDRAIN_CONNECTION_BYTES (2 * SDRAIN_CHUNK_BYTES)
+#define SDRAIN_EVENTS 64
+#define SDRAIN_CONTROL UINT64_MAX /* the control eventfd's epoll data (no token is) */
+#define SDRAIN_NO_END (-1)
+
+typedef struct SChunk {
+    struct SChunk *next;
+    size_t start, end; /* the bytes not taken yet: data[start:end] */
+    unsigned char data[SDRAIN_CHUNK_BYTES];
+} SChunk;
+
+typedef struct SLink {
+    struct SLink *prev, *next; /* next is NULL when not in a list */
+} SLink;
+
+typedef struct {
+    int fd; /* the drain's duplicate of the connection's socket */
+    uint32_t slot, generation;
+    int paused;      /* the loop's: neither read nor taken */
+    int armed;       /* in the epoll set (not while paused, full or ended) */
+    int readable;    /* epoll said so, and no read found it empty since */
+    int reading;     /* the thread is in a read of it (without the lock) */
+    int end;         /* SDRAIN_NO_END, 0 (EOF) or an errno: handed after its last byte */
+    int end_handed;
+    size_t held;
+    SChunk *head, *tail;
+    SLink to_read, to_take; /* in the thread's readable list, the loop's ready queue */
+} SConn;
+
+typedef struct {
+    PyObject_HEAD
+    int epoll_fd, wake_fd, control_fd;
+    pthread_t thread;
+    int started, joined;
+    pthread_mutex_t lock;
+    pthread_cond_t read_done;
+    int lock_ready;
+    /* Under lock: */
+    SConn **table;
+    uint32_t table_size, generation;
+    SLink to_read, to_take;
+    Py_ssize_t ready_count, connections;
+    SChunk *free_chunks, *spare; /* spare: the thread's chunk to read into */
+    int chunks_made;
+    pthread_cond_t room; /* a chunk may be free again */
+    int stopping, sleeping, control_written, starved;
+    int error; /* an epoll_wait failure that ended the thread */
+    size_t held;
+    unsigned long long reads, bytes, empties, takes, waits_for_chunks, ends;
+} StreamDrain;
+
+#define SCONN_OF(link, field) ((SConn *)(void *)((char *)(link) - offsetof(SConn, field)))
+
+static void slist_init(SLink *list) { list->prev = list->next = list; }
+static int slist_empty(const SLink *list) { return list->next == list; }
+static int slinked(const SLink *link) { return link->next != NULL; }
+
+static void slist_append(SLink *list, SLink *link) {
+    link->prev = list->prev, link->next = list;
+    list->prev->next = link, list->prev = link;
+}
+
+static void slist_prepend(SLink *list, SLink *link) {
+    link->next = list->next, link->prev = list;
+    list->next->prev = link, list->next = link;
+}
+
+static void slist_remove(SLink *link) {
+    if (link->next == NULL) return;
+    link->prev->next = link->next, link->next->prev = link->prev;
+    link->next = link->prev = NULL;
+}
+
+static uint64_t sconn_token(const SConn *conn) {
+    return (uint64_t)conn->generation << 32 | conn->slot;
+}
+
+static SConn *sconn_of(StreamDrain *self, unsigned long long token) {
+    uint32_t slot = (uint32_t)(token & 0xffffffffu);
+    if (slot >= self->table_size || self->table[slot] == NULL) return NULL;
+    SConn *conn = self->table[slot];
+    return conn->generation == (uint32_t)(token >> 32) ? conn : NULL;
+}
+
+/* Wakes the thread from epoll_wait (under lock; once until it reads the control fd). */
+static void sdrain_nudge(StreamDrain *self) {
+    if (!self->sleeping || self->control_written || slist_empty(&self->to_read)) return;
+    uint64_t one = 1;
+    ssize_t ignored = write(self->control_fd, &one, sizeof one);
+    (void)ignored;
+    self->control_written = 1;
+}
+
+static int sconn_may_read(const SConn *conn) {
+    return conn->readable && !conn->paused && conn->end == SDRAIN_NO_END &&
+           conn->held < SDRAIN_CONNECTION_BYTES;
+}
+
+/* In the epoll set exactly while it may be read (under lock). Out of it, not even a peer's
+ * close (EPOLLHUP, reported whatever is asked) wakes the thread; put back, epoll reports
+ * at once what waits. */
+static void sconn_arm(StreamDrain *self, SConn *conn) {
+    int want = !conn->paused && conn->end == SDRAIN_NO_END && conn->held < SDRAIN_CONNECTION_BYTES;
+    if (want == conn->armed) return;
+    struct epoll_event event = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = sconn_token(conn)};
+    if (epoll_ctl(self->epoll_fd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, conn->fd, &event) == 0)
+        conn->armed = want;
+}
+
+/* A chunk may be free again: the thread, if it waits for one, looks (under lock). */
+static void sdrain_room(StreamDrain *self) {
+    if (!self->starved) return;
+    self->starved = 0;
+    pthread_cond_signal(&self->room);
+}
+
+/* Under lock: in the thread's list if it may be read now. */
+static void sconn_want_read(StreamDrain *self, SConn *conn) {
+    if (!sconn_may_read(conn) || slinked(&conn->to_read)) return;
+    slist_append(&self->to_read, &conn->to_read);
+    sdrain_nudge(self);
+}
+
+/* Under lock: in the loop's queue if it holds something to take and is not paused. */
+static void sconn_want_take(StreamDrain *self, SConn *conn) {
+    int holds = conn->held > 0 || (conn->end != SDRAIN_NO_END && !conn->end_handed);
+    if (conn->paused || !holds || slinked(&conn->to_take)) return;
+    slist_append(&self->to_take, &conn->to_take);
+    if (self->ready_count++ == 0) {
+        uint64_t one = 1;
+        ssize_t ignored = write(self->wake_fd, &one, sizeof one);
+        (void)ignored;
+    }
+}
+
+static void sconn_unqueue(StreamDrain *self, SConn *conn) {
+    if (!slinked(&conn->to_take)) return;
+    slist_remove(&conn->to_take);
+    self->ready_count--;
+}
+
+/* A free chunk, or NULL: all SDRAIN_CHUNKS in use, or no memory (under lock). */
+static SChunk *schunk_get(StreamDrain *self) {
+    SChunk *chunk = self->free_chunks;
+    if (chunk != NULL) {
+        self->free_chunks = chunk->next;
+    } else {
+        if (self->chunks_made >= SDRAIN_CHUNKS || (chunk = malloc(sizeof *chunk)) == NULL)
+            return NULL;
+        self->chunks_made++;
+    }
+    chunk->next = NULL, chunk->start = chunk->end = 0;
+    return chunk;
+}
+
+static void schunk_put(StreamDrain *self, SChunk *chunk) {
+    chunk->next = self->free_chunks;
+    self->free_chunks = chunk;
+}
+
+/* Copies `n` of the connection's bytes to `to`, giving emptied chunks back (under lock). */
+static void sconn_copy_out(StreamDrain *self, SConn *conn, char *to, size_t n) {
+    conn->held -= n, self->held -= n;
+    while (n > 0) {
+        SChunk *chunk = conn->head;
+        size_t part = chunk->end - chunk->start;
+        if (part > n) part = n;
+        memcpy(to, chunk->data + chunk->start, part);
+        to += part, n -= part, chunk->start += part;
+        if (chunk->start == chunk->end) {
+            conn->head = chunk->next;
+            if (conn->head == NULL) conn->tail = NULL;
+            schunk_put(self, chunk);
+        }
+    }
+}
+
+/* Keeps `got` bytes the thread read into its spare chunk (under lock). */
+static void sconn_keep(StreamDrain *self, SConn *conn, size_t got) {
+    SChunk *tail = conn->tail, *chunk = self->spare;
+    if (tail != NULL && SDRAIN_CHUNK_BYTES - tail->end >= got) {
+        memcpy(tail->data + tail->end, chunk->data, got); /* the spare stays the thread's */
+        tail->end += got;
+    } else {
+        chunk->start = 0, chunk->end = got, chunk->next = NULL;
+        if (tail != NULL)
+            tail->next = chunk;
+        else
+            conn->head = chunk;
+        conn->tail = chunk;
+        self->spare = NULL;
+    }
+    conn->held += got, self->held += got;
+}
+
+/* One read of `conn` into the spare chunk: under lock on entry and on return. */
+static void sdrain_read(StreamDrain *self, SConn *conn) {
+    size_t want = SDRAIN_CONNECTION_BYTES - conn->held;
+    if (want > SDRAIN_CHUNK_BYTES) want = SDRAIN_CHUNK_BYTES;
+    unsigned char *into = self->spare->data;
+    int fd = conn->fd;
+    conn->reading = 1;
+    pthread_mutex_unlock(&self->lock);
+    ssize_t got = recv(fd, into, want, MSG_DONTWAIT);
+    int failure = got < 0 ? errno : 0;
+    pthread_mutex_lock(&self->lock);
+    conn->reading = 0;
+    pthread_cond_broadcast(&self->read_done); /* remove() and unread() wait for it */
+    self->reads++;
+    if (got > 0) {
+        self->bytes += (unsigned long long)got;
+        sconn_keep(self, conn, (size_t)got);
+        if ((size_t)got < want) conn->readable = 0; /* epoll says when there is more */
+        sconn_arm(self, conn);                      /* out of the set once full */
+        sconn_want_read(self, conn);                /* else to the back: round robin */
+        sconn_want_take(self, conn);
+    } else if (failure == EINTR) {
+        sconn_want_read(self, conn);
+    } else if (failure == EAGAIN || failure == EWOULDBLOCK) {
+        conn->readable = 0;
+        self->empties++;
+    } else { /* 0: EOF; else an error (ECONNRESET...): after the bytes held */
+        conn->end = got == 0 ? 0 : failure;
+        conn->readable = 0;
+        self->ends++;
+        sconn_arm(self, conn); /* out of the set for good */
+        sconn_want_take(self, conn);
+    }
+}
+
+/* The next connection to read (taken out of the list), or NULL; those that may not be read
+ * now leave the list (resume() or a take puts them back). Under lock. */
+static SConn *sdrain_next(StreamDrain *self) {
+    while (!slist_empty(&self->to_read)) {
+        SLink *link = self->to_read.next;
+        slist_remove(link);
+        SConn *conn = SCONN_OF(link, to_read);
+        if (sconn_may_read(conn)) return conn;
+    }
+    return NULL;
+}
+
+static void sdrain_event(StreamDrain *self, uint64_t data) {
+    if (data == SDRAIN_CONTROL) {
+        uint64_t count;
+        ssize_t ignored = read(self->control_fd, &count, sizeof count);
+        (void)ignored;
+        self->control_written = 0;
+        return;
+    }
+    SConn *conn = sconn_of(self, data);
+    if (conn == NULL || conn->end != SDRAIN_NO_END) return; /* removed meanwhile */
+    conn->readable = 1;
+    sconn_want_read(self, conn);
+}
+
+static void *sdrain_main(void *arg) {
+    StreamDrain *self = arg;
+    struct epoll_event events[SDRAIN_EVENTS];
+    pthread_mutex_lock(&self->lock);
+    while (!self->stopping) {
+        SConn *conn = sdrain_next(self);
+        if (conn != NULL && self->spare == NULL && (self->spare = schunk_get(self)) == NULL) {
+            /* No chunk: wait for a take to free one (not in epoll_wait: the readable
+             * connections would wake it at once), then read this one first. */
+            slist_prepend(&self->to_read, &conn->to_read);
+            self->waits_for_chunks++;
+            self->starved = 1;
+            while (self->starved && !self->stopping) pthread_cond_wait(&self->room, &self->lock);
+            continue;
+        }
+        if (conn != NULL) {
+            sdrain_read(self, conn);
+            continue;
+        }
+        self->sleeping = 1;
+        pthread_mutex_unlock(&self->lock);
+        int got = epoll_wait(self->epoll_fd, events, SDRAIN_EVENTS, -1);
+        int failure = got < 0 ? errno : 0;
+        pthread_mutex_lock(&self->lock);
+        self->sleeping = 0;
+        for (int i = 0; i < got; i++) sdrain_event(self, events[i].data.u64);
+        if (failure != 0 && failure != EINTR) { /* a bug, not a client: the loop is told */
+            self->error = failure;
+            uint64_t one = 1;
+            ssize_t ignored = write(self->wake_fd, &one, sizeof one);
+            (void)ignored;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&self->lock);
+    return NULL;
+}
+
+static void sdrain_stop(StreamDrain *self) {
+    if (!self->started || self->joined) return;
+    pthread_mutex_lock(&self->lock);
+    self->stopping = 1;
+    pthread_cond_signal(&self->room);
+    pthread_mutex_unlock(&self->lock);
+    uint64_t one = 1;
+    ssize_t ignored = write(self->control_fd, &one, sizeof one);
+    (void)ignored;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(self->thread, NULL);
+    Py_END_ALLOW_THREADS
+    self->joined = 1;
+}
+
+static void sconn_free(StreamDrain *self, SConn *conn) {
+    while (conn->head != NULL) {
+        SChunk *chunk = conn->head;
+        conn->head = chunk->next;
+        schunk_put(self, chunk);
+    }
+    self->held -= conn->held;
+    conn->held = 0;
+    if (conn->fd >= 0) close(conn->fd);
+    free(conn);
+}
+
+static PyObject *SDrain_new(PyTypeObject *type, PyObject *Py_UNUSED(args),
+                            PyObject *Py_UNUSED(kwargs)) {
+    StreamDrain *self = (StreamDrain *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->epoll_fd = self->wake_fd = self->control_fd = -1;
+    slist_init(&self->to_read);
+    slist_init(&self->to_take);
+    return (PyObject *)self;
+}
+
+static int SDrain_init(StreamDrain *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "", names)) return -1;
+    if (self->epoll_fd >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "a StreamDrain is initialised once");
+        return -1;
+    }
+    self->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    self->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    self->control_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->epoll_fd < 0 || self->wake_fd < 0 || self->control_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    struct epoll_event control = {.events = EPOLLIN, .data.u64 = SDRAIN_CONTROL};
+    if (epoll_ctl(self->epoll_fd, EPOLL_CTL_ADD, self->control_fd, &control) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    if (pthread_mutex_init(&self->lock, NULL) != 0 ||
+        pthread_cond_init(&self->read_done, NULL) != 0 ||
+        pthread_cond_init(&self->room, NULL) != 0) {
+        PyErr_SetString(PyExc_OSError, "cannot make the stream drain's lock");
+        return -1;
+    }
+    self->lock_ready = 1;
+    return 0;
+}
+
+static void SDrain_dealloc(StreamDrain *self) {
+    sdrain_stop(self);
+    for (uint32_t slot = 0; slot < self->table_size; slot++)
+        if (self->table[slot] != NULL) sconn_free(self, self->table[slot]);
+    free(self->table);
+    while (self->free_chunks != NULL) {
+        SChunk *chunk = self->free_chunks;
+        self->free_chunks = chunk->next;
+        free(chunk);
+    }
+    free(self->spare);
+    if (self->epoll_fd >= 0) close(self->epoll_fd);
+    if (self->wake_fd >= 0) close(self->wake_fd);
+    if (self->control_fd >= 0) close(self->control_fd);
+    if (self->lock_ready) {
+        pthread_mutex_destroy(&self->lock);
+        pthread_cond_destroy(&self->read_done);
+        pthread_cond_destroy(&self->room);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int sdrain_initialised(StreamDrain *self) {
+    if (self->lock_ready) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "StreamDrain was not initialised");
+    return 0;
+}
+
+static PyObject *SDrain_start(StreamDrain *self, PyObject *Py_UNUSED(ignored)) {
+    if (!sdrain_initialised(self)) return NULL;
+    if (self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "a StreamDrain is started once");
+        return NULL;
+    }
+    int failed = pthread_create(&self->thread, NULL, sdrain_main, self);
+    if (failed != 0) {
+        errno = failed;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    (void)pthread_setname_np(self->thread, "pydory-sdrain");
+    self->started = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *SDrain_stop(StreamDrain *self, PyObject *Py_UNUSED(ignored)) {
+    sdrain_stop(self);
+    Py_RETURN_NONE;
+}
+
+/* add(fd, paused=False) -> token: the thread reads a duplicate of fd from now on. */
+static PyObject *SDrain_add(StreamDrain *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"fd", "paused", NULL};
+    int fd, paused = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i|p", names, &fd, &paused)) return NULL;
+    if (!sdrain_initialised(self)) return NULL;
+    SConn *conn = calloc(1, sizeof *conn);
+    if (conn == NULL) return PyErr_NoMemory();
+    conn->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (conn->fd < 0) {
+        free(conn);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    conn->end = SDRAIN_NO_END, conn->paused = paused, conn->readable = 1;
+    pthread_mutex_lock(&self->lock);
+    uint32_t slot = 0;
+    while (slot < self->table_size && self->table[slot] != NULL) slot++;
+    if (slot == self->table_size) {
+        uint32_t size = self->table_size ? 2 * self->table_size : 16;
+        SConn **table = realloc(self->table, size * sizeof *table);
+        if (table == NULL) {
+            pthread_mutex_unlock(&self->lock);
+            close(conn->fd);
+            free(conn);
+            return PyErr_NoMemory();
+        }
+        memset(table + self->table_size, 0, (size - self->table_size) * sizeof *table);
+        self->table = table, self->table_size = size;
+    }
+    if (++self->generation == 0) self->generation = 1;
+    conn->slot = slot, conn->generation = self->generation;
+    uint64_t token = sconn_token(conn);
+    struct epoll_event event = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = token};
+    if (!paused && epoll_ctl(self->epoll_fd, EPOLL_CTL_ADD, conn->fd, &event) < 0) {
+        int failure = errno;
+        pthread_mutex_unlock(&self->lock);
+        close(conn->fd);
+        free(conn);
+        errno = failure;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    conn->armed = !paused;
+    self->table[slot] = conn;
+    self->connections++;
+    sconn_want_read(self, conn);
+    pthread_mutex_unlock(&self->lock);
+    return PyLong_FromUnsignedLongLong(token);
+}
+
+static int token_of(PyObject *arg, unsigned long long *token) {
+    *token = PyLong_AsUnsignedLongLong(arg);
+    return !(*token == (unsigned long long)-1 && PyErr_Occurred());
+}
+
+static PyObject *end_object(int end) {
+    return end == SDRAIN_NO_END ? Py_NewRef(Py_None) : PyLong_FromLong(end);
+}
+
+/* remove(token) -> (bytes, end or None): what is held, the duplicate closed. */
+static PyObject *SDrain_remove(StreamDrain *self, PyObject *arg) {
+    unsigned long long token;
+    if (!token_of(arg, &token) || !sdrain_initialised(self)) return NULL;
+    pthread_mutex_lock(&self->lock);
+    SConn *conn = sconn_of(self, token);
+    while (conn != NULL && conn->reading) {
+        pthread_cond_wait(&self->read_done, &self->lock);
+        conn = sconn_of(self, token);
+    }
+    if (conn == NULL) {
+        pthread_mutex_unlock(&self->lock);
+        return Py_BuildValue("(yO)", "", Py_None);
+    }
+    /* Not tracked by the collector: no finalizer can run (and call back in) here. */
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)conn->held);
+    if (data == NULL) {
+        pthread_mutex_unlock(&self->lock);
+        return NULL;
+    }
+    sconn_copy_out(self, conn, PyBytes_AS_STRING(data), conn->held);
+    int end = conn->end_handed ? SDRAIN_NO_END : conn->end;
+    if (conn->armed) (void)epoll_ctl(self->epoll_fd, EPOLL_CTL_DEL, conn->fd, NULL);
+    slist_remove(&conn->to_read);
+    sconn_unqueue(self, conn);
+    self->table[conn->slot] = NULL;
+    self->connections--;
+    sconn_free(self, conn);
+    sdrain_room(self); /* its chunks are free again */
+    pthread_mutex_unlock(&self->lock);
+    return Py_BuildValue("(NN)", data, end_object(end));
+}
+
+static PyObject *SDrain_pause(StreamDrain *self, PyObject *arg) {
+    unsigned long long token;
+    if (!token_of(arg, &token) || !sdrain_initialised(self)) return NULL;
+    pthread_mutex_lock(&self->lock);
+    SConn *conn = sconn_of(self, token);
+    if (conn != NULL) {
+        conn->paused = 1;
+        sconn_unqueue(self, conn); /* the thread drops it from its list when it meets it */
+        sconn_arm(self, conn);
+    }
+    pthread_mutex_unlock(&self->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *SDrain_resume(StreamDrain *self, PyObject *arg) {
+    unsigned long long token;
+    if (!token_of(arg, &token) || !sdrain_initialised(self)) return NULL;
+    pthread_mutex_lock(&self->lock);
+    SConn *conn = sconn_of(self, token);
+    if (conn != NULL && conn->paused) {
+        conn->paused = 0;
+        sconn_arm(self, conn); /* epoll reports at once what waits in the kernel */
+        sconn_want_take(self, conn);
+        sconn_want_read(self, conn);
+    }
+    pthread_mutex_unlock(&self->lock);
+    Py_RETURN_NONE;
+}
+
+/* ready() -> [token]: the connections to take from now, each once, the queue emptied. */
+static PyObject *SDrain_ready_(StreamDrain *self, PyObject *Py_UNUSED(ignored)) {
+    if (!sdrain_initialised(self)) return NULL;
+    pthread_mutex_lock(&self->lock);
+    uint64_t count;
+    ssize_t ignored = read(self->wake_fd, &count, sizeof count);
+    (void)ignored;
+    int error = self->error;
+    self->error = 0;
+    Py_ssize_t n = self->ready_count;
+    uint64_t *tokens = n > 0 ? malloc((size_t)n * sizeof *tokens) : NULL;
+    if (n > 0 && tokens == NULL) { /* the queue stays, the loop is woken again */
+        uint64_t one = 1;
+        ignored = write(self->wake_fd, &one, sizeof one);
+        pthread_mutex_unlock(&self->lock);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        SLink *link = self->to_take.next;
+        slist_remove(link);
+        tokens[i] = sconn_token(SCONN_OF(link, to_take));
+    }
+    self->ready_count = 0;
+    pthread_mutex_unlock(&self->lock);
+    if (error != 0) {
+        free(tokens);
+        errno = error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list != NULL && i < n; i++) {
+        PyObject *token = PyLong_FromUnsignedLongLong(tokens[i]);
+        if (token == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, token);
+    }
+    if (list == NULL) { /* queued again: their bytes wait for the next call */
+        pthread_mutex_lock(&self->lock);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            SConn *conn = sconn_of(self, tokens[i]);
+            if (conn != NULL) sconn_want_take(self, conn);
+        }
+        pthread_mutex_unlock(&self->lock);
+    }
+    free(tokens);
+    return list;
+}
+
+/* take(token, limit) -> (bytes, end or None): at most limit of its bytes, and its end
+ * once every byte before it is handed; nothing while it is paused. */
+static PyObject *SDrain_take(StreamDrain *self, PyObject *const *args, Py_ssize_t nargs) {
+    unsigned long long token;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "take(token, limit)");
+        return NULL;
+    }
+    if (!token_of(args[0], &token)) return NULL;
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if ((limit == -1 && PyErr_Occurred()) || !sdrain_initialised(self)) return NULL;
+    if (limit < 1) {
+        PyErr_Format(PyExc_ValueError, "limit must be at least 1, got %zd", limit);
+        return NULL;
+    }
+    pthread_mutex_lock(&self->lock);
+    SConn *conn = sconn_of(self, token);
+    if (conn == NULL || conn->paused) {
+        pthread_mutex_unlock(&self->lock);
+        return Py_BuildValue("(yO)", "", Py_None);
+    }
+    size_t n = conn->held < (size_t)limit ? conn->held : (size_t)limit;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n); /* untracked: above */
+    if (data == NULL) {
+        sconn_want_take(self, conn); /* for the next call */
+        pthread_mutex_unlock(&self->lock);
+        return NULL;
+    }
+    sconn_copy_out(self, conn, PyBytes_AS_STRING(data), n);
+    int end = SDRAIN_NO_END;
+    if (conn->held == 0 && conn->end != SDRAIN_NO_END && !conn->end_handed) {
+        end = conn->end;
+        conn->end_handed = 1;
+    }
+    self->takes++;
+    sconn_unqueue(self, conn); /* taken out of turn (not from ready()): back of the queue */
+    sconn_want_take(self, conn);
+    sconn_arm(self, conn); /* room again */
+    sconn_want_read(self, conn);
+    sdrain_room(self); /* chunks again */
+    pthread_mutex_unlock(&self->lock);
+    return Py_BuildValue("(NN)", data, end_object(end));
+}
+
+/* unread(token) -> int: the kernel's unread bytes and those held, with no read in flight. */
+static PyObject *SDrain_unread(StreamDrain *self, PyObject *arg) {
+    unsigned long long token;
+    if (!token_of(arg, &token) || !sdrain_initialised(self)) return NULL;
+    pthread_mutex_lock(&self->lock);
+    SConn *conn = sconn_of(self, token);
+    while (conn != NULL && conn->reading) {
+        pthread_cond_wait(&self->read_done, &self->lock);
+        conn = sconn_of(self, token);
+    }
+    long long unread = 0;
+    if (conn != NULL) {
+        int queued = 0;
+        if (conn->end == SDRAIN_NO_END && ioctl(conn->fd, FIONREAD, &queued) < 0) queued = 0;
+        unread = (long long)queued + (long long)conn->held;
+    }
+    pthread_mutex_unlock(&self->lock);
+    return PyLong_FromLongLong(unread);
+}
+
+/* held(token) -> int: the bytes the drain holds for that connection (read, not taken). */
+static PyObject *SDrain_held(StreamDrain *self, PyObject *arg) {
+    unsigned long long token;
+    if (!token_of(arg, &token) || !sdrain_initialised(self)) return NULL;
+    pthread_mutex_lock(&self->lock);
+    SConn *conn = sconn_of(self, token);
+    size_t held = conn != NULL ? conn->held : 0;
+    pthread_mutex_unlock(&self->lock);
+    return PyLong_FromSize_t(held);
+}
+
+static PyObject *SDrain_stats(StreamDrain *self, PyObject *Py_UNUSED(ignored)) {
+    if (!self->lock_ready) return PyDict_New();
+    pthread_mutex_lock(&self->lock);
+    unsigned long long reads = self->reads, bytes = self->bytes, empties = self->empties,
+                       takes = self->takes, waits = self->waits_for_chunks, ends = self->ends;
+    size_t held = self->held;
+    Py_ssize_t connections = self->connections;
+    int chunks = self->chunks_made;
+    pthread_mutex_unlock(&self->lock);
+    return Py_BuildValue("{sKsKsKsKsKsKsnsnsi}", "reads", reads, "bytes", bytes,
+                         "empty_reads", empties, "takes", takes, "waits_for_chunks", waits,
+                         "ends", ends, "held", (Py_ssize_t)held, "connections", connections,
+                         "chunks", chunks);
+}
+
+static PyObject *SDrain_get_wake_fd(StreamDrain *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromLong(self->wake_fd);
+}
+
+static PyObject *SDrain_get_capacity(StreamDrain *Py_UNUSED(self), void *Py_UNUSED(closure)) {
+    return PyLong_FromLong((long)SDRAIN_CHUNKS * SDRAIN_CHUNK_BYTES);
+}
+
+static PyObject *SDrain_get_connection_capacity(StreamDrain *Py_UNUSED(self),
+                                                 void *Py_UNUSED(closure)) {
+    return PyLong_FromLong(SDRAIN_CONNECTION_BYTES);
+}
+
+static PyMethodDef SDrain_methods[] = {
+    {"start", (PyCFunction)SDrain_start, METH_NOARGS, "start() -> None: the thread starts."},
+    {"stop", (PyCFunction)SDrain_stop, METH_NOARGS,
+     "stop() -> None: the thread ends (joined); what it holds stays for take() and remove()."},
+    {"add", (PyCFunction)(void (*)(void))SDrain_add, METH_VARARGS | METH_KEYWORDS,
+     "add(fd, paused=False) -> token: the thread reads a duplicate of fd from now on."},
+    {"remove", (PyCFunction)SDrain_remove, METH_O,
+     "remove(token) -> (bytes, end or None): everything held; the thread reads it no more."},
+    {"pause", (PyCFunction)SDrain_pause, METH_O,
+     "pause(token) -> None: neither read (a read in flight ends) nor taken until resume."},
+    {"resume", (PyCFunction)SDrain_resume, METH_O, "resume(token) -> None."},
+    {"ready", (PyCFunction)SDrain_ready_, METH_NOARGS,
+     "ready() -> [token]: the connections holding bytes or an end, each once; reads wake_fd."},
+    {"take", (PyCFunction)(void (*)(void))SDrain_take, METH_FASTCALL,
+     "take(token, limit) -> (bytes, end or None): at most limit bytes, then its end "
+     "(0: EOF, or an errno) once all before it are taken."},
+    {"unread", (PyCFunction)SDrain_unread, METH_O,
+     "unread(token) -> int: the kernel's unread bytes (FIONREAD) plus those held."},
+    {"held", (PyCFunction)SDrain_held, METH_O,
+     "held(token) -> int: the bytes held for that connection (read, not taken)."},
+    {"stats", (PyCFunction)SDrain_stats, METH_NOARGS, "stats() -> dict of counters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef SDrain_getset[] = {
+    {"wake_fd", (getter)SDrain_get_wake_fd, NULL, "readable when connections hold bytes", NULL},
+    {"capacity", (getter)SDrain_get_capacity, NULL,
+     "the most bytes held at once: SDRAIN_CHUNKS chunks of SDRAIN_CHUNK_BYTES", NULL},
+    {"connection_capacity", (getter)SDrain_get_connection_capacity, NULL,
+     "the most bytes held for one connection", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject StreamDrainType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pydory._cwire.StreamDrain",
+    .tp_basicsize = sizeof(StreamDrain),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reads stream connections from a thread of its own into chunks for the loop.",
+    .tp_new = SDrain_new,
+    .tp_init = (initproc)SDrain_init,
+    .tp_dealloc = (destructor)SDrain_dealloc,
+    .tp_methods = SDrain_methods,
+    .tp_getset = SDrain_getset,
+};
+
 /* --- parse_any_partition_burst ----------------------------------------------------------- */
 
 /* The last topic seen in a burst: most bursts carry one topic, so a memcmp replaces the
@@ -1877,7 +2651,8 @@ static PyObject *attribute_of(const char *module_name, const char *name) {
 
 PyMODINIT_FUNC PyInit__cwire(void) {
     if (PyType_Ready(&FramerType) < 0 || PyType_Ready(&ReaderType) < 0 ||
-        PyType_Ready(&DrainType) < 0 || PyType_Ready(&ParsedBurstType) < 0)
+        PyType_Ready(&DrainType) < 0 || PyType_Ready(&StreamDrainType) < 0 ||
+        PyType_Ready(&ParsedBurstType) < 0)
         return NULL;
     OversizedFrame = attribute_of("pydory.errors", "OversizedFrame");
     MalformedMessage = attribute_of("pydory.errors", "MalformedMessage");
@@ -1890,7 +2665,8 @@ PyMODINIT_FUNC PyInit__cwire(void) {
     if (module == NULL) return NULL;
     if (PyModule_AddObjectRef(module, "StreamFramer", (PyObject *)&FramerType) < 0 ||
         PyModule_AddObjectRef(module, "DatagramReader", (PyObject *)&ReaderType) < 0 ||
-        PyModule_AddObjectRef(module, "DatagramDrain", (PyObject *)&DrainType) < 0) {
+        PyModule_AddObjectRef(module, "DatagramDrain", (PyObject *)&DrainType) < 0 ||
+        PyModule_AddObjectRef(module, "StreamDrain", (PyObject *)&StreamDrainType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

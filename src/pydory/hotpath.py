@@ -23,6 +23,8 @@ What differs by implementation, each a drop-in for the other:
 - ``DatagramDrain(fd, max_size, burst_datagrams)``: a thread of its own that empties the
   datagram socket into bursts for the loop, or None (whether the daemon uses it is
   daemon/inputs/datagram_drain.py's choice);
+- ``StreamDrain()``: a thread of its own that does the UNIX stream connections' reads, or
+  None (whether the daemon uses it is daemon/inputs/stream_drain.py's choice);
 - ``identity_headers(name, prefix, first, count)``: a burst's ``produce()`` headers,
   ``[[(name, prefix + b"%d" % s)] for s in range(first, first + count)]`` (what the
   prefix holds is daemon/spool/identity.py's business, not this one's).
@@ -55,6 +57,7 @@ __all__ = [
     "WHY",
     "DatagramDrain",
     "DatagramReader",
+    "StreamDrain",
     "StreamFramer",
     "identity_headers",
     "parse_burst",
@@ -105,6 +108,8 @@ StreamFramer: type[wire.StreamFramer] | type[_cwire.StreamFramer]
 DatagramReader: type[_cwire.DatagramReader] | None
 #: The datagram socket's drain thread (compiled only), or None.
 DatagramDrain: type[_cwire.DatagramDrain] | None
+#: The UNIX stream connections' reader thread (compiled only), or None.
+StreamDrain: type[_cwire.StreamDrain] | None
 parse_burst: Callable[[Sequence[bytes]], Iterable[Fields | None]]
 #: The parses made whole at once (a list: tests and the reference's lists; a ParsedBurst).
 WHOLE_PARSES: tuple[type, ...] = (list,)
@@ -117,7 +122,7 @@ if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0"):
     IMPLEMENTATION, WHY = "pure", f"{PURE_PYTHON_VARIABLE} is set"
     StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
     DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
-    DatagramDrain = write_payload_frames = None
+    DatagramDrain = StreamDrain = write_payload_frames = None
     trim_heap = _pure_trim_heap
 else:
     try:
@@ -126,13 +131,14 @@ else:
         IMPLEMENTATION, WHY = "pure", f"the C extension is not built here ({error})"
         StreamFramer, parse_burst = wire.StreamFramer, _pure_parse_burst
         DatagramReader, identity_headers, payload_frames = None, _pure_identity_headers, None
-        DatagramDrain = write_payload_frames = None
+        DatagramDrain = StreamDrain = write_payload_frames = None
         trim_heap = _pure_trim_heap
     else:
         IMPLEMENTATION, WHY = "compiled", "pydory._cwire"
         StreamFramer = _cwire.StreamFramer
         DatagramReader = _cwire.DatagramReader
         DatagramDrain = _cwire.DatagramDrain
+        StreamDrain = _cwire.StreamDrain
         parse_burst = _compiled_parse_burst(_cwire.parse_burst)
         WHOLE_PARSES = (list, _cwire.ParsedBurst)
         identity_headers = _cwire.identity_headers

@@ -11,6 +11,8 @@ Framing and decoding live in ``pydory.wire``, every decision about a message in 
 - ``datagram``: the UNIX datagram input; ``datagram_drain``: whether a thread of its own
   drains its socket (on by default where compiled), and that thread as the loop sees it;
 - ``stream``: a UNIX stream or TCP listener; ``stream_connection``: one of its connections;
+  ``stream_drain``: whether a thread of its own reads the UNIX stream connections (off by
+  default), and that thread as the loop sees it;
 - ``acceptor``: accepting stream connections, and the process's file descriptor limit;
 - ``quotas``: the inputs' connection and rate quotas (pure logic);
 - ``peers``: who is on a socket (the client's uid, for the quotas);

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Protocol
 
-from pydory.daemon.inputs.sockets import readable_fds, unread_bytes_on
+from pydory.daemon.inputs.sockets import readable_fds
 
 
 class Pending(Protocol):
@@ -60,6 +60,11 @@ class MarkedConnection(Protocol):
 
     @property
     def lost(self) -> bool: ...
+
+    def unread(self) -> int:
+        """Bytes sent and not handed to the intake yet (the kernel's, and what a reader
+        thread holds for it)."""
+        ...
 
 
 class MarkedListener(Protocol):
@@ -139,7 +144,7 @@ class ConnectionMark:
         if connection.fd < 0:
             return False  # accepted, its connection_made still to come
         if self._target is None:
-            self._target = connection.bytes_read + unread_bytes_on(connection.fd)
+            self._target = connection.bytes_read + connection.unread()
         return connection.bytes_read >= self._target
 
 

@@ -31,6 +31,7 @@ from pydory.config.model import NO_QUOTAS, ListenerQuotas, QuotasConfig
 from pydory.daemon.books.counters import Counters
 from pydory.daemon.books.events import Transport
 from pydory.daemon.books.pool import MemoryPool
+from pydory.daemon.inputs import stream_drain
 from pydory.daemon.inputs.acceptor import Acceptor, FdLimit, listen_tcp, listen_unix
 from pydory.daemon.inputs.handover import HeldSocket, set_socket_mode
 from pydory.daemon.inputs.intake_port import Intake
@@ -42,9 +43,9 @@ from pydory.daemon.inputs.sockets import (
     read_buffered,
     remove_socket_file,
     tcp_port_refused,
-    unread_bytes_on,
 )
 from pydory.daemon.inputs.stream_connection import Connections, FrameReader, StreamInputProtocol
+from pydory.daemon.inputs.stream_drain import ConnectionsDrain
 from pydory.daemon.inputs.turns import loop_turns
 
 log = logging.getLogger(__name__)
@@ -145,11 +146,13 @@ class StreamInput:
 
     def mark_unread(self, readable: set[int]) -> list[Pending]:
         """The commit point's note of what this input holds now (``readable``: from poll):
-        bytes on connections, clients waiting in the backlog, connections being accepted."""
+        bytes on connections (a connection the drain thread reads may hold bytes there
+        while its socket polls empty), clients waiting in the backlog, connections being
+        accepted."""
         marks: list[Pending] = [
-            ConnectionMark(c, c.bytes_read + unread_bytes_on(c.fd))
+            ConnectionMark(c, c.bytes_read + c.unread())
             for c in self._connections.ready
-            if c.fd in readable and not c.lost
+            if (c.fd in readable or c.drained) and not c.lost
         ]
         marks += [ConnectionMark(c, None) for c in self._connections.accepting]
         if not readable.isdisjoint(self._listening_fds):
@@ -159,6 +162,9 @@ class StreamInput:
     async def start(self, loop: asyncio.AbstractEventLoop, held: Sequence[HeldSocket] = ()) -> None:
         """Listen, or take ``held``: bound before (daemon/inputs/handover.py)."""
         self.inherited = any(each.inherited for each in held)
+        if self.kind is Transport.UNIX_STREAM and stream_drain.DRAIN is not None:
+            self._connections.drain = ConnectionsDrain(loop)
+            log.info("UNIX stream connections read by a thread (%s)", stream_drain.WHY)
         if held:
             self._servers += [Acceptor(loop, h.sock, self._protocol, self._fd_limit) for h in held]
             if self.port is not None:
@@ -241,6 +247,11 @@ class StreamInput:
             await server.wait_closed()
         self._servers.clear()
         loop_turns().withdraw(draining)  # the other inputs keep their turns
+        drain = self._connections.drain
+        if drain is not None:  # its connections are gone (or given up)
+            drain.close()
+            # What the thread did, for the benchmarks: reads (and empty ones), bytes, takes.
+            log.info("UNIX stream drain thread stopped: %s", drain.stats())
 
     def _stop_listening(self) -> list[socket.socket]:
         """Stop the loop accepting, keeping each listening socket (and its backlog of

@@ -43,6 +43,14 @@ wake-up cost more than the messages it brought: issue 25), then lowered back to 
 no message waits longer than that; the kernel reports a peer's close whatever the mark.
 (UNIX stream sockets ignore the mark in poll: they are read as before.)
 
+Where pydory.daemon.inputs.stream_drain turns it on (``PYDORY_STREAM_DRAIN=1``), a UNIX
+stream connection is read by the input's drain thread from its second read on: the first is
+its transport's (uvloop starts reading after ``connection_made`` whatever was asked there),
+then the transport is paused for good and the thread reads a duplicate of its socket. Each
+loop turn the connection takes what the thread read, at most what a read of its transport
+would have read, and hands it on exactly as such a read; pausing it stops the thread reading
+it; every close takes it out of the thread first, with what it held.
+
 Rule: a :class:`StreamInputProtocol` connection is read only when none of the input's pause,
 its throttle, its wait for room and its wait for a turn holds.
 """
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 import weakref
@@ -64,7 +73,8 @@ from pydory.daemon.books.pool import PARTIAL_FRAME_FREE_BYTES, MemoryPool, parti
 from pydory.daemon.inputs.intake_port import Intake
 from pydory.daemon.inputs.peers import loopback_tcp_owner, peer_uid, uid_client
 from pydory.daemon.inputs.quotas import ClientQuota, ListenerQuota
-from pydory.daemon.inputs.sockets import dup_socket, read_buffered
+from pydory.daemon.inputs.sockets import dup_socket, read_buffered, unread_bytes_on
+from pydory.daemon.inputs.stream_drain import ConnectionsDrain
 from pydory.daemon.inputs.turns import READ_BYTES, loop_turns
 from pydory.daemon.log_limits import ClientLines
 from pydory.hotpath import StreamFramer
@@ -230,6 +240,9 @@ class Connections:
         self.paused = False
         #: Called when the last connection is gone (set on a listener a reload retired).
         self.on_idle: Callable[[], None] | None = None
+        #: The thread reading the connections from their second read on (UNIX stream, where
+        #: pydory.daemon.inputs.stream_drain turns it on), else None.
+        self.drain: ConnectionsDrain | None = None
         self._lost: asyncio.Event | None = None
 
     def made(self, connection: StreamInputProtocol) -> None:
@@ -295,6 +308,11 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         self._socket: socket.socket | None = None
         self._gathering: asyncio.TimerHandle | None = None
         self._client_key: object | None = None  # who the client is, once asked
+        # Read by the input's drain thread: its token there, whether it is paused there, and
+        # the error it ended with (connection_lost is told).
+        self._token: int | None = None
+        self._drain_paused = False
+        self._end_error: OSError | None = None
         connections.accepting.add(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -379,7 +397,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             return
         if self._throttle is not None:  # cannot happen while paused; be safe
             self._throttle.cancel()
-        self._transport.pause_reading()
+        self._stop_reading()
         self._throttle = asyncio.get_running_loop().call_later(wait, self._throttle_over)
         connections.quota.throttled(wait)
         connections.counters.inc(connections.throttles_counter)
@@ -401,7 +419,22 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
     def reading(self) -> bool:
         """Whether the loop reads this connection now (paused by neither reason)."""
         transport = self._transport
-        return transport is not None and not transport.is_closing() and transport.is_reading()
+        if transport is None or transport.is_closing():
+            return False
+        return not self._drain_paused if self._token is not None else transport.is_reading()
+
+    @property
+    def drained(self) -> bool:
+        """Whether the input's drain thread reads this connection."""
+        return self._token is not None
+
+    def unread(self) -> int:
+        """Bytes sent on this connection not handed to the intake yet: in the kernel, and
+        those the drain thread holds (the commit point's marks)."""
+        drain = self._connections.drain
+        if self._token is not None and drain is not None:
+            return drain.unread(self._token)
+        return unread_bytes_on(self.fd)
 
     def _end_throttle(self) -> None:
         if self._throttle is not None:
@@ -411,13 +444,42 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
     # -- reading -------------------------------------------------------------------------
 
     def close(self) -> None:
+        self._leave_drain()
         if self._transport is not None:
             self._transport.close()
+
+    def _stop_reading(self) -> None:
+        """Pause the transport, or the drain thread's reads of this connection."""
+        drain = self._connections.drain
+        if self._token is not None and drain is not None:
+            drain.pause(self._token)
+            self._drain_paused = True
+        elif self._transport is not None:
+            self._transport.pause_reading()
+
+    def _start_reading(self) -> None:
+        drain = self._connections.drain
+        if self._token is not None and drain is not None:
+            drain.resume(self._token)
+            self._drain_paused = False
+        elif self._transport is not None:
+            self._transport.resume_reading()
+
+    def _leave_drain(self) -> bytes:
+        """Take this connection out of the drain thread (before any close: it reads a
+        duplicate of the socket); what it held is returned."""
+        token, drain = self._token, self._connections.drain
+        if token is None or drain is None:
+            return b""
+        self._token = None
+        self._drain_paused = False
+        held, _ = drain.remove(token)
+        return held
 
     def pause(self) -> None:
         """Stop reading for now; :meth:`drain_and_close` reads what waits meanwhile."""
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.pause_reading()
+            self._stop_reading()
 
     def resume(self) -> None:
         """Read again, unless the rate quota, a wait for room or a wait for its turn holds
@@ -429,7 +491,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             and self._transport is not None
             and not self._transport.is_closing()
         ):
-            self._transport.resume_reading()
+            self._start_reading()
 
     def drain_and_close(self, deadline: float) -> None:
         """Shutdown: hand the intake what the kernel holds for this connection, then close.
@@ -441,6 +503,10 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         transport.pause_reading()
+        held = self._leave_drain()  # read by the thread: before what the kernel still holds
+        if held and not self._reader.broken:
+            self.bytes_read += len(held)
+            self._reader.feed(held)
         if not self._reader.broken and self.fd >= 0:
             with dup_socket(self.fd) as sock:
                 read_buffered(sock, self._reader.feed, deadline)
@@ -448,24 +514,64 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         buffer = self._connections.read_buffer
+        limit = self._read_limit()
+        return buffer if limit == READ_BYTES else buffer[:limit]
+
+    def _read_limit(self) -> int:
+        """The most bytes the next read may bring."""
         reader = self._reader
         if self._shares.room_for_any >= READ_BYTES and reader.client is not None:
-            return buffer  # every client has a read's room: no need to look up this one's
+            return READ_BYTES  # every client has a read's room: no need to look up this one's
         room = reader.room()  # (the first read's asks who the client is)
         if room >= READ_BYTES:
-            return buffer
+            return READ_BYTES
         # Its client is near its share of the pool: read no more than the share allows
         # (a byte when none is left: that read pauses this connection until there is).
-        return buffer[: max(1, room)]
+        return max(1, room)
 
     def buffer_updated(self, nbytes: int) -> None:
         self.bytes_read += nbytes
-        reader = self._reader
-        if not reader.feed(self._connections.read_buffer[:nbytes]):
+        if not self._reader.feed(self._connections.read_buffer[:nbytes]):
             # The stream can't be framed any more: close this connection only.
             assert self._transport is not None
             self._transport.close()
             return
+        self._after_read(nbytes)
+        if self._connections.drain is not None and self._token is None:
+            self._hand_to_drain()
+
+    def take_drained(self) -> None:
+        """Its turn to take what the drain thread read: at most what a read of the
+        transport would bring, handed on as such a read; then its end, if it came."""
+        token, drain = self._token, self._connections.drain
+        if token is None or drain is None:
+            return
+        data, end = drain.take(token, self._read_limit())
+        if data:
+            self.bytes_read += len(data)
+            if not self._reader.feed(data):
+                self.close()  # the stream can't be framed any more: this connection only
+                return
+            self._after_read(len(data))
+        if end is not None:
+            # EOF (0), as eof_received closes; or the error a read met, for connection_lost.
+            self._end_error = OSError(end, os.strerror(end)) if end else None
+            self.close()
+
+    def _hand_to_drain(self) -> None:
+        """After its transport's first read: from now on the drain thread reads it (paused
+        there if one of the reasons not to read holds now)."""
+        transport, drain = self._transport, self._connections.drain
+        if transport is None or transport.is_closing() or drain is None or self.fd < 0:
+            return
+        paused = not transport.is_reading()
+        transport.pause_reading()  # for good: the transport reads it no more
+        self._token = drain.add(self.fd, self, paused)
+        self._drain_paused = paused
+
+    def _after_read(self, nbytes: int) -> None:
+        """What follows a read's framing: the rate quota, the pool, the pause, the turns."""
+        reader = self._reader
         if self._client is not None:
             self._charge(nbytes)
         if reader.short_of_memory:
@@ -527,7 +633,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             self._close_for_no_room()
             return
         assert self._transport is not None
-        self._transport.pause_reading()
+        self._stop_reading()
         loop = asyncio.get_running_loop()
         frame = self._reader.frames_read
         if frame != self._room_wait_frame:  # a new partial frame: its time starts now
@@ -562,8 +668,7 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
             PARTIAL_FRAME_WAIT_S,
             connections.no_room_counter,
         )
-        if self._transport is not None:
-            self._transport.close()
+        self.close()
 
     def _end_room_wait(self) -> None:
         if self._room_deadline is not None:
@@ -578,6 +683,9 @@ class StreamInputProtocol(asyncio.BufferedProtocol):
         self.lost = True
         if self._refused:
             return  # never made: neither opened nor read
+        self._leave_drain()  # closed by the loop itself: what the thread held goes with it
+        if exc is None:
+            exc = self._end_error
         self._end_gather()
         self._end_throttle()
         self._end_room_wait()
