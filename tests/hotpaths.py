@@ -13,9 +13,11 @@ sets ``PYDORY_PURE_PYTHON`` for a daemon started as a process of its own. The co
 variant is skipped where the extension is not built (test_cwire.py requires it to be
 wherever a C compiler is).
 
-With ``PYDORY_TESTS_STREAM_DRAIN=1`` in the suite's environment, every module on both hot
-paths runs a third time, ``"sdrain"``: compiled, the UNIX stream connections read by a
-thread (pydory.daemon.inputs.stream_drain, off by default in the daemon).
+``"compiled"`` reads the UNIX stream connections with their transports. The daemon's
+default where compiled is a thread (pydory.daemon.inputs.stream_drain): the daemons the
+suite starts without this fixture run it, and with ``PYDORY_TESTS_STREAM_DRAIN=1`` in the
+suite's environment every module on both hot paths runs a third time, ``"sdrain"``:
+compiled, the UNIX stream connections read by that thread.
 """
 
 from __future__ import annotations

@@ -57,7 +57,10 @@ topics are read back and checked message by message:
     ``DRAIN_BURST_DATAGRAMS``, read from the kernel and never received, so never said to
     be read: the first-``R`` part holds for them as for the kernel's queue);
     UNIX stream the client's ``SO_SNDBUF`` (the kernel charges queued bytes to the
-    sender) plus one read (uvloop's 256000-byte buffer) plus a message; TCP the same
+    sender) plus one read (uvloop's 256000-byte buffer) plus a message, plus, when a drain
+    thread reads the connections (``/books/json``'s ``stream_input``), what it may hold of
+    one connection (``stream_input.connection_held_bytes``: the C's
+    ``SDRAIN_CONNECTION_BYTES``); TCP the same
     plus the receiver's largest window (``net.ipv4.tcp_rmem``, which makes that bound
     loose: the first-``R`` rule is the sharp one).
 
@@ -488,6 +491,8 @@ class KillLoop:
     worst: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: /books/json's datagram_input (its reader, kernel queue, ring), alike in every run
     datagram_input: dict[str, Any] | None = None
+    #: /books/json's stream_input (its reader, the bytes a drain thread holds), the same
+    stream_input: dict[str, Any] | None = None
     seconds: float = 0.0
 
     def note_datagram_input(self, books: dict[str, Any]) -> None:
@@ -497,6 +502,11 @@ class KillLoop:
         if self.datagram_input is None:
             self.datagram_input = seen
         assert seen == self.datagram_input, f"{seen} in one run, {self.datagram_input} before"
+        streams = books["stream_input"]
+        assert streams is not None, "the kill loop's daemons have a UNIX stream input"
+        if self.stream_input is None:
+            self.stream_input = streams
+        assert streams == self.stream_input, f"{streams} in one run, {self.stream_input} before"
 
     def violate(self, rule: str, detail: str) -> None:
         found = self.violations.setdefault(rule, [])
@@ -506,14 +516,18 @@ class KillLoop:
             found[-1] = f"... and more ({detail})"
 
 
-def _buffer_bound(client: Client, streak: Streak, qlen: int, tcp_rmem_max: int, ring: int) -> int:
+def _buffer_bound(
+    client: Client, streak: Streak, qlen: int, tcp_rmem_max: int, ring: int, stream_held: int
+) -> int:
     """How many of ``streak``'s messages could sit outside the daemon's write-ahead when
-    it died: in kernel buffers, in a datagram drain thread's ``ring``, or in the one read
-    not yet written ahead."""
+    it died: in kernel buffers, in a datagram drain thread's ``ring``, in a stream drain
+    thread's chunks for the streak's connection (``stream_held`` bytes), or in the one
+    read not yet written ahead."""
     if client.transport == "unix_dgram":
         return qlen + 1 + DATAGRAM_BURST + ring
     window = tcp_rmem_max if client.transport == "tcp" else 0
-    return (streak.sndbuf + window + STREAM_READ_BYTES) // client.message_bytes + 1
+    held = stream_held if client.transport == "unix_stream" else 0
+    return (streak.sndbuf + window + held + STREAM_READ_BYTES) // client.message_bytes + 1
 
 
 def run_kill_loop(
@@ -662,6 +676,7 @@ def _check(
     qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
     tcp_rmem_max = int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
     ring = _drain_ring(loop, qlen)
+    stream_held = _stream_drain_held(loop)
     received_in = {k.epoch: k for k in loop.kills}
     for transport, client in loop.clients.items():
         numbering = numberings[transport]
@@ -716,7 +731,7 @@ def _check(
             last_found = max((n for n in range(streak.start, streak.end) if found(n)), default=-1)
             if last_found > lost[0]:
                 loop.violate("d", f"{where}: #{lost[0]} lost but #{last_found} came out")
-            bound = _buffer_bound(client, streak, qlen, tcp_rmem_max, ring)
+            bound = _buffer_bound(client, streak, qlen, tcp_rmem_max, ring, stream_held)
             if len(lost) > bound:
                 loop.violate("d", f"{where}: {len(lost)} lost, buffers hold at most {bound}")
             lost_total += len(lost)
@@ -725,6 +740,20 @@ def _check(
                 loop.worst[transport] = (len(lost), bound)
         loop.lost[transport] = lost_total
         loop.lost_bound[transport] = bound_total
+
+
+def _stream_drain_held(loop: KillLoop) -> int:
+    """The bytes of one UNIX stream connection the daemons' drain thread held at most (0:
+    the connections' transports read them), as the daemon reported it, held to the C's
+    own constant."""
+    reading = loop.stream_input
+    assert reading is not None, "no run's daemon answered"
+    expected = 0
+    if reading["reader"] == "drain_thread":  # the daemon runs the test's own build
+        expected = importlib.import_module("pydory._cwire").SDRAIN_CONNECTION_BYTES
+    assert reading["connection_held_bytes"] == expected, f"{reading}: {expected} expected"
+    held: int = reading["connection_held_bytes"]
+    return held
 
 
 def _drain_ring(loop: KillLoop, qlen: int) -> int:

@@ -294,15 +294,15 @@ def messages(label: str, count: int) -> list[bytes]:
     return [encode_any_partition("t", f"{label}-{i}".encode()) for i in range(count)]
 
 
-def test_the_choice_is_off_by_default_and_on_when_named() -> None:
+def test_the_choice_is_on_by_default_where_compiled_and_off_when_named() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(stream_drain.DRAIN_VARIABLE, raising=False)
-        assert stream_drain._choose() == (None, "off by default")
+        assert stream_drain._choose() == (cwire.StreamDrain, "on by default")
+        patch.setenv(stream_drain.DRAIN_VARIABLE, "0")
+        assert stream_drain._choose() == (None, f"{stream_drain.DRAIN_VARIABLE}=0")
         patch.setenv(stream_drain.DRAIN_VARIABLE, "1")
         assert stream_drain._choose()[0] is cwire.StreamDrain
         patch.setattr(stream_drain.hotpath, "StreamDrain", None)  # the pure hot path
-        assert stream_drain._choose()[0] is None
-        patch.setenv(stream_drain.DRAIN_VARIABLE, "0")
         assert stream_drain._choose()[0] is None
 
 

@@ -2709,7 +2709,8 @@ PyMODINIT_FUNC PyInit__cwire(void) {
         }
     }
     if (PyModule_AddIntConstant(module, "FOLDS_CRC32", cpu_folds_crc32) < 0 ||
-        PyModule_AddIntConstant(module, "DRAIN_BURSTS", DRAIN_BURSTS) < 0) {
+        PyModule_AddIntConstant(module, "DRAIN_BURSTS", DRAIN_BURSTS) < 0 ||
+        PyModule_AddIntConstant(module, "SDRAIN_CONNECTION_BYTES", SDRAIN_CONNECTION_BYTES) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -31,6 +31,7 @@ class DatagramReader:
 
 #: The drain's ring: bursts of at most burst_datagrams datagrams each.
 DRAIN_BURSTS: int
+SDRAIN_CONNECTION_BYTES: int  # the most bytes StreamDrain holds for one connection
 
 class DatagramDrain:
     def __init__(

@@ -372,6 +372,7 @@ class Server:
             reloads=self.reloads,
             stopping=lambda: self._stop_requested_at is not None,
             datagram_input=lambda: self.inputs.datagram,
+            stream_input=lambda: self.inputs.unix_stream,
         )
 
     def _request_metadata_refresh(self) -> None:

@@ -270,6 +270,8 @@ class StatusPages:
             # How the datagram socket is read, and what it may hold that is not received
             # yet (a SIGKILL loses it unseen): the kernel's queue and a drain thread's ring.
             "datagram_input": self._datagram_input_json(),
+            # The same for the UNIX stream connections: a drain thread's bytes.
+            "stream_input": self._stream_input_json(),
             "pool": {
                 "budget": pool.budget,
                 "used": pool.used,
@@ -293,6 +295,16 @@ class StatusPages:
             "reader": datagram.reader,
             "kernel_queue": datagram.kernel_queue_datagrams,
             "ring": datagram.ring_datagrams,
+        }
+
+    def _stream_input_json(self) -> dict[str, Any] | None:
+        stream = None if self._view.stream_input is None else self._view.stream_input()
+        if stream is None:
+            return None
+        return {
+            "reader": stream.reader,
+            "held_bytes": stream.held_bytes,
+            "connection_held_bytes": stream.connection_held_bytes,
         }
 
     # /config/json (pydory's own)

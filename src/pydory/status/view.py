@@ -144,6 +144,17 @@ class DatagramReading(Protocol):
     def kernel_queue_datagrams(self) -> int | None: ...
 
 
+class StreamReading(Protocol):
+    """How the UNIX stream input reads its connections (``daemon/inputs/stream.py``)."""
+
+    @property
+    def reader(self) -> str: ...
+    @property
+    def held_bytes(self) -> int: ...
+    @property
+    def connection_held_bytes(self) -> int: ...
+
+
 class CounterReader(Protocol):
     """The event counters (Dory's /counters)."""
 
@@ -236,6 +247,7 @@ class DaemonView:
     reloads: ReloadHistoryReader | None = None
     #: The UNIX datagram input now (None: none configured, or a view built by hand).
     datagram_input: Callable[[], DatagramReading | None] | None = None
+    stream_input: Callable[[], StreamReading | None] | None = None
     #: Whether a shutdown has begun (the inputs stop taking messages: ``/ready`` says so
     #: from that moment); None in views built by hand.
     stopping: Callable[[], bool] | None = None

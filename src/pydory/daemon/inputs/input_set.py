@@ -87,6 +87,11 @@ class InputSet:
         datagram = [] if self.datagram is None else [self.datagram]
         return [*datagram, *self.all_streams()]
 
+    @property
+    def unix_stream(self) -> StreamInput | None:
+        """The configured UNIX stream listener, if any."""
+        return next((s for s in self.streams if s.kind is Transport.UNIX_STREAM), None)
+
     def all_streams(self) -> list[StreamInput]:
         """The stream listeners configured now and those a reload retired."""
         return [*self.streams, *self.retired_streams]

@@ -132,6 +132,25 @@ class StreamInput:
         return len(self._connections.ready)
 
     @property
+    def reader(self) -> str:
+        """Who reads the connections: ``"drain_thread"`` (stream_drain.py) or
+        ``"event_loop"`` (their transports)."""
+        return "drain_thread" if self._connections.drain is not None else "event_loop"
+
+    @property
+    def held_bytes(self) -> int:
+        """The most bytes a drain thread holds, read from the connections and not handed
+        on yet (0 without one): beside the kernel's buffers, what a SIGKILL can lose unseen."""
+        drain = self._connections.drain
+        return 0 if drain is None else drain.capacity
+
+    @property
+    def connection_held_bytes(self) -> int:
+        """The most of those one connection's (0 without a drain thread)."""
+        drain = self._connections.drain
+        return 0 if drain is None else drain.connection_capacity
+
+    @property
     def listening_fds(self) -> list[int]:
         """The listening sockets (empty once closing)."""
         return self._listening_fds

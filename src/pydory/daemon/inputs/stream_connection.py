@@ -43,9 +43,10 @@ wake-up cost more than the messages it brought: issue 25), then lowered back to 
 no message waits longer than that; the kernel reports a peer's close whatever the mark.
 (UNIX stream sockets ignore the mark in poll: they are read as before.)
 
-Where pydory.daemon.inputs.stream_drain turns it on (``PYDORY_STREAM_DRAIN=1``), a UNIX
-stream connection is read by the input's drain thread from its second read on: the first is
-its transport's (uvloop starts reading after ``connection_made`` whatever was asked there),
+Where pydory.daemon.inputs.stream_drain turns it on (the default; ``PYDORY_STREAM_DRAIN=0``
+turns it off), a UNIX stream connection is read by the input's drain thread from its second
+read on: the first is its transport's (uvloop starts reading after ``connection_made``
+whatever was asked there),
 then the transport is paused for good and the thread reads a duplicate of its socket. Each
 loop turn the connection takes what the thread read, at most what a read of its transport
 would have read, and hands it on exactly as such a read; pausing it stops the thread reading

@@ -17,10 +17,14 @@ fills, its sender blocks), as with ``pause_reading``. A close first takes the co
 out of the thread, with what it holds (fed first at a shutdown: nothing read is dropped).
 
 What a SIGKILL costs with it on: the bytes the thread holds, at most :attr:`capacity`
-(read from the kernel, never handed to the intake, so never counted as received).
+(read from the kernel, never handed to the intake, so never counted as received), at most
+``connection_capacity`` of one connection: ``/books/json``'s ``stream_input`` says so, and
+the kill loop (tests/test_spool_daemon.py, rule (d)) counts it in its bound.
 
-It is OFF by default: ``PYDORY_STREAM_DRAIN=1`` turns it on (read once, at import), for the
-UNIX stream input on the compiled hot path only. Tests choose it through :func:`use`.
+It is ON by default on the compiled hot path, for the UNIX stream input (session 16:
+1.1-1.45x the rate of UNIX stream 1/write on two cores, 1.24-2.95x beside CPU hogs;
+BENCHMARKS.md); ``PYDORY_STREAM_DRAIN=0`` turns it off (read once, at import). Tests
+choose it through :func:`use`.
 
 Rule: whether UNIX stream connections are read by a thread is chosen here alone
 (`_choose`, or a test's `use`).
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DRAIN", "DRAIN_VARIABLE", "WHY", "ConnectionsDrain", "use"]
 
-#: The environment variable that turns the drain thread on (``1``); off by default.
+#: The environment variable that turns the drain thread off (``0``); on by default.
 DRAIN_VARIABLE: Final = "PYDORY_STREAM_DRAIN"
 
 DrainType = type["_cwire.StreamDrain"]
@@ -47,11 +51,11 @@ DrainType = type["_cwire.StreamDrain"]
 
 def _choose() -> tuple[DrainType | None, str]:
     named = os.environ.get(DRAIN_VARIABLE, "")
-    if named != "1":
-        return None, f"{DRAIN_VARIABLE}={named}" if named else "off by default"
+    if named == "0":
+        return None, f"{DRAIN_VARIABLE}=0"
     if hotpath.StreamDrain is None:
         return None, "the compiled hot path is not here (the drain thread is part of it)"
-    return hotpath.StreamDrain, f"{DRAIN_VARIABLE}=1"
+    return hotpath.StreamDrain, f"{DRAIN_VARIABLE}={named}" if named else "on by default"
 
 
 DRAIN: DrainType | None
@@ -124,6 +128,10 @@ class ConnectionsDrain:
     @property
     def capacity(self) -> int:
         return self._drain.capacity
+
+    @property
+    def connection_capacity(self) -> int:
+        return self._drain.connection_capacity
 
     def stats(self) -> dict[str, int]:
         return self._drain.stats()
