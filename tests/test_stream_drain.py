@@ -296,6 +296,7 @@ def messages(label: str, count: int) -> list[bytes]:
 
 def test_the_choice_is_on_by_default_where_compiled_and_off_when_named() -> None:
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stream_drain.hotpath, "StreamDrain", cwire.StreamDrain)  # compiled
         patch.delenv(stream_drain.DRAIN_VARIABLE, raising=False)
         assert stream_drain._choose() == (cwire.StreamDrain, "on by default")
         patch.setenv(stream_drain.DRAIN_VARIABLE, "0")
